@@ -1,0 +1,65 @@
+# On a fresh clone, `make check` and `make test` do everything: the first one
+# run creates the virtualenv, installs the package with its dev extras and the
+# TLA+ Jupyter kernel spec, then does its job.
+
+VENV ?= .venv
+PYTHON ?= python3
+HYPOTHESIS_PROFILE ?= ci
+export HYPOTHESIS_PROFILE
+
+BIN := $(VENV)/bin
+# Rebuilt whenever pyproject.toml changes (dependencies, entry points).
+SETUP := $(VENV)/.installed
+NOTEBOOKS := $(wildcard notebooks/*.ipynb)
+
+.PHONY: help setup check test lint typecheck pytest bench notebooks clean distclean
+
+help:
+	@echo "make check      model-check every model in model/manifest.toml (toolledger check)"
+	@echo "make test       ruff, mypy --strict and pytest (HYPOTHESIS_PROFILE=$(HYPOTHESIS_PROFILE))"
+	@echo "make bench      run benchmarks/run_all.py"
+	@echo "make notebooks  re-execute notebooks/*.ipynb in place"
+	@echo "make setup      only create $(VENV) and install into it (the others do this first)"
+	@echo "make clean      remove caches and build output; make distclean also removes $(VENV)"
+
+setup: $(SETUP)
+
+$(SETUP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install -e '.[dev]'
+	$(BIN)/python -m toolledger.jupyter_kernel install --sys-prefix
+	touch $@
+
+check: $(SETUP)
+	$(BIN)/toolledger check
+
+test: lint typecheck pytest
+
+lint: $(SETUP)
+	$(BIN)/ruff check .
+
+typecheck: $(SETUP)
+	$(BIN)/mypy --strict
+
+pytest: $(SETUP)
+	$(BIN)/python -m pytest
+
+bench: $(SETUP)
+	$(BIN)/python benchmarks/run_all.py
+
+# jupyter-execute stops at the first failing cell and exits non-zero; the TLA+
+# kernel makes a failed parse or model check such a failure.
+notebooks: $(SETUP)
+ifeq ($(NOTEBOOKS),)
+	@echo "no notebooks in notebooks/"
+else
+	$(BIN)/jupyter-execute --inplace $(NOTEBOOKS)
+endif
+
+clean:
+	rm -rf build dist reference/*.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)
