@@ -1,0 +1,21 @@
+-------------------- MODULE MCUnfencedReconcile --------------------
+(***************************************************************************)
+(* Shortcut: reconcile answers not applied without fencing the original    *)
+(* request, which then arrives late.                                       *)
+(* Every constant is a literal: the Python checkers read them from here.   *)
+(***************************************************************************)
+EXTENDS DurableToolExecution
+
+MCCalls == {"c1"}
+MCTurn == [c1 |-> 1]
+MCSlot == [c1 |-> 0]
+MCToolCallId == [c1 |-> "call_0"]
+MCPolicy == [c1 |-> "reconcile"]
+MCNeedsApproval == [c1 |-> TRUE]
+MCArgChoices == [c1 |-> {"a1"}]
+MCMarkerTurn == 0
+MCMaxCrashes == 1
+MCMaxAttempts == 2
+MCKeyByPosition == TRUE
+MCFenceOnReconcile == FALSE
+=============================================================================
