@@ -16,7 +16,7 @@ NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 
 help:
 	@echo "make check      model-check every model in model/manifest.toml (toolledger check)"
-	@echo "make test       ruff, mypy --strict and pytest (HYPOTHESIS_PROFILE=$(HYPOTHESIS_PROFILE))"
+	@echo "make test       ruff, mypy --strict, pytest and the notebooks (HYPOTHESIS_PROFILE=$(HYPOTHESIS_PROFILE))"
 	@echo "make bench      run benchmarks/run_all.py"
 	@echo "make notebooks  re-execute notebooks/*.ipynb in place"
 	@echo "make setup      only create $(VENV) and install into it (the others do this first)"
@@ -42,8 +42,10 @@ lint: $(SETUP)
 typecheck: $(SETUP)
 	$(BIN)/mypy --strict
 
+# The notebooks run under nbmake with the tests: a notebook whose TLA+ parse
+# or model check fails fails `make test` (see toolledger/jupyter_kernel.py).
 pytest: $(SETUP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest tests $(if $(NOTEBOOKS),--nbmake $(NOTEBOOKS))
 
 bench: $(SETUP)
 	$(BIN)/python benchmarks/run_all.py
