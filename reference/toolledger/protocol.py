@@ -1,0 +1,1049 @@
+"""The toolledger protocol core: a pure, I/O-free state machine.
+
+Theory of operation
+-------------------
+One :class:`SessionState` holds what an agent engine knows about the tool
+calls of one session: the calls at their positions in the conversation, the
+approvals, the execution ledger, the audit keys and the protocol marker (all
+*durable*), plus one *volatile* :class:`Stage` per call (what the engine was
+doing in memory).  Every change is one named transition; the names are the
+actions of the TLA+ spec ``spec/DurableToolExecution.tla``, one to one, and
+:data:`TRANSITIONS` lists them all as data, with who performs them, the
+stages they start from and the stage they lead to.  Diagrams and docs are
+generated from that table.
+
+:func:`apply` takes a state and an :class:`Event` and returns the next state.
+An event whose guard does not hold raises :class:`ProtocolError`, naming the
+event, the call and the state, and the state is unchanged (states are
+immutable).  The caller (the :mod:`toolledger.ledger` facade, the engine kit,
+the checkers) performs the I/O: it makes the durable part of each new state
+durable in ONE transaction before acting on it, invokes adapters, asks
+connectors.  :func:`durable_changes` says what changed.
+
+What this module deliberately does not know: SQLite, files, threads, asyncio,
+the external system's own state (whether an effect was really applied is the
+business of :mod:`toolledger.system`, the closed-world model used by the
+checkers), and the content of tool results beyond their kind, execution and
+argument digest.  It must never perform I/O or read a clock.
+
+:func:`decide_recovery` is the total recovery function of PROTOCOL.md
+section 3; it returns the decision together with the inputs it used, so an
+audit row can carry them and anyone can recompute it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any, Final
+
+__all__ = [
+    "TRANSITIONS",
+    "Action",
+    "Actor",
+    "ApprovalState",
+    "AuditKey",
+    "Authorization",
+    "CallPosition",
+    "CallState",
+    "Decision",
+    "Event",
+    "ExecutionRecord",
+    "InvalidInput",
+    "LedgerStatus",
+    "MessageState",
+    "ProtocolError",
+    "RecoveryDecision",
+    "RecoveryInputs",
+    "RecoveryPolicy",
+    "ResultKind",
+    "SessionState",
+    "Stage",
+    "ToolProfile",
+    "ToolResult",
+    "TransitionSpec",
+    "apply",
+    "args_digest",
+    "decide_recovery",
+    "derive_execution_id",
+    "durable_changes",
+    "enabled",
+    "new_session",
+]
+
+
+# --------------------------------------------------------------------------
+# Vocabulary
+# --------------------------------------------------------------------------
+
+
+class RecoveryPolicy(StrEnum):
+    """How an unknown outcome of a tool may be recovered; declared by the engine."""
+
+    READONLY = "readonly"
+    MANUAL = "manual"
+    IDEMPOTENT = "idempotent"
+    RECONCILE = "reconcile"
+
+
+class LedgerStatus(StrEnum):
+    NONE = "none"
+    DISPATCHED = "dispatched"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    RECOVERY_REQUIRED = "recovery_required"
+    ABANDONED = "abandoned"
+
+
+class ApprovalState(StrEnum):
+    NONE = "none"
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+
+
+class Authorization(StrEnum):
+    """Who authorized an attempt: nobody needed to, the approval, the policy, a human."""
+
+    NONE = "none"
+    AUTO = "auto"
+    APPROVAL = "approval"
+    POLICY = "policy"
+    HUMAN = "human"
+
+
+class Decision(StrEnum):
+    EXECUTE = "execute"
+    RECONSTRUCT = "reconstruct"
+    RETRY_SAME_ID = "retry_same_id"
+    RECONCILE = "reconcile"
+    RECOVERY_REQUIRED = "recovery_required"
+    SKIP = "skip"
+
+
+class Stage(StrEnum):
+    """The engine's volatile progress on one call (lost on a crash)."""
+
+    NONE = "none"
+    RESUME = "resume"
+    LIVE = "live"
+    RETRY = "retry"
+    DISPATCHED = "dispatched"
+    WAITING = "waiting"
+    GOT_OK = "got_ok"
+    GOT_FAIL = "got_fail"
+    RECORDED = "recorded"
+    RECONCILING = "reconciling"
+
+
+class MessageState(StrEnum):
+    VOLATILE = "volatile"
+    DURABLE = "durable"
+
+
+class ResultKind(StrEnum):
+    OK = "ok"
+    ERROR = "error"
+    DENIED = "denied"
+    HUMAN = "human"
+    ABANDONED = "abandoned"
+
+
+class Actor(StrEnum):
+    PROVIDER = "provider"
+    ENGINE = "engine"
+    HUMAN = "human"
+    EXTERNAL = "external"
+    ENVIRONMENT = "environment"
+
+
+class Action(StrEnum):
+    """The actions of ``DurableToolExecution.tla``, spelled as there."""
+
+    ProviderEmitCall = "ProviderEmitCall"
+    EnginePersistCall = "EnginePersistCall"
+    EngineParkApproval = "EngineParkApproval"
+    HumanApprove = "HumanApprove"
+    HumanReject = "HumanReject"
+    EngineRecordDenied = "EngineRecordDenied"
+    EnginePersistDispatched = "EnginePersistDispatched"
+    EngineInvokeAdapter = "EngineInvokeAdapter"
+    EngineInvokeReadonly = "EngineInvokeReadonly"
+    ExternalApply = "ExternalApply"
+    ExternalApplyLoseAnswer = "ExternalApplyLoseAnswer"
+    ExternalRejectDefinite = "ExternalRejectDefinite"
+    ExternalDropFenced = "ExternalDropFenced"
+    EngineRecordSucceeded = "EngineRecordSucceeded"
+    EngineRecordFailed = "EngineRecordFailed"
+    EngineAppendResult = "EngineAppendResult"
+    EngineTimeout = "EngineTimeout"
+    Recover = "Recover"
+    EngineReconcileApplied = "EngineReconcileApplied"
+    EngineReconcileNotApplied = "EngineReconcileNotApplied"
+    EngineReconcileUnknown = "EngineReconcileUnknown"
+    HumanResolveApplied = "HumanResolveApplied"
+    HumanResolveRetry = "HumanResolveRetry"
+    HumanResolveAbandon = "HumanResolveAbandon"
+    Crash = "Crash"
+
+
+# --------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------
+
+
+class ProtocolError(Exception):
+    """An event that the protocol does not allow in the current state.
+
+    The state it was applied to is unchanged (states are immutable); the
+    message names the event, the call and the state it met.
+    """
+
+    def __init__(self, action: Action | str, position: CallPosition | None, why: str) -> None:
+        self.action = str(action)
+        self.position = position
+        self.why = why
+        where = f" for call {position}" if position is not None else ""
+        super().__init__(f"can't handle {self.action}{where}: {why}")
+
+
+class InvalidInput(ValueError):
+    """Bad input from outside (a malformed id, a reused key argument, ...).
+
+    Raised before anything is changed or executed; the message says what was
+    wrong and what to do.
+    """
+
+
+# --------------------------------------------------------------------------
+# Values
+# --------------------------------------------------------------------------
+
+CallPosition = tuple[int, int]
+"""(turn, slot): the persisted assistant-message sequence number and the index in it."""
+
+MAX_TOOL_CALL_ID_LENGTH: Final = 512
+_ID_PREFIX: Final = "tlx1-"
+
+
+def _check_position(turn: object, slot: object) -> None:
+    for name, value in (("turn", turn), ("slot", slot)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidInput(
+                f"{name} must be a non-negative int (the persisted message sequence number "
+                f"and the index of the call in it), got {value!r}"
+            )
+
+
+def derive_execution_id(session_id: str, turn: int, slot: int, tool_call_id: str) -> str:
+    """The internal, stable identity of the execution of one call.
+
+    It binds the provider's ``tool_call_id`` to the call's persisted position,
+    because providers reuse ids (Gemini's ``call_0`` on every turn, salvaged
+    ``call_salvaged_0``, and ``""`` from some streams).  It is derived by the
+    engine from data the model does not control, and is the same on every
+    resume because the position is durable before anything is dispatched.
+    """
+    if not isinstance(session_id, str) or not session_id:
+        raise InvalidInput(f"session_id must be a non-empty string, got {session_id!r}")
+    _check_position(turn, slot)
+    if not isinstance(tool_call_id, str):
+        raise InvalidInput(
+            f"tool_call_id must be a string (use '' when the provider gave none), "
+            f"got {type(tool_call_id).__name__}"
+        )
+    if len(tool_call_id) > MAX_TOOL_CALL_ID_LENGTH:
+        raise InvalidInput(
+            f"tool_call_id is {len(tool_call_id)} characters long; at most "
+            f"{MAX_TOOL_CALL_ID_LENGTH} are accepted: truncate or hash it in the provider adapter"
+        )
+    material = json.dumps([session_id, turn, slot, tool_call_id], separators=(",", ":"))
+    return _ID_PREFIX + hashlib.sha256(material.encode()).hexdigest()[:32]
+
+
+def args_digest(tool_name: str, arguments: Mapping[str, Any]) -> str:
+    """Digest of a call's tool name and arguments (canonical JSON)."""
+    try:
+        text = json.dumps([tool_name, arguments], sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(
+            f"arguments of {tool_name!r} are not JSON-serializable ({exc}): "
+            "pass the parsed JSON object the model emitted"
+        ) from exc
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolProfile:
+    """Engine-owned metadata of a tool: never inferred, never model-controlled."""
+
+    name: str
+    policy: RecoveryPolicy = RecoveryPolicy.MANUAL
+    requires_approval: bool = True
+
+    def __post_init__(self) -> None:
+        name: object = self.name
+        policy: object = self.policy
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"tool name must be a non-empty string, got {name!r}")
+        if not isinstance(policy, RecoveryPolicy):
+            try:
+                object.__setattr__(self, "policy", RecoveryPolicy(str(policy)))
+            except ValueError:
+                valid = ", ".join(p.value for p in RecoveryPolicy)
+                raise InvalidInput(
+                    f"unknown recovery policy {policy!r} for tool {name!r}; "
+                    f"declare one of: {valid}"
+                ) from None
+        requires_approval: object = self.requires_approval
+        if not isinstance(requires_approval, bool):
+            raise InvalidInput(
+                f"requires_approval of {self.name!r} must be a bool, got {self.requires_approval!r}"
+            )
+
+    @property
+    def protected(self) -> bool:
+        """True if the tool has external side effects (goes through the ledger)."""
+        return self.policy is not RecoveryPolicy.READONLY
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """A tool result: its kind, the execution and the argument digest it belongs to."""
+
+    kind: ResultKind
+    execution_id: str
+    args_digest: str
+    content: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionRecord:
+    """The durable ledger record of one execution."""
+
+    execution_id: str
+    status: LedgerStatus = LedgerStatus.NONE
+    attempt: int = 0
+    args_digest: str | None = None
+    authorization: Authorization = Authorization.NONE
+    result: ToolResult | None = None
+    position: CallPosition | None = None
+
+
+AuditKey = tuple[str, str, int]
+"""(execution id, kind, attempt): the protocol-relevant part of an audit row."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallState:
+    """One call at its position: durable message and result, volatile stage."""
+
+    position: CallPosition
+    tool_call_id: str
+    tool: ToolProfile
+    execution_id: str
+    args_digest: str
+    message: MessageState
+    result: ToolResult | None = None
+    stage: Stage = Stage.NONE
+
+
+
+@dataclass(frozen=True)
+class SessionState:
+    """Everything the engine knows about one session's tool calls.
+
+    ``calls`` is ordered by position; ``approvals`` and ``ledger`` are keyed by
+    execution id (a missing key is the ``none`` state); ``marker`` is the
+    protocol marker: calls of turns before it are legacy.
+    """
+
+    session_id: str
+    marker: int = 0
+    max_attempts: int = 3
+    calls: tuple[CallState, ...] = ()
+    approvals: Mapping[str, ApprovalState] = field(default_factory=dict)
+    ledger: Mapping[str, ExecutionRecord] = field(default_factory=dict)
+    audit: frozenset[AuditKey] = frozenset()
+
+    # -- lookups ----------------------------------------------------------
+
+    def call(self, position: CallPosition) -> CallState | None:
+        for c in self.calls:
+            if c.position == position:
+                return c
+        return None
+
+    def record(self, execution_id: str) -> ExecutionRecord:
+        rec = self.ledger.get(execution_id)
+        return rec if rec is not None else ExecutionRecord(execution_id)
+
+    def approval(self, execution_id: str) -> ApprovalState:
+        return self.approvals.get(execution_id, ApprovalState.NONE)
+
+    def is_legacy(self, position: CallPosition) -> bool:
+        return position[0] < self.marker
+
+    def halted(self) -> Iterator[CallState]:
+        """Calls in ``recovery_required`` waiting for a human."""
+        for c in self.calls:
+            if (
+                c.result is None
+                and self.record(c.execution_id).status is LedgerStatus.RECOVERY_REQUIRED
+            ):
+                yield c
+
+    # -- functional updates -------------------------------------------------
+
+    def _with_call(self, new: CallState) -> SessionState:
+        calls = tuple(new if c.position == new.position else c for c in self.calls)
+        return replace(self, calls=calls)
+
+    def _with_record(self, rec: ExecutionRecord) -> SessionState:
+        ledger = dict(self.ledger)
+        ledger[rec.execution_id] = rec
+        return replace(self, ledger=ledger)
+
+    def _with_approval(self, execution_id: str, value: ApprovalState) -> SessionState:
+        approvals = dict(self.approvals)
+        approvals[execution_id] = value
+        return replace(self, approvals=approvals)
+
+    def _with_audit(self, *keys: AuditKey) -> SessionState:
+        return replace(self, audit=self.audit | frozenset(keys))
+
+
+def new_session(session_id: str, *, marker: int = 0, max_attempts: int = 3) -> SessionState:
+    """A session governed by the ledger from turn ``marker`` on (0: from the start)."""
+    if not isinstance(session_id, str) or not session_id:
+        raise InvalidInput(f"session_id must be a non-empty string, got {session_id!r}")
+    if isinstance(marker, bool) or not isinstance(marker, int) or marker < 0:
+        raise InvalidInput(f"marker must be a non-negative turn number, got {marker!r}")
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise InvalidInput(f"max_attempts must be an int >= 1, got {max_attempts!r}")
+    return SessionState(session_id=session_id, marker=marker, max_attempts=max_attempts)
+
+
+# --------------------------------------------------------------------------
+# The recovery decision
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryInputs:
+    """Everything :func:`decide_recovery` looks at; written to the audit row."""
+
+    status: LedgerStatus
+    attempt: int
+    digest_matches: bool
+    approval: ApprovalState
+    has_result: bool
+    policy: RecoveryPolicy
+    legacy: bool
+    requires_approval: bool
+    max_attempts: int
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "status": self.status.value,
+            "attempt": self.attempt,
+            "digest_matches": self.digest_matches,
+            "approval": self.approval.value,
+            "has_result": self.has_result,
+            "policy": self.policy.value,
+            "legacy": self.legacy,
+            "requires_approval": self.requires_approval,
+            "max_attempts": self.max_attempts,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryDecision:
+    decision: Decision
+    inputs: RecoveryInputs
+
+
+_KNOWN_OUTCOME: Final = frozenset(
+    {LedgerStatus.SUCCEEDED, LedgerStatus.FAILED, LedgerStatus.ABANDONED}
+)
+
+
+def decide_recovery(inputs: RecoveryInputs) -> RecoveryDecision:
+    """The recovery decision of PROTOCOL.md section 3: total and deterministic.
+
+    Mirrors ``Decide`` in the spec line by line.  A record whose argument
+    digest disagrees with the call at its position is a contradiction and
+    fails closed.  A legacy call (before the marker) that is approved, or that
+    needed no approval, may have run under the old engine: it is never
+    executed without a human.
+    """
+    i = inputs
+    d: Decision
+    if i.has_result:
+        d = Decision.SKIP
+    elif i.policy is RecoveryPolicy.READONLY:
+        d = Decision.EXECUTE
+    elif i.status is not LedgerStatus.NONE and not i.digest_matches:
+        d = Decision.RECOVERY_REQUIRED
+    elif i.status in _KNOWN_OUTCOME:
+        d = Decision.RECONSTRUCT
+    elif i.status is LedgerStatus.RECOVERY_REQUIRED:
+        d = Decision.RECOVERY_REQUIRED
+    elif i.status is LedgerStatus.DISPATCHED:
+        if i.policy is RecoveryPolicy.IDEMPOTENT:
+            d = (
+                Decision.RETRY_SAME_ID
+                if i.attempt < i.max_attempts
+                else Decision.RECOVERY_REQUIRED
+            )
+        elif i.policy is RecoveryPolicy.RECONCILE:
+            d = Decision.RECONCILE
+        else:
+            d = Decision.RECOVERY_REQUIRED
+    elif i.legacy and (i.approval is ApprovalState.APPROVED or not i.requires_approval):
+        d = Decision.RECOVERY_REQUIRED
+    else:
+        d = Decision.EXECUTE
+    return RecoveryDecision(d, inputs)
+
+
+def recovery_inputs(state: SessionState, call: CallState) -> RecoveryInputs:
+    rec = state.record(call.execution_id)
+    return RecoveryInputs(
+        status=rec.status,
+        attempt=rec.attempt,
+        digest_matches=rec.args_digest == call.args_digest,
+        approval=state.approval(call.execution_id),
+        has_result=call.result is not None,
+        policy=call.tool.policy,
+        legacy=state.is_legacy(call.position),
+        requires_approval=call.tool.requires_approval,
+        max_attempts=state.max_attempts,
+    )
+
+
+_STAGE_AFTER: Final[Mapping[Decision, Stage]] = {
+    Decision.SKIP: Stage.NONE,
+    Decision.EXECUTE: Stage.LIVE,
+    Decision.RECONSTRUCT: Stage.RECORDED,
+    Decision.RETRY_SAME_ID: Stage.RETRY,
+    Decision.RECONCILE: Stage.RECONCILING,
+    Decision.RECOVERY_REQUIRED: Stage.NONE,
+}
+
+
+# --------------------------------------------------------------------------
+# Events and the transition table
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One occurrence of an action.
+
+    ``position`` names the call (every action but ``Crash``).  For
+    ``ProviderEmitCall`` also give ``tool_call_id``, ``tool`` and
+    ``args_digest``; for the external actions, ``attempt`` is the attempt
+    whose answer (or silence) it is.
+    """
+
+    action: Action
+    position: CallPosition | None = None
+    tool_call_id: str | None = None
+    tool: ToolProfile | None = None
+    args_digest: str | None = None
+    attempt: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionSpec:
+    """One row of the transition table: the documentation of an action as data."""
+
+    action: Action
+    actor: Actor
+    from_stages: frozenset[Stage]
+    to_stage: Stage | None  # None: decided (Recover) or unchanged
+    durable: str  # what becomes durable, in the same transaction
+    summary: str
+
+
+def _row(
+    action: Action,
+    actor: Actor,
+    src: tuple[Stage, ...],
+    dst: Stage | None,
+    durable: str,
+    summary: str,
+) -> TransitionSpec:
+    return TransitionSpec(action, actor, frozenset(src), dst, durable, summary)
+
+
+S = Stage
+TRANSITIONS: Final[Mapping[Action, TransitionSpec]] = {
+    t.action: t
+    for t in (
+        _row(Action.ProviderEmitCall, Actor.PROVIDER, (), S.NONE, "-",
+             "the model emits a call (in memory only)"),
+        _row(Action.EnginePersistCall, Actor.ENGINE, (S.NONE,), S.LIVE, "the call",
+             "the assistant message holding the call is checkpointed"),
+        _row(Action.EngineParkApproval, Actor.ENGINE, (S.LIVE,), S.LIVE, "approval pending",
+             "the approval is parked in the inbox"),
+        _row(Action.HumanApprove, Actor.HUMAN, (), None, "approval approved",
+             "a human approves this call"),
+        _row(Action.HumanReject, Actor.HUMAN, (), None, "approval rejected",
+             "a human rejects this call"),
+        _row(Action.EngineRecordDenied, Actor.ENGINE, (S.LIVE,), S.NONE, "denied result",
+             "a rejected approval becomes a denied tool result"),
+        _row(Action.EnginePersistDispatched, Actor.ENGINE, (S.LIVE, S.RETRY), S.DISPATCHED,
+             "dispatched(n) + audit row", "the attempt is recorded BEFORE the adapter runs"),
+        _row(Action.EngineInvokeAdapter, Actor.ENGINE, (S.DISPATCHED,), S.WAITING, "-",
+             "the adapter is invoked with the execution id"),
+        _row(Action.EngineInvokeReadonly, Actor.ENGINE, (S.LIVE,), S.GOT_OK, "-",
+             "a readonly tool runs, bypassing the ledger"),
+        _row(Action.ExternalApply, Actor.EXTERNAL, (S.WAITING,), S.GOT_OK, "-",
+             "the external system applies (or deduplicates) and answers"),
+        _row(Action.ExternalApplyLoseAnswer, Actor.EXTERNAL, (), None, "-",
+             "the external system applies; the answer is lost"),
+        _row(Action.ExternalRejectDefinite, Actor.EXTERNAL, (S.WAITING,), S.GOT_FAIL, "-",
+             "a definite failure: known not applied"),
+        _row(Action.ExternalDropFenced, Actor.EXTERNAL, (), None, "-",
+             "a late request of a fenced attempt is dropped"),
+        _row(Action.EngineRecordSucceeded, Actor.ENGINE, (S.GOT_OK,), S.RECORDED,
+             "succeeded(result)", "the result is recorded right after the adapter returns"),
+        _row(Action.EngineRecordFailed, Actor.ENGINE, (S.GOT_FAIL,), S.RECORDED,
+             "failed(error)", "a definite failure is recorded"),
+        _row(Action.EngineAppendResult, Actor.ENGINE, (S.RECORDED, S.GOT_OK), S.NONE,
+             "role=tool result", "the tool result is appended to the conversation"),
+        _row(Action.EngineTimeout, Actor.ENGINE, (S.WAITING,), S.RESUME, "-",
+             "the live engine gives up waiting: unknown outcome"),
+        _row(Action.Recover, Actor.ENGINE, (S.RESUME,), None, "decision + audit row",
+             "the recovery decision is applied"),
+        _row(Action.EngineReconcileApplied, Actor.ENGINE, (S.RECONCILING,), S.RECORDED,
+             "succeeded(result) + audit row", "the connector says: applied"),
+        _row(Action.EngineReconcileNotApplied, Actor.ENGINE, (S.RECONCILING,), S.RETRY,
+             "audit row (fence at the connector)", "the connector fences and says: not applied"),
+        _row(Action.EngineReconcileUnknown, Actor.ENGINE, (S.RECONCILING,), S.NONE,
+             "recovery_required + audit row", "the connector cannot tell"),
+        _row(Action.HumanResolveApplied, Actor.HUMAN, (S.NONE,), S.RESUME,
+             "succeeded(human result) + audit row", "a human says it was applied"),
+        _row(Action.HumanResolveRetry, Actor.HUMAN, (S.NONE,), S.DISPATCHED,
+             "dispatched(n+1, human) + audit rows", "a human authorizes a retry"),
+        _row(Action.HumanResolveAbandon, Actor.HUMAN, (S.NONE,), S.RESUME,
+             "abandoned + audit row", "a human abandons the call"),
+        _row(Action.Crash, Actor.ENVIRONMENT, (), S.RESUME, "-",
+             "the process dies and restarts: volatile state is lost"),
+    )
+}
+del S
+
+
+# --------------------------------------------------------------------------
+# Transition functions (one per action; guards first, as in the spec)
+# --------------------------------------------------------------------------
+
+Handler = Callable[[SessionState, Event], SessionState]
+_HANDLERS: dict[Action, Handler] = {}
+
+
+def _handles(action: Action) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        _HANDLERS[action] = fn
+        return fn
+
+    return register
+
+
+def _require(cond: bool, ev: Event, why: str) -> None:
+    if not cond:
+        raise ProtocolError(ev.action, ev.position, why)
+
+
+def _call(state: SessionState, ev: Event) -> CallState:
+    if ev.position is None:
+        raise ProtocolError(ev.action, None, "the event names no call position")
+    c = state.call(ev.position)
+    if c is None:
+        raise ProtocolError(ev.action, ev.position, "no call at that position")
+    return c
+
+
+def _stage(c: CallState, ev: Event, *allowed: Stage) -> None:
+    _require(
+        c.stage in allowed,
+        ev,
+        f"stage is {c.stage.value}, expected {' or '.join(s.value for s in allowed)}",
+    )
+
+
+def _approval_ok(state: SessionState, c: CallState) -> bool:
+    return (
+        not c.tool.requires_approval
+        or state.approval(c.execution_id) is ApprovalState.APPROVED
+    )
+
+
+@_handles(Action.ProviderEmitCall)
+def _emit(state: SessionState, ev: Event) -> SessionState:
+    pos = ev.position
+    _require(pos is not None, ev, "the event names no call position")
+    assert pos is not None
+    _check_position(*pos)
+    _require(state.call(pos) is None, ev, "a call is already at that position")
+    _require(not state.is_legacy(pos), ev, f"turn {pos[0]} is before the protocol marker")
+    _require(
+        all(c.result is not None for c in state.calls if c.position[0] < pos[0]),
+        ev,
+        "an earlier turn still has a call without a result",
+    )
+    if ev.tool is None or ev.args_digest is None or ev.tool_call_id is None:
+        raise InvalidInput("ProviderEmitCall needs tool_call_id, tool and args_digest")
+    eid = derive_execution_id(state.session_id, pos[0], pos[1], ev.tool_call_id)
+    new = CallState(pos, ev.tool_call_id, ev.tool, eid, ev.args_digest, MessageState.VOLATILE)
+    calls = tuple(sorted((*state.calls, new), key=lambda c: c.position))
+    return replace(state, calls=calls)
+
+
+@_handles(Action.EnginePersistCall)
+def _persist_call(state: SessionState, ev: Event) -> SessionState:
+    c = _call(state, ev)
+    _require(c.message is MessageState.VOLATILE, ev, "the call is already durable")
+    return state._with_call(replace(c, message=MessageState.DURABLE, stage=Stage.LIVE))
+
+
+@_handles(Action.EngineParkApproval)
+def _park(state: SessionState, ev: Event) -> SessionState:
+    c = _call(state, ev)
+    _stage(c, ev, Stage.LIVE)
+    _require(c.tool.requires_approval, ev, f"tool {c.tool.name!r} needs no approval")
+    _require(
+        state.approval(c.execution_id) is ApprovalState.NONE,
+        ev,
+        f"approval is already {state.approval(c.execution_id).value}",
+    )
+    return state._with_approval(c.execution_id, ApprovalState.PENDING)
+
+
+def _resolve_approval(state: SessionState, ev: Event, value: ApprovalState) -> SessionState:
+    c = _call(state, ev)
+    _require(c.message is MessageState.DURABLE, ev, "the call is not durable")
+    _require(
+        state.approval(c.execution_id) is ApprovalState.PENDING,
+        ev,
+        f"approval is {state.approval(c.execution_id).value}, not pending",
+    )
+    return state._with_approval(c.execution_id, value)
+
+
+@_handles(Action.HumanApprove)
+def _approve(state: SessionState, ev: Event) -> SessionState:
+    return _resolve_approval(state, ev, ApprovalState.APPROVED)
+
+
+@_handles(Action.HumanReject)
+def _reject(state: SessionState, ev: Event) -> SessionState:
+    return _resolve_approval(state, ev, ApprovalState.REJECTED)
+
+
+@_handles(Action.EngineRecordDenied)
+def _denied(state: SessionState, ev: Event) -> SessionState:
+    c = _call(state, ev)
+    _stage(c, ev, Stage.LIVE)
+    _require(
+        c.tool.requires_approval
+        and state.approval(c.execution_id) is ApprovalState.REJECTED,
+        ev,
+        "the approval is not rejected",
+    )
+    res = ToolResult(ResultKind.DENIED, c.execution_id, c.args_digest, "denied by a human")
+    return state._with_call(replace(c, result=res, stage=Stage.NONE))
+
+
+@_handles(Action.EnginePersistDispatched)
+def _dispatch(state: SessionState, ev: Event) -> SessionState:
+    c = _call(state, ev)
+    _require(c.tool.protected, ev, f"tool {c.tool.name!r} is readonly: it bypasses the ledger")
+    _require(c.message is MessageState.DURABLE, ev, "the call is not durable yet")
+    _stage(c, ev, Stage.LIVE, Stage.RETRY)
+    if c.stage is Stage.LIVE:
+        _require(_approval_ok(state, c), ev, "the call is not approved")
+        auth = Authorization.APPROVAL if c.tool.requires_approval else Authorization.AUTO
+    else:
+        auth = Authorization.POLICY
+    rec = state.record(c.execution_id)
+    n = rec.attempt + 1
+    _require(n <= state.max_attempts, ev, f"attempt {n} exceeds max_attempts")
+    new_rec = ExecutionRecord(
+        c.execution_id, LedgerStatus.DISPATCHED, n, c.args_digest, auth, None, c.position
+    )
+    return (
+        state._with_record(new_rec)
+        ._with_audit((c.execution_id, "dispatch", n))
+        ._with_call(replace(c, stage=Stage.DISPATCHED))
+    )
+
+
+@_handles(Action.EngineInvokeAdapter)
+def _invoke(state: SessionState, ev: Event) -> SessionState:
+    c = _call(state, ev)
+    _stage(c, ev, Stage.DISPATCHED)
+    return state._with_call(replace(c, stage=Stage.WAITING))
+
+
+@_handles(Action.EngineInvokeReadonly)
+def _invoke_readonly(state: SessionState, ev: Event) -> SessionState:
+    c = _call(state, ev)
+    _stage(c, ev, Stage.LIVE)
+    _require(not c.tool.protected, ev, f"tool {c.tool.name!r} is not readonly")
+    _require(_approval_ok(state, c), ev, "the call is not approved")
+    return state._with_call(replace(c, stage=Stage.GOT_OK))
+
+
+def _answer(state: SessionState, ev: Event, to: Stage) -> SessionState:
+    c = _call(state, ev)
+    _stage(c, ev, Stage.WAITING)
+    _require(
+        ev.attempt == state.record(c.execution_id).attempt,
+        ev,
+        f"the answer is for attempt {ev.attempt}, the engine waits for "
+        f"{state.record(c.execution_id).attempt}",
+    )
+    return state._with_call(replace(c, stage=to))
+
+
+@_handles(Action.ExternalApply)
+def _answer_ok(state: SessionState, ev: Event) -> SessionState:
+    return _answer(state, ev, Stage.GOT_OK)
+
+
+@_handles(Action.ExternalRejectDefinite)
+def _answer_fail(state: SessionState, ev: Event) -> SessionState:
+    return _answer(state, ev, Stage.GOT_FAIL)
+
+
+@_handles(Action.EngineRecordSucceeded)
+def _record_succeeded(state: SessionState, ev: Event) -> SessionState:
+    c = _call(state, ev)
+    _stage(c, ev, Stage.GOT_OK)
+    _require(c.tool.protected, ev, "a readonly result is appended, not recorded")
+    rec = state.record(c.execution_id)
+    res = ToolResult(ResultKind.OK, c.execution_id, rec.args_digest or "")
+    new_rec = replace(rec, status=LedgerStatus.SUCCEEDED, result=res)
+    return state._with_record(new_rec)._with_call(replace(c, stage=Stage.RECORDED))
+
+
+@_handles(Action.EngineRecordFailed)
+def _record_failed(state: SessionState, ev: Event) -> SessionState:
+    c = _call(state, ev)
+    _stage(c, ev, Stage.GOT_FAIL)
+    rec = state.record(c.execution_id)
+    res = ToolResult(ResultKind.ERROR, c.execution_id, rec.args_digest or "")
+    new_rec = replace(rec, status=LedgerStatus.FAILED, result=res)
+    return state._with_record(new_rec)._with_call(replace(c, stage=Stage.RECORDED))
+
+
+@_handles(Action.EngineAppendResult)
+def _append(state: SessionState, ev: Event) -> SessionState:
+    c = _call(state, ev)
+    if c.stage is Stage.GOT_OK and not c.tool.protected:
+        res: ToolResult | None = ToolResult(ResultKind.OK, c.execution_id, c.args_digest)
+    else:
+        _stage(c, ev, Stage.RECORDED)
+        res = state.record(c.execution_id).result
+        _require(res is not None, ev, "the record holds no result to append")
+    return state._with_call(replace(c, result=res, stage=Stage.NONE))
+
+
+@_handles(Action.EngineTimeout)
+def _timeout(state: SessionState, ev: Event) -> SessionState:
+    c = _call(state, ev)
+    _stage(c, ev, Stage.WAITING)
+    return state._with_call(replace(c, stage=Stage.RESUME))
+
+
+def _halt_record(state: SessionState, c: CallState) -> ExecutionRecord:
+    return replace(
+        state.record(c.execution_id),
+        status=LedgerStatus.RECOVERY_REQUIRED,
+        args_digest=c.args_digest,
+        position=c.position,
+    )
+
+
+@_handles(Action.Recover)
+def _recover(state: SessionState, ev: Event) -> SessionState:
+    c = _call(state, ev)
+    _stage(c, ev, Stage.RESUME)
+    rec = state.record(c.execution_id)
+    d = decide_recovery(recovery_inputs(state, c)).decision
+    out = state._with_call(replace(c, stage=_STAGE_AFTER[d]))
+    if d is Decision.RECOVERY_REQUIRED and rec.status is not LedgerStatus.RECOVERY_REQUIRED:
+        out = out._with_record(_halt_record(state, c))
+    if c.tool.protected and d is not Decision.SKIP:
+        out = out._with_audit((c.execution_id, d.value, rec.attempt))
+    return out
+
+
+@_handles(Action.EngineReconcileApplied)
+def _reconcile_applied(state: SessionState, ev: Event) -> SessionState:
+    c = _call(state, ev)
+    _stage(c, ev, Stage.RECONCILING)
+    rec = state.record(c.execution_id)
+    res = ToolResult(ResultKind.OK, c.execution_id, rec.args_digest or "")
+    return (
+        state._with_record(replace(rec, status=LedgerStatus.SUCCEEDED, result=res))
+        ._with_audit((c.execution_id, "reconcile_applied", rec.attempt))
+        ._with_call(replace(c, stage=Stage.RECORDED))
+    )
+
+
+@_handles(Action.EngineReconcileNotApplied)
+def _reconcile_not_applied(state: SessionState, ev: Event) -> SessionState:
+    c = _call(state, ev)
+    _stage(c, ev, Stage.RECONCILING)
+    rec = state.record(c.execution_id)
+    _require(rec.attempt < state.max_attempts, ev, "the retry budget is spent")
+    return state._with_audit((c.execution_id, "reconcile_not_applied", rec.attempt))._with_call(
+        replace(c, stage=Stage.RETRY)
+    )
+
+
+@_handles(Action.EngineReconcileUnknown)
+def _reconcile_unknown(state: SessionState, ev: Event) -> SessionState:
+    c = _call(state, ev)
+    _stage(c, ev, Stage.RECONCILING)
+    rec = state.record(c.execution_id)
+    return (
+        state._with_record(_halt_record(state, c))
+        ._with_audit((c.execution_id, "reconcile_unknown", rec.attempt))
+        ._with_call(replace(c, stage=Stage.NONE))
+    )
+
+
+def _halted_call(state: SessionState, ev: Event) -> tuple[CallState, ExecutionRecord]:
+    c = _call(state, ev)
+    _require(c.message is MessageState.DURABLE, ev, "the call is not durable")
+    _require(c.result is None, ev, "the call already has a result")
+    rec = state.record(c.execution_id)
+    _require(
+        rec.status is LedgerStatus.RECOVERY_REQUIRED,
+        ev,
+        f"the record is {rec.status.value}, not recovery_required",
+    )
+    _stage(c, ev, Stage.NONE)
+    return c, rec
+
+
+@_handles(Action.HumanResolveApplied)
+def _human_applied(state: SessionState, ev: Event) -> SessionState:
+    c, rec = _halted_call(state, ev)
+    res = ToolResult(ResultKind.HUMAN, c.execution_id, c.args_digest)
+    return (
+        state._with_record(replace(rec, status=LedgerStatus.SUCCEEDED, result=res))
+        ._with_audit((c.execution_id, "human_applied", rec.attempt))
+        ._with_call(replace(c, stage=Stage.RESUME))
+    )
+
+
+@_handles(Action.HumanResolveRetry)
+def _human_retry(state: SessionState, ev: Event) -> SessionState:
+    c, rec = _halted_call(state, ev)
+    n = rec.attempt + 1
+    _require(n <= state.max_attempts, ev, f"attempt {n} exceeds max_attempts")
+    new_rec = ExecutionRecord(
+        c.execution_id,
+        LedgerStatus.DISPATCHED,
+        n,
+        c.args_digest,
+        Authorization.HUMAN,
+        None,
+        c.position,
+    )
+    return (
+        state._with_record(new_rec)
+        ._with_audit((c.execution_id, "human_retry", n), (c.execution_id, "dispatch", n))
+        ._with_call(replace(c, stage=Stage.DISPATCHED))
+    )
+
+
+@_handles(Action.HumanResolveAbandon)
+def _human_abandon(state: SessionState, ev: Event) -> SessionState:
+    c, rec = _halted_call(state, ev)
+    res = ToolResult(ResultKind.ABANDONED, c.execution_id, c.args_digest, "abandoned by a human")
+    return (
+        state._with_record(replace(rec, status=LedgerStatus.ABANDONED, result=res))
+        ._with_audit((c.execution_id, "human_abandon", rec.attempt))
+        ._with_call(replace(c, stage=Stage.RESUME))
+    )
+
+
+@_handles(Action.Crash)
+def _crash(state: SessionState, ev: Event) -> SessionState:
+    calls = tuple(
+        replace(
+            c,
+            stage=Stage.RESUME if c.result is None else Stage.NONE,
+        )
+        for c in state.calls
+        if c.message is MessageState.DURABLE
+    )
+    return replace(state, calls=calls)
+
+
+# Actions with no effect on the engine's state: the external system's own
+# moves (an answer that is lost, a fenced request dropped).
+_ENGINE_SILENT: Final = frozenset({Action.ExternalApplyLoseAnswer, Action.ExternalDropFenced})
+
+
+def apply(state: SessionState, event: Event) -> SessionState:
+    """The state after ``event``; raises :class:`ProtocolError` if not allowed."""
+    if not isinstance(event, Event):
+        raise InvalidInput(f"expected an Event, got {type(event).__name__}")
+    if event.action in _ENGINE_SILENT:
+        return state
+    handler = _HANDLERS.get(event.action)
+    if handler is None:
+        raise InvalidInput(f"unknown action {event.action!r}")
+    return handler(state, event)
+
+
+def enabled(state: SessionState, event: Event) -> bool:
+    """Whether ``event`` is allowed now (its guard holds)."""
+    try:
+        apply(state, event)
+    except ProtocolError:
+        return False
+    return True
+
+
+def durable_changes(
+    before: SessionState, after: SessionState
+) -> tuple[
+    list[CallState], list[tuple[str, ApprovalState]], list[ExecutionRecord], list[AuditKey]
+]:
+    """What a transition made durable: calls (message or result changed),
+    approvals, ledger records and audit keys.  The store writes exactly these,
+    in one transaction, before the engine acts on ``after``."""
+    old_calls = {c.position: c for c in before.calls}
+    calls = [
+        c
+        for c in after.calls
+        if c.message is MessageState.DURABLE
+        and (
+            (o := old_calls.get(c.position)) is None
+            or o.message is not c.message
+            or o.result != c.result
+        )
+    ]
+    approvals = [
+        (k, v) for k, v in after.approvals.items() if before.approvals.get(k) is not v
+    ]
+    records = [r for k, r in after.ledger.items() if before.ledger.get(k) != r]
+    audit = sorted(after.audit - before.audit)
+    return calls, approvals, records, audit
+
+
+assert set(_HANDLERS) | _ENGINE_SILENT == set(Action), "every action has a handler"
+assert set(TRANSITIONS) == set(Action), "every action has a row in TRANSITIONS"
