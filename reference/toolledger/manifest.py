@@ -1,0 +1,329 @@
+"""The model manifest: every TLC model of the project, its question and its expected answer.
+
+``model/manifest.toml`` holds one ``[[model]]`` table per model::
+
+    [[model]]
+    name = "TwoCalls"                 # unique; what `toolledger check --model` takes
+    module = "MCTwoCalls"             # the .tla module TLC runs (in model/ or spec/)
+    cfg = "TwoCalls.cfg"              # in model/
+    check_deadlock = false            # false: TLC runs with -deadlock (check off)
+    ci = true                         # run by `toolledger check`
+    expect = "pass"                   # or "deadlock", or the invariant/property to violate
+    distinct_states = 105955          # expected; any drift is a failure
+    question = "one line: what this model asks"
+    conformance = false               # optional (default false)
+    workers = 1                       # optional (default 1)
+
+:func:`load_manifest` validates all of it against the files on disk (the
+module and cfg exist, ``expect`` names an INVARIANT or PROPERTY of the cfg,
+``"deadlock"`` only with ``check_deadlock = true``) and reports every problem
+at once, each naming the model and what to change. :func:`drift` compares a
+:class:`~toolledger.tlc.TLCResult` with an entry.
+
+This module only reads: it must never run TLC and never write the manifest.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .tlc import Outcome, TLCResult, parse_cfg
+
+__all__ = [
+    "MANIFEST",
+    "Manifest",
+    "ManifestError",
+    "ModelEntry",
+    "drift",
+    "find_root",
+    "load_manifest",
+    "result_label",
+]
+
+MANIFEST = Path("model") / "manifest.toml"
+SEARCH_DIRS = ("spec", "model")
+
+# key -> (type, required). Add a key here to allow it in the manifest.
+_FIELDS: dict[str, tuple[type, bool]] = {
+    "name": (str, True),
+    "module": (str, True),
+    "cfg": (str, True),
+    "check_deadlock": (bool, True),
+    "ci": (bool, True),
+    "expect": (str, True),
+    "distinct_states": (int, True),
+    "question": (str, True),
+    "conformance": (bool, False),
+    "workers": (int, False),
+}
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+\Z")
+_MODULE_RE = re.compile(r"[A-Za-z0-9_]+\Z")
+
+
+class ManifestError(ValueError):
+    """The manifest is missing or invalid; the message lists every problem and its fix."""
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One ``[[model]]`` of the manifest, validated, with resolved paths."""
+
+    name: str
+    module: str
+    cfg: str
+    check_deadlock: bool
+    ci: bool
+    expect: str
+    distinct_states: int
+    question: str
+    conformance: bool
+    workers: int
+    cfg_path: Path
+    expected_outcome: Outcome
+
+    @property
+    def expected_violation(self) -> str | None:
+        """The invariant/property that must be violated, if any."""
+        if self.expected_outcome in (Outcome.INVARIANT_VIOLATED, Outcome.PROPERTY_VIOLATED):
+            return self.expect
+        return None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """All models of a project, in manifest order."""
+
+    root: Path
+    models: tuple[ModelEntry, ...]
+
+    @property
+    def path(self) -> Path:
+        return self.root / MANIFEST
+
+    @property
+    def search_dirs(self) -> list[Path]:
+        """The directories whose ``.tla`` files TLC needs: ``spec/`` and ``model/``."""
+        return [self.root / d for d in SEARCH_DIRS if (self.root / d).is_dir()]
+
+    def names(self) -> list[str]:
+        return [m.name for m in self.models]
+
+    def ci_models(self) -> list[ModelEntry]:
+        return [m for m in self.models if m.ci]
+
+    def get(self, name: str) -> ModelEntry:
+        """The model called ``name``; ``KeyError`` listing the valid names otherwise."""
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(f"no model named {name!r}; the models are: {', '.join(self.names())}")
+
+
+def find_root(start: Path | None = None) -> Path:
+    """The nearest directory at or above ``start`` (default: cwd) with ``model/manifest.toml``."""
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / MANIFEST).is_file():
+            return d
+    raise ManifestError(
+        f"no {MANIFEST} in {here} or any parent directory: run from inside the "
+        "project, or pass --root"
+    )
+
+
+def _suggest(key: str, valid: Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(valid), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _type_name(t: type) -> str:
+    return {str: "a string", bool: "true or false", int: "an integer"}[t]
+
+
+def load_manifest(root: Path) -> Manifest:
+    """Read and validate ``root/model/manifest.toml``.
+
+    Raises :class:`ManifestError` listing every problem found, not just the first.
+    """
+    root = Path(root)
+    path = root / MANIFEST
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ManifestError(f"{path} does not exist: create it (see toolledger.manifest)") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ManifestError(f"{path} is not valid TOML: {e}") from None
+
+    problems: list[str] = []
+    extra = sorted(set(data) - {"model"})
+    if extra:
+        problems.append(
+            f"unknown top-level key(s) {', '.join(extra)}: only [[model]] tables are allowed"
+        )
+    tables = data.get("model", [])
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise ManifestError(f"{path}: 'model' must be an array of tables, written [[model]]")
+    if not tables:
+        problems.append("no [[model]] tables: add at least one model")
+
+    models: list[ModelEntry] = []
+    seen: dict[str, int] = {}
+    for number, table in enumerate(tables, 1):
+        name = table.get("name")
+        where = f"model {name!r}" if isinstance(name, str) and name else f"[[model]] #{number}"
+        entry = _validate(root, table, where, problems)
+        if entry is None:
+            continue
+        if entry.name in seen:
+            problems.append(
+                f"{where}: the name is also used by [[model]] #{seen[entry.name]}: "
+                "names must be unique, rename one"
+            )
+            continue
+        seen[entry.name] = number
+        models.append(entry)
+
+    if problems:
+        raise ManifestError(
+            f"{path} has {len(problems)} problem(s):\n  - " + "\n  - ".join(problems)
+        )
+    return Manifest(root=root, models=tuple(models))
+
+
+def _validate(
+    root: Path, table: dict[str, Any], where: str, problems: list[str]
+) -> ModelEntry | None:
+    before = len(problems)
+    for key in table:
+        if key not in _FIELDS:
+            problems.append(
+                f"{where}: unknown key {key!r}{_suggest(key, _FIELDS)}; "
+                f"the keys are: {', '.join(_FIELDS)}"
+            )
+    for key, (typ, required) in _FIELDS.items():
+        if key not in table:
+            if required:
+                problems.append(f"{where}: missing {key!r}: add {key} = <{_type_name(typ)}>")
+            continue
+        value = table[key]
+        if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+            problems.append(f"{where}: {key} = {value!r} must be {_type_name(typ)}")
+    if len(problems) > before:
+        return None
+
+    name: str = table["name"]
+    module: str = table["module"]
+    cfg: str = table["cfg"]
+    expect: str = table["expect"]
+    check_deadlock: bool = table["check_deadlock"]
+    distinct: int = table["distinct_states"]
+    workers: int = table.get("workers", 1)
+
+    if not _NAME_RE.match(name):
+        problems.append(f"{where}: name must be letters, digits, '_', '.' or '-' (no spaces)")
+    if not table["question"].strip():
+        problems.append(f"{where}: question is empty: say in one line what this model asks")
+    if distinct < 1:
+        problems.append(f"{where}: distinct_states = {distinct} must be >= 1")
+    if workers < 1:
+        problems.append(f"{where}: workers = {workers} must be >= 1")
+
+    if not _MODULE_RE.match(module) or module.endswith(".tla"):
+        problems.append(f"{where}: module = {module!r} must be a module name, without .tla")
+    else:
+        found = [d for d in SEARCH_DIRS if (root / d / f"{module}.tla").is_file()]
+        if not found:
+            problems.append(
+                f"{where}: module {module} not found: no {module}.tla in "
+                f"{' or '.join(d + '/' for d in SEARCH_DIRS)}"
+            )
+        elif len(found) > 1:
+            problems.append(f"{where}: {module}.tla is in both spec/ and model/: keep one")
+
+    cfg_path = root / "model" / cfg
+    outcome: Outcome | None = None
+    if not cfg.endswith(".cfg") or "/" in cfg or "\\" in cfg:
+        problems.append(f"{where}: cfg = {cfg!r} must be a file name in model/ ending in .cfg")
+    elif not cfg_path.is_file():
+        problems.append(f"{where}: cfg file model/{cfg} does not exist: create it or fix the name")
+    else:
+        info = parse_cfg(cfg_path)
+        if expect == "pass":
+            outcome = Outcome.PASS
+        elif expect == "deadlock":
+            outcome = Outcome.DEADLOCK
+            if not check_deadlock:
+                problems.append(
+                    f'{where}: expect = "deadlock" needs check_deadlock = true '
+                    "(with false TLC never reports a deadlock)"
+                )
+        elif expect in info.invariants:
+            outcome = Outcome.INVARIANT_VIOLATED
+        elif expect in info.properties:
+            outcome = Outcome.PROPERTY_VIOLATED
+        else:
+            names = [*info.invariants, *info.properties]
+            problems.append(
+                f'{where}: expect = {expect!r} is not "pass", "deadlock", or an INVARIANT or '
+                f"PROPERTY of model/{cfg}{_suggest(expect, names)}; "
+                f"the cfg checks: {', '.join(names) or 'nothing'}"
+            )
+    if len(problems) > before or outcome is None:
+        return None
+    return ModelEntry(
+        name=name,
+        module=module,
+        cfg=cfg,
+        check_deadlock=check_deadlock,
+        ci=table["ci"],
+        expect=expect,
+        distinct_states=distinct,
+        question=table["question"],
+        conformance=table.get("conformance", False),
+        workers=workers,
+        cfg_path=cfg_path,
+        expected_outcome=outcome,
+    )
+
+
+# ----------------------------------------------------------------------------
+# Comparing a run with its entry.
+
+
+def result_label(result: TLCResult) -> str:
+    """What TLC found, in the same vocabulary as ``expect``."""
+    o = result.outcome
+    if o is Outcome.PASS:
+        return "pass"
+    if o is Outcome.DEADLOCK:
+        return "deadlock"
+    if o in (Outcome.INVARIANT_VIOLATED, Outcome.PROPERTY_VIOLATED):
+        kind = "invariant" if o is Outcome.INVARIANT_VIOLATED else "property"
+        return result.violated or f"<unnamed {kind}>"
+    return str(o.value).replace("_", "-")
+
+
+def drift(entry: ModelEntry, result: TLCResult) -> list[str]:
+    """Why ``result`` does not match ``entry`` (empty if it matches)."""
+    reasons: list[str] = []
+    got = result_label(result)
+    if result.outcome is Outcome.PROPERTY_VIOLATED and result.violated is None:
+        reasons.append(
+            f"expected {entry.expect}, got a temporal violation TLC 2.15 does not name: "
+            f"list only {entry.expect} under PROPERTY in model/{entry.cfg}"
+        )
+    elif result.outcome is not entry.expected_outcome or (
+        entry.expected_violation is not None and result.violated != entry.expect
+    ):
+        reasons.append(f"expected {entry.expect}, got {got}")
+    if result.distinct_states != entry.distinct_states:
+        reasons.append(
+            f"expected {entry.distinct_states} distinct states, got {result.distinct_states}"
+        )
+    return reasons
