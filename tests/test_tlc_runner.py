@@ -86,6 +86,16 @@ def test_invariant_violation_gives_named_invariant_and_exact_trace() -> None:
 
 
 @pytest.mark.slow
+def test_duplicate_initial_states_are_counted_once() -> None:
+    # TLC reports these with message 2191 ("2 states generated, with 1 of them distinct")
+    seen: list[Progress] = []
+    r = run("StuckInitTwice", "Stuck", check_deadlock=False, on_progress=seen.append)
+    assert r.outcome is Outcome.PASS
+    assert (r.initial_states, r.distinct_states, r.generated_states) == (1, 3, 4)
+    assert (seen[0].distinct, seen[0].generated) == (1, 2)
+
+
+@pytest.mark.slow
 def test_invariant_violated_by_initial_state() -> None:
     r = run("StuckInit", "Stuck")
     assert r.outcome is Outcome.INVARIANT_VIOLATED
@@ -119,6 +129,12 @@ def test_temporal_violation_by_stuttering() -> None:
     assert [s.action for s in r.trace] == ["Init", "Stuttering"]
     assert r.trace[-1].is_stuttering
     assert r.trace[-1].state == r.trace[0].state == {"x": 0, "y": "a"}
+    # Temporal properties are checked once, on the complete graph (-lncheck final):
+    # otherwise TLC checks at its first timed progress report and the count of a
+    # violating run depends on how fast the machine is.
+    i = r.command.index("-lncheck")
+    assert r.command[i + 1] == "final"
+    assert "for the complete state space with 3 total distinct states" in r.output
 
 
 @pytest.mark.slow
@@ -160,7 +176,13 @@ def test_assert_failure_in_an_action_is_an_error_with_its_message() -> None:
     assert r.outcome is Outcome.ERROR and not r.ok
     assert r.exit_code == 75
     assert '"boom at x = 1"' in r.error_text
-    assert "Line 8, column 9" in r.error_text
+    boom = (
+        (FIXTURES / "Stuck.tla")
+        .read_text()
+        .splitlines()
+        .index('Boom == x = 1 /\\ Assert(FALSE, "boom at x = 1") /\\ x\' = x')
+    )
+    assert f"Line {boom + 1}, column 9" in r.error_text  # where the Assert is
 
 
 @pytest.mark.slow

@@ -23,6 +23,12 @@ code  message                                            outcome
 TLC 2.15 does not name the violated temporal property; when the ``.cfg``
 lists exactly one ``PROPERTY`` it is reported as the violated one.
 
+Every count is reproducible by default: ``-workers 1`` (same BFS, same
+counterexample), ``-fp 0`` (same fingerprints, so the same node ids in dumps)
+and ``-lncheck final`` (temporal properties checked once on the complete
+graph, not at TLC's first wall-clock-timed progress report, which made the
+state count of a temporal violation depend on machine speed).
+
 This module must never write outside its temporary directory (except the
 requested ``dump_dot`` file), never reuse a metadir, never leave a TLC process
 running after it returns or raises, and never depend on anything beyond the
@@ -291,7 +297,8 @@ _MARK_RE = re.compile(r"@!@!@(?:STARTMSG (-?\d+):(\d+)|ENDMSG (-?\d+)) @!@!@")
 
 MSG_SANY_START = 2220
 MSG_SANY_END = 2219
-MSG_INIT_STATES = 2190
+MSG_INIT_STATES = 2190  # "N distinct states generated"
+MSG_INIT_STATES_DUP = 2191  # "N states generated, with M of them distinct"
 MSG_SUCCESS = 2193
 MSG_DEPTH = 2194
 MSG_STATS = 2199
@@ -366,6 +373,7 @@ _STATS_RE = re.compile(
     + r" states left)?"
 )
 _INIT_RE = re.compile(_COUNT + r" distinct states? generated")
+_INIT_DUP_RE = re.compile(_COUNT + r" states? generated, with " + _COUNT + r" of them distinct")
 _DEPTH_RE = re.compile(r"depth of the complete state graph search is (\d+)")
 _INVARIANT_RE = re.compile(r"Invariant (\S+) is violated")
 _TRACE_HEAD_RE = re.compile(
@@ -424,9 +432,13 @@ class _Collector:
         elif code == MSG_INIT_STATES:
             m = _INIT_RE.search(text)
             if m:
-                self.initial = _int(m.group(1))
+                self.initial = self.distinct = self.generated = _int(m.group(1))
+                self._progress(None, 1)
+        elif code == MSG_INIT_STATES_DUP:
+            m = _INIT_DUP_RE.search(text)
+            if m:
+                self.generated, self.initial = _int(m.group(1)), _int(m.group(2))
                 self.distinct = self.initial
-                self.generated = self.initial
                 self._progress(None, 1)
         elif code == MSG_PROGRESS:
             m = _PROGRESS_RE.search(text)
@@ -545,6 +557,7 @@ def run_tlc(
     timeout: float | None = None,
     jvm_args: Sequence[str] = (),
     fp: int | None = 0,
+    liveness_at_end: bool = True,
 ) -> TLCResult:
     """Model-check ``module`` with ``cfg`` and return what TLC found.
 
@@ -555,7 +568,12 @@ def run_tlc(
     (the default) makes counterexamples identical run to run. ``fp`` fixes
     TLC's fingerprint polynomial (``-fp``; TLC picks a random one otherwise),
     so that state ids in dumps are identical run to run too; ``None`` lets TLC
-    choose. On ``timeout`` (seconds) TLC is killed and the outcome is ``TIMEOUT``.
+    choose. ``liveness_at_end`` passes ``-lncheck final``: TLC otherwise checks
+    temporal properties on the partial graph at its first (wall-clock timed)
+    progress report, so the state count of a temporal violation would depend
+    on machine speed; with it, temporal properties are checked once on the
+    complete graph and every count is reproducible. On ``timeout`` (seconds)
+    TLC is killed and the outcome is ``TIMEOUT``.
     ``jvm_args`` go to java (e.g. ``-Xmx2g``), ``extra_args`` to TLC.
 
     Raises :class:`ToolchainError` if java or the jar is unusable, and
@@ -596,6 +614,8 @@ def run_tlc(
         ]
         if fp is not None:
             cmd += ["-fp", str(fp)]
+        if liveness_at_end:
+            cmd += ["-lncheck", "final"]
         if not check_deadlock:
             cmd.append("-deadlock")
         cmd += ["-config", cfg.name]
