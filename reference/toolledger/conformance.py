@@ -1,0 +1,315 @@
+"""Exhaustive conformance: the reference allows exactly the spec's steps.
+
+TLC dumps the whole reachable state graph of a model (``-dump
+dot,actionlabels``).  For every spec state the checker builds the reference
+state (:func:`toolledger.mapping.from_spec`), checks that it maps back to
+the same spec state, asks the reference for every enabled transition
+(:func:`toolledger.system.successors`) and compares the set of
+(action name, successor) pairs with the graph's edges out of that state, in
+both directions: nothing missing, nothing extra.  The reference's initial
+states must equal the spec's.  Within the model's bounds this covers every
+interleaving of crashes, answers, time-outs and human decisions.
+
+A mismatch is reported with the smallest reproduction: the shortest path
+from an initial state to the state where the two disagree, the action, and
+what the spec allows versus what the reference did.
+
+The check can be spread over several processes (``workers``); each takes a
+slice of the states.  It never modifies the graph or the model files.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import protocol as p
+from .manifest import ModelEntry
+from .mapping import SPEC_VARIABLES, from_spec, spec_key, to_spec
+from .stategraph import StateGraph, load_dot
+from .system import ModelConfig, SystemState, initial_states, successors
+from .tlavalues import Value, pretty
+from .tlc import Progress, TLCResult, run_tlc
+
+__all__ = [
+    "ConformanceReport",
+    "Mismatch",
+    "check_graph",
+    "render_mismatch",
+    "run_conformance",
+]
+
+SuccessorFn = Callable[[ModelConfig, SystemState], list[tuple[p.Action, SystemState]]]
+InitialFn = Callable[[ModelConfig], list[SystemState]]
+Key = tuple[Value, ...]
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One disagreement between the spec's graph and the reference."""
+
+    kind: str  # "missing" | "extra" | "roundtrip" | "initial" | "error"
+    node: int | None  # the spec state where it happens (TLC fingerprint)
+    action: str | None
+    detail: str
+    expected: dict[str, Value] | None = None  # the spec's successor / state
+    got: dict[str, Value] | None = None  # the reference's
+
+
+@dataclass
+class ConformanceReport:
+    model: str
+    states: int = 0
+    edges: int = 0
+    reference_edges: int = 0
+    seconds: float = 0.0
+    load_seconds: float = 0.0
+    tlc: TLCResult | None = None
+    mismatches: list[Mismatch] = field(default_factory=list)
+    mismatch_count: int = 0
+    graph: StateGraph | None = field(default=None, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.mismatch_count == 0 and self.states > 0
+
+    @property
+    def ratio(self) -> float | None:
+        """Conformance time (load + check) over TLC's own time on the model."""
+        if self.tlc is None or not self.tlc.wall_seconds:
+            return None
+        return (self.seconds + self.load_seconds) / self.tlc.wall_seconds
+
+
+# --------------------------------------------------------------------------
+# The check
+# --------------------------------------------------------------------------
+
+# Set by check_graph before forking workers (copy-on-write shared).
+_JOB: tuple[ModelConfig, StateGraph, dict[int, Key], SuccessorFn, int] | None = None
+
+
+def _check_nodes(nodes: Sequence[int]) -> tuple[int, int, list[Mismatch]]:
+    assert _JOB is not None
+    cfg, graph, keys, succ_fn, limit = _JOB
+    mismatches: list[Mismatch] = []
+    count = 0
+    ref_edges = 0
+    index = graph._successor_index()
+    for node in nodes:
+        spec_state = graph.states[node]
+        try:
+            ref = from_spec(cfg, spec_state)
+            back = to_spec(cfg, ref)
+        except Exception as exc:  # a state the mapping cannot express
+            count += 1
+            if len(mismatches) < limit:
+                mismatches.append(Mismatch("roundtrip", node, None, f"mapping failed: {exc!r}"))
+            continue
+        if spec_key(back) != keys[node]:
+            count += 1
+            if len(mismatches) < limit:
+                mismatches.append(
+                    Mismatch(
+                        "roundtrip", node, None,
+                        "the reference state does not map back to the spec state",
+                        spec_state, back,
+                    )
+                )
+            continue
+        try:
+            mine: dict[tuple[str, Key], dict[str, Value]] = {}
+            for action, nxt in succ_fn(cfg, ref):
+                st = to_spec(cfg, nxt)
+                mine[(str(action), spec_key(st))] = st
+        except Exception as exc:
+            count += 1
+            if len(mismatches) < limit:
+                mismatches.append(Mismatch("error", node, None, f"reference raised {exc!r}"))
+            continue
+        ref_edges += len(mine)
+        theirs = {(label, keys[dst]): dst for dst, label in index.get(node, [])}
+        for edge in mine.keys() - theirs.keys():
+            count += 1
+            if len(mismatches) < limit:
+                mismatches.append(
+                    Mismatch(
+                        "extra", node, edge[0],
+                        "the reference allows a step the spec does not",
+                        None, mine[edge],
+                    )
+                )
+        for edge in theirs.keys() - mine.keys():
+            count += 1
+            if len(mismatches) < limit:
+                mismatches.append(
+                    Mismatch(
+                        "missing", node, edge[0],
+                        "the spec allows a step the reference does not",
+                        graph.states[theirs[edge]], None,
+                    )
+                )
+    return count, ref_edges, mismatches
+
+
+def check_graph(
+    cfg: ModelConfig,
+    graph: StateGraph,
+    *,
+    model: str = "",
+    successors_fn: SuccessorFn = successors,
+    initial_fn: InitialFn = initial_states,
+    workers: int = 1,
+    max_mismatches: int = 10,
+) -> ConformanceReport:
+    """Compare the reference with every state and edge of ``graph``."""
+    global _JOB
+    started = time.perf_counter()
+    report = ConformanceReport(model=model, states=len(graph.states), edges=len(graph.edges))
+    report.graph = graph
+    keys = {n: spec_key(s) for n, s in graph.states.items()}
+    ref_init = {spec_key(to_spec(cfg, s)): to_spec(cfg, s) for s in initial_fn(cfg)}
+    spec_init = {keys[n]: n for n in graph.initial}
+    for k in ref_init.keys() - spec_init.keys():
+        report.mismatches.append(
+            Mismatch("initial", None, None, "an initial reference state the spec lacks",
+                     None, ref_init[k])
+        )
+    for k in spec_init.keys() - ref_init.keys():
+        report.mismatches.append(
+            Mismatch("initial", spec_init[k], None,
+                     "an initial spec state the reference lacks", graph.states[spec_init[k]])
+        )
+    report.mismatch_count = len(report.mismatches)
+    nodes = sorted(graph.states)
+    _JOB = (cfg, graph, keys, successors_fn, max_mismatches)
+    graph._successor_index()  # build before forking, so workers share it
+    try:
+        if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+            chunks = [nodes[i::workers] for i in range(workers)]
+            ctx = multiprocessing.get_context("fork")
+            with ctx.Pool(workers) as pool:
+                results = pool.map(_check_nodes, chunks)
+        else:
+            results = [_check_nodes(nodes)]
+    finally:
+        _JOB = None
+    for count, ref_edges, found in results:
+        report.mismatch_count += count
+        report.reference_edges += ref_edges
+        report.mismatches.extend(found[: max(0, max_mismatches - len(report.mismatches))])
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+# --------------------------------------------------------------------------
+# Running TLC and the check together
+# --------------------------------------------------------------------------
+
+
+def run_conformance(
+    root: Path,
+    entry: ModelEntry,
+    *,
+    workers: int | None = None,
+    successors_fn: SuccessorFn = successors,
+    initial_fn: InitialFn = initial_states,
+    on_progress: Callable[[Progress], None] | None = None,
+    dump_dir: Path | None = None,
+) -> ConformanceReport:
+    """Run TLC on ``entry`` with a state-graph dump, then check the reference.
+
+    The report carries TLC's result, so the caller also sees whether the model
+    itself passed and how long TLC took on it (the time ratio).
+    """
+    cfg = ModelConfig.from_mc_module(_module_path(root, entry.module))
+    with tempfile.TemporaryDirectory(prefix="toolledger-conf-") as tmp:
+        dot = (dump_dir or Path(tmp)) / f"{entry.name}.dot"
+        tlc = run_tlc(
+            entry.module,
+            root / "model" / entry.cfg,
+            search_dirs=[root / "spec", root / "model"],
+            check_deadlock=entry.check_deadlock,
+            workers=entry.workers,
+            dump_dot=dot,
+            on_progress=on_progress,
+        )
+        if not dot.exists():
+            report = ConformanceReport(model=entry.name, tlc=tlc)
+            report.mismatches.append(
+                Mismatch("error", None, None, f"TLC wrote no state graph ({tlc.outcome.name}): "
+                         f"{tlc.error_text or tlc.output[-400:]}")
+            )
+            report.mismatch_count = 1
+            return report
+        t0 = time.perf_counter()
+        graph = load_dot(dot)
+        load_seconds = time.perf_counter() - t0
+    report = check_graph(
+        cfg,
+        graph,
+        model=entry.name,
+        successors_fn=successors_fn,
+        initial_fn=initial_fn,
+        workers=workers if workers is not None else min(2, os.cpu_count() or 1),
+    )
+    report.tlc = tlc
+    report.load_seconds = load_seconds
+    return report
+
+
+def _module_path(root: Path, module: str) -> Path:
+    for d in ("model", "spec"):
+        path = root / d / f"{module}.tla"
+        if path.exists():
+            return path
+    raise FileNotFoundError(f"no {module}.tla in {root / 'model'} or {root / 'spec'}")
+
+
+# --------------------------------------------------------------------------
+# Reporting
+# --------------------------------------------------------------------------
+
+
+def _changed(before: dict[str, Value], after: dict[str, Value]) -> list[str]:
+    return [
+        f"    {v}' = {pretty(after[v], indent=6)}"
+        for v in SPEC_VARIABLES
+        if v in after and before.get(v) != after[v]
+    ]
+
+
+def render_mismatch(report: ConformanceReport, m: Mismatch) -> str:
+    """The smallest reproduction of a mismatch, as text."""
+    lines = [f"{m.kind}: {m.detail}"]
+    graph = report.graph
+    if graph is not None and m.node is not None:
+        path = graph.shortest_path(m.node)
+        lines.append("  path from an initial state:")
+        if path:
+            lines.append("    " + " -> ".join(["Init", *(label for _, label in path[1:])]))
+        here = graph.states[m.node]
+        if m.action is not None:
+            lines.append(f"  then {m.action}:")
+            other = m.expected if m.expected is not None else m.got
+            if other is not None:
+                who = "the spec allows" if m.kind == "missing" else "the reference did"
+                lines.append(f"  {who} (changed variables):")
+                lines.extend(_changed(here, other))
+            if m.kind == "missing":
+                lines.append("  the reference has no such step")
+            elif m.kind == "extra":
+                lines.append("  the spec has no such step")
+    elif m.expected is not None or m.got is not None:
+        state = m.expected if m.expected is not None else m.got
+        assert state is not None
+        lines.extend(f"    {v} = {pretty(state[v], indent=6)}" for v in SPEC_VARIABLES)
+    if m.kind == "roundtrip" and m.expected is not None and m.got is not None:
+        lines.append("  differs in:")
+        lines.extend(_changed(m.expected, m.got))
+    return "\n".join(lines)

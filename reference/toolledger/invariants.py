@@ -1,0 +1,248 @@
+"""The spec's invariants, in Python, under the spec's names.
+
+Each function takes a model configuration and a
+:class:`~toolledger.system.SystemState` and returns the list of ways the
+state breaks the invariant (empty: it holds), so a failing check can tell
+its story.  They are written against the reference's own state, not against
+the spec mapping, and mirror the definitions in
+``spec/DurableToolExecution.tla`` one to one; a test asserts that the names
+here are exactly the names the ``.cfg`` files check.
+
+``EventuallySettled`` is a liveness property; :func:`settled` is its state
+predicate, which the Hypothesis machines check once a run has been driven
+to quiescence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Final
+
+from . import protocol as p
+from .system import ModelConfig, SystemState
+
+__all__ = ["INVARIANTS", "PROPERTIES", "check_all", "settled"]
+
+Check = Callable[[ModelConfig, SystemState], list[str]]
+_KNOWN = frozenset({p.LedgerStatus.SUCCEEDED, p.LedgerStatus.FAILED})
+
+
+def _present(cfg: ModelConfig, s: SystemState) -> list[tuple[str, p.CallState]]:
+    return [
+        (cfg.by_position[c.position].name, c)
+        for c in s.session.calls
+        if c.position in cfg.by_position
+    ]
+
+
+def TypeOK(cfg: ModelConfig, s: SystemState) -> list[str]:
+    out = []
+    ses = s.session
+    for name, c in _present(cfg, s):
+        stage: object = c.stage
+        message: object = c.message
+        if not isinstance(stage, p.Stage) or not isinstance(message, p.MessageState):
+            out.append(f"{name}: stage/message of the wrong type")
+        kind: object = None if c.result is None else c.result.kind
+        if kind is not None and not isinstance(kind, p.ResultKind):
+            out.append(f"{name}: result kind of the wrong type")
+    for e, rec in ses.ledger.items():
+        if not 0 <= rec.attempt <= ses.max_attempts:
+            out.append(f"record {e}: attempt {rec.attempt} outside 0..{ses.max_attempts}")
+        status: object = rec.status
+        if not isinstance(status, p.LedgerStatus):
+            out.append(f"record {e}: status of the wrong type")
+    for e, reqs in s.external.inflight.items():
+        if any(not 1 <= n <= ses.max_attempts for n in reqs):
+            out.append(f"in flight {e}: attempts {sorted(reqs)} outside 1..{ses.max_attempts}")
+    if not 0 <= s.ghosts.crashes <= cfg.max_crashes:
+        out.append(f"crashes = {s.ghosts.crashes} outside 0..{cfg.max_crashes}")
+    return out
+
+
+def AtMostOnceEffect(cfg: ModelConfig, s: SystemState) -> list[str]:
+    out = []
+    for c in cfg.calls:
+        if not c.tool.protected:
+            continue
+        e = cfg.exec_ids[c.name]
+        n, allowed = s.external.count(e), 1 + s.ghosts.human_retries.get(e, 0)
+        if n > allowed:
+            out.append(f"{c.name}: effect applied {n} times, at most {allowed} allowed")
+    return out
+
+
+def NoReinvokeAfterKnownOutcome(cfg: ModelConfig, s: SystemState) -> list[str]:
+    out = []
+    for name, c in _present(cfg, s):
+        rec = s.session.record(c.execution_id)
+        if rec.status in _KNOWN and rec.position == c.position:
+            late = [n for (_, n, _) in s.ghosts.invoked(name) if n > rec.attempt]
+            if late:
+                out.append(f"{name}: invoked at attempt(s) {late} after {rec.status.value}")
+            if c.stage in (p.Stage.DISPATCHED, p.Stage.RETRY):
+                out.append(f"{name}: about to invoke again ({c.stage.value}) after {rec.status}")
+    return out
+
+
+def NoBlindReplay(cfg: ModelConfig, s: SystemState) -> list[str]:
+    out = []
+    for c in cfg.calls:
+        for e, n, auth in s.ghosts.invoked(c.name):
+            if n <= 1 or auth is p.Authorization.HUMAN:
+                continue
+            policy = c.tool.policy
+            if auth is p.Authorization.POLICY and policy is p.RecoveryPolicy.IDEMPOTENT:
+                continue
+            if (
+                auth is p.Authorization.POLICY
+                and policy is p.RecoveryPolicy.RECONCILE
+                and s.external.fence(e) >= n - 1
+            ):
+                continue
+            out.append(f"{c.name}: attempt {n} authorized by {auth.value} under {policy.value}")
+    return out
+
+
+def ResultFidelity(cfg: ModelConfig, s: SystemState) -> list[str]:
+    out = []
+    for name, c in _present(cfg, s):
+        r = c.result
+        if r is None or r.kind is not p.ResultKind.OK:
+            continue
+        if r.execution_id != c.execution_id:
+            out.append(f"{name}: shows the result of execution {r.execution_id}")
+        if r.args_digest != c.args_digest:
+            out.append(f"{name}: shows a result computed from other arguments")
+        if c.tool.protected and s.external.count(c.execution_id) < 1:
+            out.append(f"{name}: shows a successful result that was never applied")
+    return out
+
+
+def ApprovalGate(cfg: ModelConfig, s: SystemState) -> list[str]:
+    out = []
+    for c in cfg.calls:
+        if not (c.tool.requires_approval and c.tool.protected):
+            continue
+        for _, n, auth in s.ghosts.invoked(c.name):
+            if c.name not in s.ghosts.human_approved and auth is not p.Authorization.HUMAN:
+                out.append(f"{c.name}: attempt {n} invoked without an approval of this call")
+    return out
+
+
+def ApprovalSingleUse(cfg: ModelConfig, s: SystemState) -> list[str]:
+    out = []
+    for c in cfg.calls:
+        used = sorted(n for (_, n, a) in s.ghosts.invoked(c.name) if a is p.Authorization.APPROVAL)
+        if len(used) > 1:
+            out.append(f"{c.name}: one approval authorized attempts {used}")
+    return out
+
+
+def RecoveryRequiredHalts(cfg: ModelConfig, s: SystemState) -> list[str]:
+    return [
+        f"{name}: recovery_required but the engine holds it in stage {c.stage.value}"
+        for name, c in _present(cfg, s)
+        if s.session.record(c.execution_id).status is p.LedgerStatus.RECOVERY_REQUIRED
+        and c.stage not in (p.Stage.NONE, p.Stage.RESUME)
+    ]
+
+
+def LegacyConservative(cfg: ModelConfig, s: SystemState) -> list[str]:
+    out = []
+    for c in cfg.calls:
+        if cfg.is_legacy(c) and c.tool.protected:
+            blind = [n for (_, n, a) in s.ghosts.invoked(c.name) if a is not p.Authorization.HUMAN]
+            if blind:
+                out.append(f"{c.name} (legacy): attempts {blind} executed without a human")
+    return out
+
+
+def ExecutionIdStable(cfg: ModelConfig, s: SystemState) -> list[str]:
+    out = []
+    for name, c in _present(cfg, s):
+        derived = cfg.exec_ids[name]
+        if c.execution_id != derived:
+            out.append(f"{name}: holds id {c.execution_id}, its position derives {derived}")
+        other = {e for (e, _, _) in s.ghosts.invoked(name)} - {derived}
+        if other:
+            out.append(f"{name}: invoked under other ids {sorted(other)}")
+    return out
+
+
+def ExecutionIdUnique(cfg: ModelConfig, s: SystemState) -> list[str]:
+    seen: dict[str, str] = {}
+    out = []
+    for c in cfg.calls:
+        e = cfg.exec_ids[c.name]
+        if e in seen:
+            out.append(f"{seen[e]} and {c.name} share execution id {e}")
+        seen[e] = c.name
+    return out
+
+
+def AuditComplete(cfg: ModelConfig, s: SystemState) -> list[str]:
+    out = []
+    audit = s.session.audit
+    for c in cfg.calls:
+        e = cfg.exec_ids[c.name]
+        for ie, n, _ in s.ghosts.invoked(c.name):
+            if (ie, "dispatch", n) not in audit:
+                out.append(f"{c.name}: attempt {n} invoked with no dispatch row")
+        if s.session.record(e).status is p.LedgerStatus.RECOVERY_REQUIRED and not any(
+            ae == e and k in ("recovery_required", "reconcile_unknown") for ae, k, _ in audit
+        ):
+            out.append(f"{c.name}: recovery_required with no decision row")
+        retries = s.ghosts.human_retries.get(e, 0)
+        rows = sum(1 for ae, k, _ in audit if ae == e and k == "human_retry")
+        if retries > rows:
+            out.append(f"{c.name}: {retries} human retries, {rows} audit rows")
+    return out
+
+
+INVARIANTS: Final[Mapping[str, Check]] = {
+    f.__name__: f
+    for f in (
+        TypeOK,
+        AtMostOnceEffect,
+        NoReinvokeAfterKnownOutcome,
+        NoBlindReplay,
+        ResultFidelity,
+        ApprovalGate,
+        ApprovalSingleUse,
+        RecoveryRequiredHalts,
+        LegacyConservative,
+        ExecutionIdStable,
+        ExecutionIdUnique,
+        AuditComplete,
+    )
+}
+
+
+def settled(cfg: ModelConfig, s: SystemState) -> list[str]:
+    """The state predicate of ``EventuallySettled``: every call has a result
+    or is in recovery_required (calls not emitted yet are not settled)."""
+    by_pos = {c.position: c for c in s.session.calls}
+    out = []
+    for cc in cfg.calls:
+        c = by_pos.get(cc.position)
+        if c is None:
+            out.append(f"{cc.name}: not emitted")
+        elif c.result is None and (
+            s.session.record(c.execution_id).status is not p.LedgerStatus.RECOVERY_REQUIRED
+        ):
+            out.append(f"{cc.name}: neither answered nor in recovery_required ({c.stage.value})")
+    return out
+
+
+PROPERTIES: Final[Mapping[str, Check]] = {"EventuallySettled": settled}
+
+
+def check_all(cfg: ModelConfig, s: SystemState) -> dict[str, list[str]]:
+    """Every invariant's violations (only the broken ones appear)."""
+    out = {}
+    for name, check in INVARIANTS.items():
+        problems = check(cfg, s)
+        if problems:
+            out[name] = problems
+    return out

@@ -1,0 +1,272 @@
+"""The one mapping between reference states and spec states, both ways.
+
+:func:`to_spec` turns a :class:`~toolledger.system.SystemState` into the
+values of the spec's variables, exactly as TLC prints and
+:mod:`toolledger.tlavalues` parses them; :func:`from_spec` builds the
+reference state that corresponds to a spec state.  Every checker (the
+exhaustive conformance check, the Hypothesis machines, trace validation, the
+notebooks) goes through these two functions and no other translation, so a
+disagreement between spec and code cannot hide in a second copy.
+
+The mapping is total on the states the protocol can reach; what the spec does
+not have (result contents, audit-row details) is dropped on the way to the
+spec and filled with neutral values on the way back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from . import protocol as p
+from .system import ExternalState, Ghosts, ModelConfig, SystemState
+from .tlavalues import FnValue, Value
+
+__all__ = ["SPEC_VARIABLES", "from_spec", "spec_key", "to_spec"]
+
+SPEC_VARIABLES: Final = (
+    "msg", "args", "result", "approval", "ledger", "audit", "marker", "stage",
+    "inflight", "fenced", "applied", "invocations", "humanApproved",
+    "humanRetries", "crashes",
+)  # fmt: skip
+
+NONE: Final = "none"
+_NO_RESULT: Final = FnValue({"kind": NONE, "exec": (), "args": NONE})
+
+
+def spec_key(state: Mapping[str, Value]) -> tuple[Value, ...]:
+    """A hashable key of a spec state, in :data:`SPEC_VARIABLES` order."""
+    return tuple(state[v] for v in SPEC_VARIABLES)
+
+
+class _Tables:
+    """Id and argument translations of one model, computed once."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        self.cfg = cfg
+        self.spec_eid: dict[str, tuple[int, int, str]] = {}
+        self.py_eid: dict[tuple[int, int, str], str] = {}
+        for c in cfg.calls:
+            py, spec = cfg.exec_ids[c.name], cfg.spec_exec_ids[c.name]
+            # with a broken id derivation two positions may share a python id;
+            # the first wins, and the states then differ visibly
+            self.spec_eid.setdefault(py, spec)
+            self.py_eid.setdefault(spec, py)
+        self.spec_eids = sorted(set(cfg.spec_exec_ids.values()))
+
+    def arg(self, digest: str | None) -> str:
+        if digest is None:
+            return NONE
+        return self.cfg.arg_of_digest.get(digest, f"<unknown digest {digest[:15]}>")
+
+    def result(self, r: p.ToolResult | None) -> FnValue:
+        if r is None:
+            return _NO_RESULT
+        exec_id: Value = self.spec_eid.get(r.execution_id, ("<unknown id>",))
+        return FnValue({"kind": r.kind.value, "exec": exec_id, "args": self.arg(r.args_digest)})
+
+
+_TABLES: dict[int, _Tables] = {}
+
+
+def _tables(cfg: ModelConfig) -> _Tables:
+    t = _TABLES.get(id(cfg))
+    if t is None or t.cfg is not cfg:
+        t = _Tables(cfg)
+        _TABLES[id(cfg)] = t
+    return t
+
+
+def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
+    """The spec variables' values for reference state ``s``."""
+    t = _tables(cfg)
+    session, ext, gh = s.session, s.external, s.ghosts
+    by_pos = {c.position: c for c in session.calls}
+    msg: dict[Value, Value] = {}
+    args: dict[Value, Value] = {}
+    result: dict[Value, Value] = {}
+    stage: dict[Value, Value] = {}
+    invocations: dict[Value, Value] = {}
+    for cc in cfg.calls:
+        call = by_pos.get(cc.position)
+        if call is None:
+            msg[cc.name], args[cc.name], result[cc.name] = "absent", NONE, _NO_RESULT
+            stage[cc.name] = NONE
+        else:
+            msg[cc.name] = call.message.value
+            args[cc.name] = t.arg(call.args_digest)
+            result[cc.name] = t.result(call.result)
+            stage[cc.name] = call.stage.value
+        invocations[cc.name] = frozenset(
+            (t.spec_eid.get(e, ("<unknown id>",)), n, a.value) for e, n, a in gh.invoked(cc.name)
+        )
+    approval: dict[Value, Value] = {}
+    ledger: dict[Value, Value] = {}
+    audit: dict[Value, Value] = {}
+    inflight: dict[Value, Value] = {}
+    fenced: dict[Value, Value] = {}
+    applied: dict[Value, Value] = {}
+    retries: dict[Value, Value] = {}
+    for se in t.spec_eids:
+        e = t.py_eid[se]
+        approval[se] = session.approval(e).value
+        rec = session.record(e)
+        call_name: str = NONE
+        if rec.position is not None:
+            owner = cfg.by_position.get(rec.position)
+            call_name = owner.name if owner is not None else f"<position {rec.position}>"
+        ledger[se] = FnValue(
+            {
+                "status": rec.status.value,
+                "attempt": rec.attempt,
+                "args": t.arg(rec.args_digest),
+                "auth": rec.authorization.value,
+                "result": t.result(rec.result),
+                "call": call_name,
+            }
+        )
+        audit[se] = frozenset((k, n) for (ae, k, n) in session.audit if ae == e)
+        inflight[se] = ext.requests(e)
+        fenced[se] = ext.fence(e)
+        applied[se] = ext.count(e)
+        retries[se] = gh.human_retries.get(e, 0)
+    return {
+        "msg": FnValue(msg),
+        "args": FnValue(args),
+        "result": FnValue(result),
+        "approval": FnValue(approval),
+        "ledger": FnValue(ledger),
+        "audit": FnValue(audit),
+        "marker": session.marker,
+        "stage": FnValue(stage),
+        "inflight": FnValue(inflight),
+        "fenced": FnValue(fenced),
+        "applied": FnValue(applied),
+        "invocations": FnValue(invocations),
+        "humanApproved": gh.human_approved,
+        "humanRetries": FnValue(retries),
+        "crashes": s.ghosts.crashes,
+    }
+
+
+def _fn(state: Mapping[str, Value], var: str) -> FnValue:
+    v = state[var]
+    if not isinstance(v, FnValue):
+        raise ValueError(f"spec variable {var} is not a function: {v!r}")
+    return v
+
+
+def _int(v: Value) -> int:
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise ValueError(f"expected an integer, got {v!r}")
+    return v
+
+
+def _tuple(v: Value) -> tuple[Value, ...]:
+    if not isinstance(v, tuple):
+        raise ValueError(f"expected a tuple, got {v!r}")
+    return v
+
+
+def _set(v: Value) -> frozenset[Value]:
+    if not isinstance(v, frozenset):
+        raise ValueError(f"expected a set, got {v!r}")
+    return v
+
+
+def _eid(t: _Tables, v: Value) -> str:
+    return t.py_eid[_tuple(v)]  # type: ignore[index]
+
+
+def _result(t: _Tables, v: Value) -> p.ToolResult | None:
+    assert isinstance(v, FnValue)
+    if v["kind"] == NONE:
+        return None
+    exec_id = _tuple(v["exec"])
+    cc = next(c for c in t.cfg.calls if t.cfg.spec_exec_ids[c.name] == exec_id)
+    return p.ToolResult(p.ResultKind(str(v["kind"])), _eid(t, exec_id), cc.digest(str(v["args"])))
+
+
+def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
+    """The reference state corresponding to a spec state."""
+    t = _tables(cfg)
+    msg, args, result, stage = (_fn(state, v) for v in ("msg", "args", "result", "stage"))
+    calls = []
+    for cc in cfg.calls:
+        m = msg[cc.name]
+        if m == "absent":
+            continue
+        calls.append(
+            p.CallState(
+                cc.position,
+                cc.tool_call_id,
+                cc.tool,
+                cfg.exec_ids[cc.name],
+                cc.digest(str(args[cc.name])),
+                p.MessageState(str(m)),
+                _result(t, result[cc.name]),
+                p.Stage(str(stage[cc.name])),
+            )
+        )
+    approvals: dict[str, p.ApprovalState] = {}
+    ledger: dict[str, p.ExecutionRecord] = {}
+    audit: set[p.AuditKey] = set()
+    inflight: dict[str, frozenset[int]] = {}
+    numbers: dict[str, dict[str, int]] = {"fenced": {}, "applied": {}, "humanRetries": {}}
+    for se, a in _fn(state, "approval").items():
+        e = _eid(t, se)
+        if a != NONE:
+            approvals[e] = p.ApprovalState(str(a))
+        rec = _fn(state, "ledger")[se]
+        assert isinstance(rec, FnValue)
+        if rec["status"] != NONE:
+            owner = t.cfg.by_name.get(str(rec["call"]))
+            digest = None
+            if rec["args"] != NONE and owner is not None:
+                digest = owner.digest(str(rec["args"]))
+            ledger[e] = p.ExecutionRecord(
+                e,
+                p.LedgerStatus(str(rec["status"])),
+                _int(rec["attempt"]),
+                digest,
+                p.Authorization(str(rec["auth"])),
+                _result(t, rec["result"]),
+                None if owner is None else owner.position,
+            )
+        for row in _set(_fn(state, "audit")[se]):
+            kind, n = _tuple(row)
+            audit.add((e, str(kind), _int(n)))
+        reqs = _set(_fn(state, "inflight")[se])
+        if reqs:
+            inflight[e] = frozenset(_int(n) for n in reqs)
+        for var, target in numbers.items():
+            n = _int(_fn(state, var)[se])
+            if n:
+                target[e] = n
+    invocations = {}
+    for name, invs in _fn(state, "invocations").items():
+        found = set()
+        for inv in _set(invs):
+            se, n, a = _tuple(inv)
+            found.add((_eid(t, se), _int(n), p.Authorization(str(a))))
+        if found:
+            invocations[str(name)] = frozenset(found)
+    session = p.SessionState(
+        session_id=cfg.session_id,
+        marker=_int(state["marker"]),
+        max_attempts=cfg.max_attempts,
+        calls=tuple(sorted(calls, key=lambda c: c.position)),
+        approvals=approvals,
+        ledger=ledger,
+        audit=frozenset(audit),
+    )
+    return SystemState(
+        session,
+        ExternalState(inflight=inflight, fenced=numbers["fenced"], applied=numbers["applied"]),
+        Ghosts(
+            invocations=invocations,
+            human_approved=frozenset(str(c) for c in _set(state["humanApproved"])),
+            human_retries=numbers["humanRetries"],
+            crashes=_int(state["crashes"]),
+        ),
+    )

@@ -1,0 +1,406 @@
+"""The closed world around the protocol core, for the checkers.
+
+The TLA+ spec describes more than the engine: the provider that emits calls,
+the humans, the external system (requests in flight, fences, how often each
+effect was really applied) and ghost history (every invocation with its
+authorization).  This module composes the pure core of
+:mod:`toolledger.protocol` with a model of exactly those, so that the Python
+reference can be compared with the spec state by state.  It is used by the
+conformance checker, the Hypothesis machines, trace validation and the
+notebooks; the engine kit uses real adapters instead.
+
+:class:`ModelConfig` is read from a TLC model's ``MC*.tla`` module (its
+constants are literals).  :func:`successors` enumerates every enabled action
+with every parameter, as TLC's ``Next`` does.  Nothing here performs I/O
+except :meth:`ModelConfig.from_mc_module`, which reads one file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Final
+
+from . import protocol as p
+from .tlavalues import FnValue, Value, parse_value
+
+__all__ = [
+    "CallConfig",
+    "ExternalState",
+    "Ghosts",
+    "ModelConfig",
+    "SystemState",
+    "initial_states",
+    "successors",
+]
+
+SESSION_ID: Final = "s1"
+
+
+@dataclass(frozen=True, slots=True)
+class CallConfig:
+    """One call position of a model: the spec's per-call constants."""
+
+    name: str  # the spec's call name, e.g. "c1"
+    position: p.CallPosition
+    tool_call_id: str
+    tool: p.ToolProfile
+    arg_choices: tuple[str, ...]
+
+    def digest(self, arg: str) -> str:
+        return p.args_digest(self.tool.name, {"arg": arg})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The constants of one TLC model of ``DurableToolExecution``."""
+
+    calls: tuple[CallConfig, ...]
+    marker: int
+    max_crashes: int
+    max_attempts: int
+    session_id: str = SESSION_ID
+    key_by_position: bool = True
+    fence_on_reconcile: bool = True
+    # derived tables
+    by_name: Mapping[str, CallConfig] = field(init=False)
+    by_position: Mapping[p.CallPosition, CallConfig] = field(init=False)
+    exec_ids: Mapping[str, str] = field(init=False)  # call name -> python id
+    spec_exec_ids: Mapping[str, tuple[int, int, str]] = field(init=False)
+    arg_of_digest: Mapping[str, str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "by_name", {c.name: c for c in self.calls})
+        set_(self, "by_position", {c.position: c for c in self.calls})
+        set_(
+            self,
+            "exec_ids",
+            {
+                # looked up at call time, so a checker test can swap in a
+                # broken derivation for the core and the model alike
+                c.name: p.derive_execution_id(self.session_id, *c.position, c.tool_call_id)
+                for c in self.calls
+            },
+        )
+        set_(
+            self,
+            "spec_exec_ids",
+            {
+                c.name: (*c.position, c.tool_call_id)
+                if self.key_by_position
+                else (0, 0, c.tool_call_id)
+                for c in self.calls
+            },
+        )
+        set_(
+            self,
+            "arg_of_digest",
+            {c.digest(a): a for c in self.calls for a in c.arg_choices},
+        )
+
+    def is_legacy(self, c: CallConfig) -> bool:
+        return c.position[0] < self.marker
+
+    def dedups(self, execution_id: str) -> bool:
+        """The external system deduplicates on this id (an idempotent tool)."""
+        return any(
+            self.exec_ids[c.name] == execution_id
+            and c.tool.policy is p.RecoveryPolicy.IDEMPOTENT
+            for c in self.calls
+        )
+
+    @classmethod
+    def from_mc_module(cls, path: Path) -> ModelConfig:
+        """Read the ``MC*`` literal definitions of a TLC model module."""
+        text = path.read_text()
+        defs: dict[str, Value] = {}
+        for m in re.finditer(r"^MC(\w+)\s*==\s*(.+)$", text, re.MULTILINE):
+            defs[m.group(1)] = parse_value(m.group(2).strip())
+        needed = [
+            *("Calls", "Turn", "Slot", "ToolCallId", "Policy", "NeedsApproval"),
+            *("ArgChoices", "MarkerTurn", "MaxCrashes", "MaxAttempts"),
+            *("KeyByPosition", "FenceOnReconcile"),
+        ]
+        missing = [n for n in needed if n not in defs]
+        if missing:
+            raise ValueError(
+                f"{path}: no literal definition of {', '.join('MC' + n for n in missing)}; "
+                "a conformance model must define every constant as a literal"
+            )
+
+        def fn(name: str) -> FnValue:
+            v = defs[name]
+            if not isinstance(v, FnValue):
+                raise ValueError(f"{path}: MC{name} must be a record/function literal")
+            return v
+
+        calls = []
+        for name in sorted(str(c) for c in defs["Calls"]):  # type: ignore[union-attr]
+            turn, slot = fn("Turn")[name], fn("Slot")[name]
+            assert isinstance(turn, int) and isinstance(slot, int)
+            choices = fn("ArgChoices")[name]
+            assert isinstance(choices, frozenset)
+            policy = p.RecoveryPolicy(str(fn("Policy")[name]))
+            calls.append(
+                CallConfig(
+                    name=name,
+                    position=(turn, slot),
+                    tool_call_id=str(fn("ToolCallId")[name]),
+                    tool=p.ToolProfile(
+                        f"{policy.value}_tool_{name}",
+                        policy,
+                        bool(fn("NeedsApproval")[name]),
+                    ),
+                    arg_choices=tuple(sorted(str(a) for a in choices)),
+                )
+            )
+        def num(name: str) -> int:
+            v = defs[name]
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise ValueError(f"{path}: MC{name} must be an integer literal")
+            return v
+
+        return cls(
+            calls=tuple(calls),
+            marker=num("MarkerTurn"),
+            max_crashes=num("MaxCrashes"),
+            max_attempts=num("MaxAttempts"),
+            key_by_position=bool(defs["KeyByPosition"]),
+            fence_on_reconcile=bool(defs["FenceOnReconcile"]),
+        )
+
+
+# --------------------------------------------------------------------------
+# The external system and the ghosts
+# --------------------------------------------------------------------------
+
+Invocation = tuple[str, int, p.Authorization]
+"""(execution id, attempt, authorization) of one adapter invocation."""
+
+
+@dataclass(frozen=True)
+class ExternalState:
+    """What the external system holds: requests in flight, fences, effects."""
+
+    inflight: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    fenced: Mapping[str, int] = field(default_factory=dict)
+    applied: Mapping[str, int] = field(default_factory=dict)
+
+    def requests(self, execution_id: str) -> frozenset[int]:
+        return self.inflight.get(execution_id, frozenset())
+
+    def fence(self, execution_id: str) -> int:
+        return self.fenced.get(execution_id, 0)
+
+    def count(self, execution_id: str) -> int:
+        return self.applied.get(execution_id, 0)
+
+
+@dataclass(frozen=True)
+class Ghosts:
+    """History the invariants need and no implementation keeps."""
+
+    invocations: Mapping[str, frozenset[Invocation]] = field(default_factory=dict)
+    human_approved: frozenset[str] = frozenset()  # call names
+    human_retries: Mapping[str, int] = field(default_factory=dict)
+    crashes: int = 0
+
+    def invoked(self, call: str) -> frozenset[Invocation]:
+        return self.invocations.get(call, frozenset())
+
+
+@dataclass(frozen=True)
+class SystemState:
+    session: p.SessionState
+    external: ExternalState
+    ghosts: Ghosts
+
+
+def _upd(m: Mapping[str, object], k: str, v: object) -> dict[str, object]:
+    d = dict(m)
+    d[k] = v
+    return d
+
+
+# --------------------------------------------------------------------------
+# Init and Next
+# --------------------------------------------------------------------------
+
+
+def initial_states(cfg: ModelConfig) -> list[SystemState]:
+    """The spec's ``Init``: legacy calls durable, approved, maybe applied."""
+    session = p.new_session(cfg.session_id, marker=cfg.marker, max_attempts=cfg.max_attempts)
+    calls = []
+    approvals: dict[str, p.ApprovalState] = {}
+    for c in cfg.calls:
+        if cfg.is_legacy(c):
+            eid = cfg.exec_ids[c.name]
+            calls.append(
+                p.CallState(
+                    c.position,
+                    c.tool_call_id,
+                    c.tool,
+                    eid,
+                    c.digest(c.arg_choices[0]),
+                    p.MessageState.DURABLE,
+                    None,
+                    p.Stage.RESUME,
+                )
+            )
+            if c.tool.requires_approval:
+                approvals[eid] = p.ApprovalState.APPROVED
+    session = replace(session, calls=tuple(calls), approvals=approvals)
+    ghosts = Ghosts(
+        human_approved=frozenset(
+            c.name for c in cfg.calls if cfg.is_legacy(c) and c.tool.requires_approval
+        )
+    )
+    maybe_applied = sorted(
+        {cfg.exec_ids[c.name] for c in cfg.calls if cfg.is_legacy(c) and c.tool.protected}
+    )
+    out = []
+    for mask in range(2 ** len(maybe_applied)):
+        applied = {e: 1 for i, e in enumerate(maybe_applied) if mask >> i & 1}
+        out.append(SystemState(session, ExternalState(applied=applied), ghosts))
+    return out
+
+
+Successor = tuple[p.Action, SystemState]
+
+
+def _try(state: p.SessionState, ev: p.Event) -> p.SessionState | None:
+    try:
+        return p.apply(state, ev)
+    except p.ProtocolError:
+        return None
+
+
+_PER_CALL: Final = (
+    p.Action.EnginePersistCall,
+    p.Action.EngineParkApproval,
+    p.Action.HumanApprove,
+    p.Action.HumanReject,
+    p.Action.EngineRecordDenied,
+    p.Action.EnginePersistDispatched,
+    p.Action.EngineInvokeAdapter,
+    p.Action.EngineInvokeReadonly,
+    p.Action.EngineRecordSucceeded,
+    p.Action.EngineRecordFailed,
+    p.Action.EngineAppendResult,
+    p.Action.EngineTimeout,
+    p.Action.Recover,
+    p.Action.EngineReconcileApplied,
+    p.Action.EngineReconcileNotApplied,
+    p.Action.EngineReconcileUnknown,
+    p.Action.HumanResolveApplied,
+    p.Action.HumanResolveRetry,
+    p.Action.HumanResolveAbandon,
+)
+
+
+def _emissions(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:
+    session = s.session
+    present = {c.position for c in session.calls}
+    answered = {c.position for c in session.calls if c.result is not None}
+    for c in cfg.calls:
+        if c.position in present or cfg.is_legacy(c):
+            continue
+        # the provider answers turns in order: every call of an earlier turn
+        # of the model exists and has its result (PriorTurnsAnswered)
+        if any(d.position[0] < c.position[0] and d.position not in answered for d in cfg.calls):
+            continue
+        for a in c.arg_choices:
+            ev = p.Event(
+                p.Action.ProviderEmitCall, c.position, c.tool_call_id, c.tool, c.digest(a)
+            )
+            nxt = _try(session, ev)
+            if nxt is not None:
+                yield p.Action.ProviderEmitCall, replace(s, session=nxt)
+
+
+def _call_step(cfg: ModelConfig, s: SystemState, call: p.CallState, action: p.Action
+               ) -> SystemState | None:
+    """One per-call action: the core's transition plus its external/ghost part."""
+    ext, gh = s.external, s.ghosts
+    eid = call.execution_id
+    name = cfg.by_position[call.position].name
+    if action is p.Action.EngineReconcileApplied and ext.count(eid) < 1:
+        return None
+    if action is p.Action.EngineReconcileNotApplied and ext.count(eid) != 0:
+        return None
+    nxt = _try(s.session, p.Event(action, call.position))
+    if nxt is None:
+        return None
+    if action is p.Action.EngineInvokeAdapter:
+        rec = nxt.record(eid)
+        ext = replace(ext, inflight=_upd(ext.inflight, eid, ext.requests(eid) | {rec.attempt}))  # type: ignore[arg-type]
+        inv = (eid, rec.attempt, rec.authorization)
+        gh = replace(gh, invocations=_upd(gh.invocations, name, gh.invoked(name) | {inv}))  # type: ignore[arg-type]
+    elif action is p.Action.HumanApprove:
+        gh = replace(gh, human_approved=gh.human_approved | {name})
+    elif action is p.Action.HumanResolveRetry:
+        retries = _upd(gh.human_retries, eid, gh.human_retries.get(eid, 0) + 1)
+        gh = replace(gh, human_retries=retries)  # type: ignore[arg-type]
+    elif action is p.Action.EngineReconcileNotApplied and cfg.fence_on_reconcile:
+        ext = replace(ext, fenced=_upd(ext.fenced, eid, s.session.record(eid).attempt))  # type: ignore[arg-type]
+    return SystemState(nxt, ext, gh)
+
+
+def _deliver(cfg: ModelConfig, session: p.SessionState, eid: str, n: int,
+             action: p.Action) -> p.SessionState:
+    """Deliver an answer for attempt n of eid to every call waiting for it."""
+    for c in session.calls:
+        if (
+            c.execution_id == eid
+            and c.stage is p.Stage.WAITING
+            and session.record(eid).attempt == n
+        ):
+            session = p.apply(session, p.Event(action, c.position, attempt=n))
+    return session
+
+
+def _external(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:
+    ext = s.external
+    for eid in sorted(set(cfg.exec_ids.values())):
+        for n in sorted(ext.requests(eid)):
+            rest = _upd(ext.inflight, eid, ext.requests(eid) - {n})
+            fenced = n <= ext.fence(eid)
+            if fenced:
+                yield p.Action.ExternalDropFenced, replace(
+                    s, external=replace(ext, inflight=rest)  # type: ignore[arg-type]
+                )
+                continue
+            dedup = cfg.dedups(eid) and ext.count(eid) >= 1
+            applied = _upd(ext.applied, eid, ext.count(eid) + (0 if dedup else 1))
+            after = replace(ext, inflight=rest, applied=applied)  # type: ignore[arg-type]
+            yield p.Action.ExternalApply, SystemState(
+                _deliver(cfg, s.session, eid, n, p.Action.ExternalApply), after, s.ghosts
+            )
+            yield p.Action.ExternalApplyLoseAnswer, replace(s, external=after)
+            if not dedup:
+                yield p.Action.ExternalRejectDefinite, SystemState(
+                    _deliver(cfg, s.session, eid, n, p.Action.ExternalRejectDefinite),
+                    replace(ext, inflight=rest),  # type: ignore[arg-type]
+                    s.ghosts,
+                )
+
+
+def successors(cfg: ModelConfig, s: SystemState) -> list[Successor]:
+    """Every (action, next state) the spec's ``Next`` allows from ``s``."""
+    out: list[Successor] = list(_emissions(cfg, s))
+    for call in s.session.calls:
+        for action in _PER_CALL:
+            nxt = _call_step(cfg, s, call, action)
+            if nxt is not None:
+                out.append((action, nxt))
+    out.extend(_external(cfg, s))
+    if s.ghosts.crashes < cfg.max_crashes:
+        crashed = p.apply(s.session, p.Event(p.Action.Crash))
+        out.append(
+            (p.Action.Crash, SystemState(crashed, s.external,
+                                         replace(s.ghosts, crashes=s.ghosts.crashes + 1)))
+        )
+    return out
