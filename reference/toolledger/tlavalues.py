@@ -473,16 +473,17 @@ class StateParser:
             label[len(_DOT_FIRST) :].split(_DOT_SEP) if label.startswith(_DOT_FIRST) else [label]
         )
         cache = self._dot_cache
+        get = cache.get
         state: dict[str, Value] = {}
+        misses = 0
         for part in parts:
-            hit = cache.get(part)
+            hit = get(part)
             if hit is None:
-                self.misses += 1
-                hit = self._conjunct(dot_unescape(part))
-                cache[part] = hit
-            else:
-                self.hits += 1
+                misses += 1
+                hit = cache[part] = self._conjunct(dot_unescape(part))
             state[hit[0]] = hit[1]
+        self.misses += misses
+        self.hits += len(parts) - misses
         if len(state) != len(parts):
             raise TLAParseError(f"a variable appears twice in dot label {label[:80]!r}")
         return state
