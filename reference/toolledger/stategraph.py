@@ -64,8 +64,12 @@ class StateGraph:
     states: dict[int, State]
     edges: list[tuple[int, int, str]]
     initial: set[int]
-    _succ: dict[int, list[tuple[int, str]]] | None = field(default=None, repr=False, compare=False)
-    _pred: dict[int, list[tuple[int, str]]] | None = field(default=None, repr=False, compare=False)
+    _succ: dict[int, list[tuple[int, str]]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+    _pred: dict[int, list[tuple[int, str]]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def _successor_index(self) -> dict[int, list[tuple[int, str]]]:
         if self._succ is None:
