@@ -664,11 +664,12 @@ AuditComplete ==
               Cardinality({row \in audit[ExecId(c)] : row[1] = "human_retry"})
 
 (***************************************************************************)
-(* LIVENESS.  EventuallySettled: with fair engine steps, humans who answer *)
-(* eventually and finitely many crashes, every call ends (and stays) with  *)
-(* a conversation result or in recovery_required: never stuck, never      *)
-(* looping.                                                                *)
+(* LIVENESS.                                                               *)
 (***************************************************************************)
+(* EventuallySettled: with fair engine steps, humans who answer eventually *)
+(* and finitely many crashes, every call ends (and stays) with a           *)
+(* conversation result or in recovery_required: never stuck, never         *)
+(* looping.                                                                *)
 Settled(c) == result[c] # NoResult \/ Rec(c).status = "recovery_required"
 EventuallySettled == \A c \in Calls : <>[]Settled(c)
 

@@ -22,8 +22,11 @@ never hide a failure: anything that is not an exact match exits non-zero.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import os
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -34,7 +37,7 @@ from typing import TextIO
 from .manifest import Manifest, ManifestError, ModelEntry, drift, find_root, load_manifest
 from .manifest import result_label as _result_label
 from .tlavalues import FnValue, Value, pretty, serialize
-from .tlc import Outcome, Progress, TLCResult, ToolchainError, TraceStep, run_tlc
+from .tlc import Outcome, TLCResult, ToolchainError, TraceStep, run_tlc
 
 __all__ = [
     "CHECK_ROW_PROVIDERS",
@@ -289,6 +292,50 @@ def _configure_check(p: argparse.ArgumentParser) -> None:
         "(only the variables that change)",
     )
     p.add_argument("--timeout", type=float, metavar="SECONDS", help="kill TLC after this long")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        metavar="N",
+        help="TLC runs side by side (default: 2, or 1 on a single core)",
+    )
+    p.add_argument(
+        "--no-conformance",
+        action="store_true",
+        help="skip the exhaustive conformance check of the reference (TLC rows only)",
+    )
+
+
+def _conformance_row(root: Path, entry: ModelEntry, tlc: TLCResult, dot: Path) -> Row:
+    """Check the reference against the state graph TLC dumped for ``entry``."""
+    # imported here: the conformance checker pulls in the whole reference
+    from . import conformance
+    from .stategraph import load_dot
+    from .system import ModelConfig
+
+    def row(got: str, status: str, reasons: list[str], seconds: float = 0.0,
+            states: int | None = None) -> Row:
+        return Row(
+            model=entry.name, expected="conforms", got=got, distinct_states=states,
+            expected_distinct_states=entry.distinct_states, wall_seconds=round(seconds, 2),
+            status=status, check="conformance", reasons=reasons,
+        )
+
+    if not dot.exists():
+        return row("no state graph", "ERROR", [f"TLC wrote no state graph ({tlc.outcome.name})"])
+    started = time.monotonic()
+    graph = load_dot(dot)
+    cfg = ModelConfig.from_mc_module(conformance._module_path(root, entry.module))
+    report = conformance.check_graph(cfg, graph, model=entry.name,
+                                     workers=min(2, os.cpu_count() or 1))
+    seconds = time.monotonic() - started
+    ratio = seconds / tlc.wall_seconds if tlc.wall_seconds else 0.0
+    got = (f"{report.mismatch_count} mismatches, {report.edges:,} edges, "
+           f"{ratio:.1f}x TLC time")
+    reasons = [conformance.render_mismatch(report, m) for m in report.mismatches]
+    if report.mismatch_count > len(reasons):
+        reasons.append(f"... and {report.mismatch_count - len(reasons)} more mismatches")
+    return row(got, "ok" if report.ok else "DRIFT", reasons, seconds, report.states)
 
 
 def _row_for(entry: ModelEntry, result: TLCResult, with_trace: bool) -> Row:
@@ -355,35 +402,51 @@ def cmd_check(args: argparse.Namespace) -> int:
         if not models:
             raise UsageError(f"{manifest.path} has no model with ci = true: nothing to check")
 
+    jobs = max(1, args.jobs)
     progress = _ProgressLine(sys.stderr)
-    rows: list[Row] = []
+    rows_by_name: dict[str, Row] = {}
     results: dict[str, TLCResult] = {}
-    for n, entry in enumerate(models, 1):
-        tag = f"[{n}/{len(models)}] {entry.name}"
+    dumps = tempfile.TemporaryDirectory(prefix="toolledger-check-")
+    conform = [e for e in models if e.conformance and not args.no_conformance]
+    dot_of = {e.name: Path(dumps.name) / f"{e.name}.dot" for e in conform}
+    started = time.monotonic()
 
-        def on_progress(p: Progress, tag: str = tag) -> None:
-            progress.update(
-                f"{tag}: {p.distinct:,} distinct states, {p.generated:,} generated"
-                + (f", depth {p.depth}" if p.depth else "")
-            )
-
-        progress.begin(f"{tag}: running TLC on {entry.module} with {entry.cfg}")
-        result = run_tlc(
+    def run_one(entry: ModelEntry) -> TLCResult:
+        return run_tlc(
             entry.module,
             entry.cfg_path,
             search_dirs=manifest.search_dirs,
             check_deadlock=entry.check_deadlock,
             workers=entry.workers,
-            on_progress=on_progress,
+            dump_dot=dot_of.get(entry.name),
             timeout=args.timeout,
         )
-        results[entry.name] = result
-        row = _row_for(entry, result, args.trace)
-        rows.append(row)
-        progress.end(
-            f"{tag}: {row.got}, {_fmt_count(result.distinct_states)} distinct states, "
-            f"{result.wall_seconds:.1f} s: {row.status}"
-        )
+
+    # TLC runs one worker per model (identical counterexamples run to run);
+    # several models run side by side instead, one per core.
+    progress.begin(f"running {len(models)} models with TLC, {jobs} at a time")
+    with dumps, concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(run_one, e): e for e in models}
+        for n, fut in enumerate(concurrent.futures.as_completed(futures), 1):
+            entry = futures[fut]
+            result = fut.result()
+            results[entry.name] = result
+            row = _row_for(entry, result, args.trace)
+            rows_by_name[entry.name] = row
+            progress.end(
+                f"[{n}/{len(models)}] {entry.name}: {row.got}, "
+                f"{_fmt_count(result.distinct_states)} distinct states, "
+                f"{result.wall_seconds:.1f} s: {row.status}"
+            )
+            if n < len(models):
+                progress.begin(f"{len(models) - n} models still running")
+        rows: list[Row] = [rows_by_name[e.name] for e in models]
+        for entry in conform:
+            progress.begin(f"{entry.name}: conformance of the reference with every state and edge")
+            rows.append(_conformance_row(manifest.root, entry, results[entry.name],
+                                         dot_of[entry.name]))
+            progress.end(f"{entry.name}: conformance {rows[-1].got}: {rows[-1].status}")
+    total = time.monotonic() - started
     for provider in CHECK_ROW_PROVIDERS:
         rows.extend(provider(manifest, models, args))
 
@@ -391,6 +454,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(json.dumps([asdict(r) for r in rows], indent=2))
     else:
         print(_table(rows))
+        print(f"total wall time {total:.1f} s ({jobs} TLC runs at a time)")
         for r in rows:
             for reason in r.reasons:
                 print(f"{r.model}: {reason}")

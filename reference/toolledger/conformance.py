@@ -91,17 +91,19 @@ class ConformanceReport:
 # --------------------------------------------------------------------------
 
 # Set by check_graph before forking workers (copy-on-write shared).
-_JOB: tuple[ModelConfig, StateGraph, dict[int, Key], SuccessorFn, int] | None = None
+_JOB: tuple[ModelConfig, StateGraph, dict[int, Key], SuccessorFn, int, bool] | None = None
 
 
 def _check_nodes(nodes: Sequence[int]) -> tuple[int, int, list[Mismatch]]:
     assert _JOB is not None
-    cfg, graph, keys, succ_fn, limit = _JOB
+    cfg, graph, keys, succ_fn, limit, fail_fast = _JOB
     mismatches: list[Mismatch] = []
     count = 0
     ref_edges = 0
     index = graph._successor_index()
     for node in nodes:
+        if fail_fast and count:
+            break
         spec_state = graph.states[node]
         try:
             ref = from_spec(cfg, spec_state)
@@ -166,8 +168,12 @@ def check_graph(
     initial_fn: InitialFn = initial_states,
     workers: int = 1,
     max_mismatches: int = 10,
+    fail_fast: bool = False,
 ) -> ConformanceReport:
-    """Compare the reference with every state and edge of ``graph``."""
+    """Compare the reference with every state and edge of ``graph``.
+
+    ``fail_fast`` stops each worker at its first mismatch (for tests that
+    only need to know that a broken reference is caught)."""
     global _JOB
     started = time.perf_counter()
     report = ConformanceReport(model=model, states=len(graph.states), edges=len(graph.edges))
@@ -187,7 +193,7 @@ def check_graph(
         )
     report.mismatch_count = len(report.mismatches)
     nodes = sorted(graph.states)
-    _JOB = (cfg, graph, keys, successors_fn, max_mismatches)
+    _JOB = (cfg, graph, keys, successors_fn, max_mismatches, fail_fast)
     graph._successor_index()  # build before forking, so workers share it
     try:
         if workers > 1 and "fork" in multiprocessing.get_all_start_methods():

@@ -1,0 +1,106 @@
+"""Shared pieces of the checker tests: model configurations and broken references.
+
+Each broken variant is a context manager that swaps one piece of the protocol
+core for a deliberately wrong one; every checker must catch each of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+from toolledger import protocol as p
+from toolledger.system import CallConfig, ModelConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def model_config(name: str) -> ModelConfig:
+    return ModelConfig.from_mc_module(ROOT / "model" / f"MC{name}.tla")
+
+
+def big_config() -> ModelConfig:
+    """Bigger than any exhaustive model: 4 calls, all policies, reused ids, a
+    legacy call, 5 crashes, 3 attempts."""
+
+    def call(name: str, turn: int, slot: int, tcid: str, policy: str, approval: bool,
+             args: tuple[str, ...]) -> CallConfig:
+        pol = p.RecoveryPolicy(policy)
+        return CallConfig(name, (turn, slot), tcid,
+                          p.ToolProfile(f"{policy}_tool_{name}", pol, approval), args)
+
+    return ModelConfig(
+        calls=(
+            call("c1", 0, 0, "call_0", "manual", True, ("a1",)),
+            call("c2", 1, 0, "call_0", "idempotent", True, ("a2", "a5")),
+            call("c3", 1, 1, "", "reconcile", False, ("a3",)),
+            call("c4", 2, 0, "call_0", "readonly", False, ("a4",)),
+        ),
+        marker=1,
+        max_crashes=5,
+        max_attempts=3,
+    )
+
+
+@contextmanager
+def manual_retries() -> Iterator[None]:
+    """Broken: recovery retries a ``manual`` call found in ``dispatched``."""
+    original = p.decide_recovery
+
+    def broken(inputs: p.RecoveryInputs) -> p.RecoveryDecision:
+        i = inputs
+        if i.status is p.LedgerStatus.DISPATCHED and i.policy is p.RecoveryPolicy.MANUAL \
+                and not i.has_result and i.attempt < i.max_attempts:
+            return p.RecoveryDecision(p.Decision.RETRY_SAME_ID, i)
+        return original(i)
+
+    p.decide_recovery = broken
+    try:
+        yield
+    finally:
+        p.decide_recovery = original
+
+
+@contextmanager
+def skips_dispatched_write() -> Iterator[None]:
+    """Broken: the attempt is not made durable before the adapter runs."""
+    handlers = p._HANDLERS
+    original = handlers[p.Action.EnginePersistDispatched]
+
+    def broken(state: p.SessionState, ev: p.Event) -> p.SessionState:
+        after = original(state, ev)
+        call = after.call(ev.position) if ev.position else None
+        assert call is not None
+        ledger = dict(after.ledger)
+        ledger.pop(call.execution_id, None)  # nothing durable
+        return replace(after, ledger=ledger)
+
+    handlers[p.Action.EnginePersistDispatched] = broken
+    try:
+        yield
+    finally:
+        handlers[p.Action.EnginePersistDispatched] = original
+
+
+@contextmanager
+def keyed_by_tool_call_id() -> Iterator[None]:
+    """Broken: the execution id is derived from (session_id, tool_call_id) only."""
+    original = p.derive_execution_id
+
+    def broken(session_id: str, turn: int, slot: int, tool_call_id: str) -> str:
+        return original(session_id, 0, 0, tool_call_id)
+
+    p.derive_execution_id = broken
+    try:
+        yield
+    finally:
+        p.derive_execution_id = original
+
+
+BROKEN = {
+    "manual_retries": manual_retries,
+    "skips_dispatched_write": skips_dispatched_write,
+    "keyed_by_tool_call_id": keyed_by_tool_call_id,
+}

@@ -1,0 +1,95 @@
+"""Exhaustive conformance of the reference against TLC's state graph.
+
+The graph of the TwoCalls model (>= 100,000 states) is dumped once per
+module; the reference must allow exactly the spec's steps from every state,
+and each deliberately broken reference must be caught, with the expected
+message and a reproduction that starts from an initial state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import pytest
+from checker_support import BROKEN, ROOT, model_config
+
+from toolledger import conformance
+from toolledger.manifest import load_manifest
+from toolledger.stategraph import StateGraph, load_dot
+from toolledger.tlc import Outcome, run_tlc
+
+MODEL = "TwoCalls"
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory: pytest.TempPathFactory) -> StateGraph:
+    entry = {m.name: m for m in load_manifest(ROOT).models}[MODEL]
+    dot = tmp_path_factory.mktemp("dump") / f"{MODEL}.dot"
+    result = run_tlc(
+        entry.module,
+        ROOT / "model" / entry.cfg,
+        search_dirs=[ROOT / "spec", ROOT / "model"],
+        check_deadlock=entry.check_deadlock,
+        dump_dot=dot,
+    )
+    assert result.outcome is Outcome.PASS
+    assert result.distinct_states == entry.distinct_states
+    return load_dot(dot)
+
+
+def test_reference_allows_exactly_the_specs_steps(graph: StateGraph) -> None:
+    report = conformance.check_graph(model_config(MODEL), graph, model=MODEL, workers=2)
+    details = "\n".join(conformance.render_mismatch(report, m) for m in report.mismatches)
+    assert report.mismatch_count == 0, details
+    assert report.states >= 100_000
+    assert report.states == len(graph.states)
+    assert report.reference_edges == report.edges == len(graph.edges)
+
+
+@pytest.mark.parametrize(
+    ("variant", "expected_kind", "expected_action"),
+    [
+        ("manual_retries", "extra", "Recover"),
+        ("skips_dispatched_write", "extra", "EnginePersistDispatched"),
+        ("keyed_by_tool_call_id", "roundtrip", None),
+    ],
+)
+def test_conformance_catches_a_broken_reference(
+    graph: StateGraph, variant: str, expected_kind: str, expected_action: str | None
+) -> None:
+    broken: Callable[[], AbstractContextManager[None]] = BROKEN[variant]
+    with broken():
+        cfg = model_config(MODEL)  # derived ids follow the broken derivation
+        report = conformance.check_graph(cfg, graph, model=MODEL, workers=2, fail_fast=True)
+    assert not report.ok
+    kinds = {m.kind for m in report.mismatches}
+    assert expected_kind in kinds, [conformance.render_mismatch(report, m)
+                                    for m in report.mismatches]
+    m = next(m for m in report.mismatches if m.kind == expected_kind)
+    if expected_action is not None:
+        assert any(x.action == expected_action for x in report.mismatches)
+        m = next(x for x in report.mismatches if x.action == expected_action)
+    text = conformance.render_mismatch(report, m)
+    assert text.startswith(f"{expected_kind}: ")
+    assert "path from an initial state:" in text and "Init" in text
+
+
+def test_initial_states_are_compared(graph: StateGraph) -> None:
+    cfg = model_config(MODEL)
+    report = conformance.check_graph(
+        cfg, graph, model=MODEL, initial_fn=lambda c: [], fail_fast=True
+    )
+    assert any(m.kind == "initial" and "reference lacks" in m.detail for m in report.mismatches)
+
+
+def test_the_manifest_marks_a_big_conformance_model() -> None:
+    models = load_manifest(ROOT).models
+    big = [m for m in models if m.conformance and m.ci and m.distinct_states >= 100_000]
+    assert [m.name for m in big] == [MODEL]
+
+
+def test_graph_file_missing_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match=r"nope\.dot"):
+        load_dot(tmp_path / "nope.dot")

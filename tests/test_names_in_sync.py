@@ -1,0 +1,45 @@
+"""Spec, Python and docs use the same names: read them from the .cfg files."""
+
+from __future__ import annotations
+
+import re
+
+from checker_support import ROOT
+
+from toolledger import protocol as p
+from toolledger.invariants import INVARIANTS, PROPERTIES
+from toolledger.manifest import load_manifest
+
+
+def _names(section: str, text: str) -> set[str]:
+    m = re.search(rf"^{section}S?\b(.*?)(?=^[A-Z]+\b|\Z)", text, re.MULTILINE | re.DOTALL)
+    return set(re.findall(r"\b[A-Z]\w+\b", m.group(1))) if m else set()
+
+
+def test_python_invariants_are_exactly_the_specs() -> None:
+    invariants: set[str] = set()
+    properties: set[str] = set()
+    cfgs = sorted((ROOT / "model").glob("*.cfg"))
+    assert {c.name for c in cfgs} == {m.cfg for m in load_manifest(ROOT).models}
+    for cfg in cfgs:
+        text = cfg.read_text()
+        invariants |= _names("INVARIANT", text)
+        properties |= _names("PROPERT(?:Y|IE)", text)
+    assert invariants == set(INVARIANTS), invariants ^ set(INVARIANTS)
+    assert properties == set(PROPERTIES)
+
+
+def test_every_invariant_is_defined_in_the_spec_with_a_comment_box() -> None:
+    spec = (ROOT / "spec" / "DurableToolExecution.tla").read_text()
+    for name in [*INVARIANTS, *PROPERTIES]:
+        assert re.search(rf"^{name} ==", spec, re.MULTILINE), name
+        if name != "TypeOK":
+            assert re.search(rf"\(\* {name}[: ]", spec), f"{name} has no comment box"
+
+
+def test_readme_and_protocol_use_the_same_names() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for name in INVARIANTS:
+        assert name in readme, f"README does not mention {name}"
+    for action in (p.Action.EnginePersistDispatched, p.Action.Recover, p.Action.Crash):
+        assert action.value in readme
