@@ -1,0 +1,1362 @@
+'''The engine adoption kit: a small turn engine shaped like openworker's ``TurnEngine``.
+
+What it is for
+--------------
+This module shows, in running code, where each ledger call goes in a real
+agent engine's turn, and it is the harness the crash tests and
+``toolledger simulate`` drive.  A scripted provider emits assistant messages
+with tool calls (``{id, function{name, arguments JSON}}``; ids may repeat
+across turns like Gemini's ``call_0``, or be ``""``), approvals are parked
+and resolved by a (scripted) human, calls execute through the adapters of a
+:class:`~toolledger.adapters.ToolRegistry`, results are recorded, the
+conversation is checkpointed, and :meth:`TurnEngine.resume` does durable
+resume.  It runs in one of two modes:
+
+- ``legacy``: today's behaviour, as in ``spec/LegacyResume.tla`` and issue
+  #443.  A call is done when a ``role="tool"`` message with its
+  ``tool_call_id`` exists anywhere in the thread; results become durable only
+  at the end of the iteration; resume re-runs every unanswered trailing call
+  and reuses the resolved approval it finds by ``(session_id,
+  tool_call_id)``.  It is here to be measured, not to be used.
+- ``ledger``: the protocol.  Every step is a :class:`~toolledger.protocol.Event`
+  named after an action of ``spec/DurableToolExecution.tla``, fed to a
+  :class:`~toolledger.ledger.Ledger`, in the order of PROTOCOL.md section 3.
+
+Adopting it in an engine (the ``ledger`` mode, step by step)
+------------------------------------------------------------
+The comments marked ``LEDGER:`` in :class:`TurnEngine` are the integration
+guide; in one place:
+
+1. When the provider's assistant message arrives, validate every call
+   (known tool, arguments a JSON object, no argument named like the
+   idempotency key) BEFORE anything is recorded: :meth:`ToolRegistry.check_call`.
+2. Checkpoint the assistant message (``EngineCheckpointCall``), then make the
+   calls durable in the ledger: ``ProviderEmitCall`` + ``EnginePersistCall``
+   per call, one ``step_many`` (one transaction).  The position (message
+   sequence number, index in the message) goes into the execution id, so a
+   reused ``call_0`` never aliases an older call.
+3. Approvals are ledger events keyed by execution id
+   (``EngineParkApproval``, ``HumanApprove``/``HumanReject``), not inbox
+   items keyed by ``(session_id, tool_call_id)``.
+4. ``EnginePersistDispatched`` returns before the adapter is invoked; the
+   adapter gets the execution id (and, for ``idempotent`` tools, the same id
+   as its idempotency key, through a keyword the model cannot write).
+5. ``Applied`` -> ``ExternalApply`` then ``EngineRecordSucceeded`` +
+   ``EngineAppendResult`` in ONE ``step_many`` (the result's text goes with
+   it), then the conversation checkpoint (``EngineCheckpoint``).  A
+   ``DefiniteFailure`` is recorded the same way with ``EngineRecordFailed``.
+   ``Unknown`` (or an exception) -> ``EngineTimeout`` -> ``Recover``: the
+   same decision a restarted engine would make.
+6. On resume, re-read the conversation and the ledger, repair the
+   conversation from the ledger (a result the ledger holds and the
+   conversation lost is appended from the record: never re-invoked), then
+   ``Recover`` every call in ``RESUME`` and act on the decision:
+   ``reconstruct``, ``retry_same_id`` (attempt n+1, same id), ``reconcile``
+   (ask the adapter; applied -> ``EngineReconcileApplied``; not applied and
+   fenced -> ``EngineReconcileNotApplied`` then retry; cannot tell ->
+   ``EngineReconcileUnknown``) or ``recovery_required`` (halt; surface it in
+   :meth:`TurnEngine.recovery_required`; a human's
+   :meth:`TurnEngine.resolve_recovery` resumes).
+
+A runnable example (it is a doctest of this module's test suite)::
+
+    >>> from toolledger.adapters import CountingAdapter, CountingExternalSystem, ToolRegistry
+    >>> from toolledger.engine import (CrashInjector, MemoryConversationStore, ScriptedHuman,
+    ...     ScriptedProvider, SimulatedCrash, TurnEngine, parse_crash_point, tool_call)
+    >>> from toolledger.stores import MemoryStore
+    >>> email = CountingExternalSystem()          # the outside world: survives crashes
+    >>> store, conversations = MemoryStore(), MemoryConversationStore()  # durable storage
+    >>> crash = CrashInjector(parse_crash_point("ledger", "after ExternalApply"))
+    >>> def engine() -> TurnEngine:                # what a (re)started process builds
+    ...     registry = ToolRegistry()
+    ...     registry.register("send_email", CountingAdapter(email, "send_email",
+    ...         on_request_sent=crash.request_sent), policy="manual")
+    ...     return TurnEngine(session_id="s1", mode="ledger", registry=registry,
+    ...         provider=ScriptedProvider([[tool_call("call_0", "send_email", {"to": "ada"})],
+    ...                                    "Sent."]),
+    ...         human=ScriptedHuman(), store=store, conversations=conversations, crash=crash)
+    >>> try:
+    ...     engine().run("email Ada")              # approved, sent, then the process dies
+    ... except SimulatedCrash as died:
+    ...     print(died)
+    simulated crash at 'after ExternalApply' (ledger engine)
+    >>> resumed = engine().resume()               # a new process: manual -> halt, no replay
+    >>> resumed.status.value, email.effects()
+    ('recovery_required', 1)
+    >>> again = engine()
+    >>> [item.tool for item in again.recovery_required()]
+    ['send_email']
+    >>> again.resolve_recovery((1, 0), "applied", result_text="sent, id 42").status.value
+    'done'
+    >>> again.messages[-2]["content"], email.effects()
+    ('sent, id 42', 1)
+
+Crash points
+------------
+:func:`crash_points` enumerates them from the step tables :data:`LEDGER_STEPS`
+and :data:`LEGACY_STEPS` (the steps this engine performs on the path of one
+approved call, in order): ``before ProviderEmitCall`` and ``after S`` for
+every step ``S``.  ``before S`` is accepted as another name of the point
+after the step preceding ``S``.  :class:`CrashInjector` raises
+:class:`SimulatedCrash` at the point, or SIGKILLs the process.  The request
+"out, not answered" moment (``after EngineInvokeAdapter``) is inside the
+adapter, so the transport fires it (:meth:`CrashInjector.request_sent`).
+:data:`SEED_MATRIX` maps the five rows of the seed issue's fault-injection
+matrix to crash points per mode.
+
+What this module must never do: invoke an adapter before the ledger said
+``dispatched`` (ledger mode), take an execution id or key from tool
+arguments, decide recovery itself (it asks
+:func:`~toolledger.protocol.decide_recovery`), or catch a
+:class:`SimulatedCrash`.
+'''
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import os
+import signal
+import tempfile
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final, Literal, Protocol, TypeAlias
+
+from .adapters import (
+    Applied,
+    CannotTell,
+    DefiniteFailure,
+    NotAppliedFenced,
+    ReconcileAnswer,
+    ReconcilingAdapter,
+    RegisteredTool,
+    ToolRegistry,
+    Unknown,
+    WasApplied,
+    frozen_arguments,
+)
+from .ledger import Ledger
+from .protocol import (
+    Action,
+    ApprovalState,
+    CallPosition,
+    CallState,
+    Decision,
+    Event,
+    InvalidInput,
+    LedgerStatus,
+    MessageState,
+    ProtocolError,
+    RecoveryPolicy,
+    ResultKind,
+    SessionState,
+    Stage,
+    ToolResult,
+    args_digest,
+    decide_recovery,
+    derive_execution_id,
+    recovery_inputs,
+)
+from .stores import Store
+
+__all__ = [
+    "LEDGER_STEPS",
+    "LEGACY_STEPS",
+    "SEED_MATRIX",
+    "ApprovalRequest",
+    "ConversationStore",
+    "CrashInjector",
+    "CrashPoint",
+    "DecisionTaken",
+    "EngineMode",
+    "EngineStep",
+    "FileConversationStore",
+    "Human",
+    "InboxItem",
+    "MemoryConversationStore",
+    "Provider",
+    "RecoveryItem",
+    "ScriptedHuman",
+    "ScriptedProvider",
+    "SeedRow",
+    "SimulatedCrash",
+    "TurnEngine",
+    "TurnResult",
+    "TurnStatus",
+    "adopt_legacy_session",
+    "crash_points",
+    "parse_crash_point",
+    "tool_call",
+]
+
+Message: TypeAlias = dict[str, Any]
+
+
+class EngineMode(StrEnum):
+    LEGACY = "legacy"
+    LEDGER = "ledger"
+
+
+def _mode(value: object) -> EngineMode:
+    try:
+        return EngineMode(str(value))
+    except ValueError:
+        valid = ", ".join(m.value for m in EngineMode)
+        raise InvalidInput(f"unknown engine mode {value!r}; use one of: {valid}") from None
+
+
+# --------------------------------------------------------------------------
+# The steps of one approved call, and the crash points between them
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStep:
+    """One step the engine performs on the path of an approved call.
+
+    ``name`` is the spec's action name (``EngineCheckpointCall`` and
+    ``EngineCheckpoint`` are the engine's own conversation checkpoints);
+    ``paths`` says on which paths it lies (``protected``: manual, idempotent,
+    reconcile; ``readonly``; ``legacy``); ``durable_after`` is what is durable
+    once it is done, i.e. what a crash right after it leaves behind.
+    """
+
+    name: str
+    paths: frozenset[str]
+    durable_after: str
+
+
+def _step(name: str, paths: str, durable_after: str) -> EngineStep:
+    return EngineStep(name, frozenset(paths.split()), durable_after)
+
+
+LEDGER_STEPS: Final[tuple[EngineStep, ...]] = (
+    _step("ProviderEmitCall", "protected readonly",
+          "the user message; the assistant message is in memory only"),
+    _step("EngineCheckpointCall", "protected readonly",
+          "the assistant message is in the conversation; the ledger does not know the call"),
+    _step("EnginePersistCall", "protected readonly",
+          "the call is durable in the ledger (with its arguments)"),
+    _step("EngineParkApproval", "protected readonly", "the approval is pending"),
+    _step("HumanApprove", "protected readonly", "the approval is approved; no ledger record"),
+    _step("EnginePersistDispatched", "protected",
+          "dispatched(attempt 1) + its audit row; the adapter is not invoked yet"),
+    _step("EngineInvokeAdapter", "protected",
+          "dispatched(1); the request is out at the external system, not processed"),
+    _step("EngineInvokeReadonly", "readonly",
+          "approved, no record (readonly bypasses the ledger); the request is out"),
+    _step("ExternalApply", "protected readonly",
+          "the effect is applied and its answer is in the engine's memory only"),
+    _step("EngineRecordSucceeded", "protected",
+          "succeeded(result) and the tool result, ONE commit with EngineAppendResult; "
+          "the conversation file lacks the role=tool message"),
+    _step("EngineAppendResult", "protected readonly",
+          "the tool result is in the ledger (protected: same commit as "
+          "EngineRecordSucceeded); the conversation file lacks it"),
+    _step("EngineCheckpoint", "protected readonly",
+          "the role=tool message is in the conversation file too: the call is complete"),
+)
+"""The ledger engine's steps for one approved call, in order."""
+
+LEGACY_STEPS: Final[tuple[EngineStep, ...]] = (
+    _step("ProviderEmitCall", "legacy", "the user message; the assistant message is in memory"),
+    _step("EngineParkApproval", "legacy",
+          "the inbox item is pending; the session (with the call) is saved"),
+    _step("HumanApprove", "legacy", "the inbox item is resolved 'allow'"),
+    _step("EngineInvokeAdapter", "legacy",
+          "registry.execute(...) sent the request; nothing about it is durable"),
+    _step("ExternalApply", "legacy", "the effect is applied; the answer is in memory only"),
+    _step("EngineAppendResult", "legacy",
+          "_record_result appended the role=tool message in memory only"),
+    _step("EngineCheckpoint", "legacy", "iteration_end: the role=tool message is saved"),
+)
+"""The legacy engine's steps for one approved call, in order (``LegacyResume.tla``)."""
+
+
+def _steps(mode: EngineMode) -> tuple[EngineStep, ...]:
+    return LEDGER_STEPS if mode is EngineMode.LEDGER else LEGACY_STEPS
+
+
+@dataclass(frozen=True, slots=True)
+class CrashPoint:
+    """A point between two steps where the process may die.
+
+    ``name`` is ``"after S"`` (or ``"before ProviderEmitCall"``); ``aliases``
+    are its other names (``"before T"`` for the step T that follows S on some
+    path).  ``paths`` are the paths that pass through it: a run on another
+    path never reaches it.
+    """
+
+    mode: EngineMode
+    name: str
+    step: str | None  # None: before the first step
+    aliases: tuple[str, ...]
+    paths: frozenset[str]
+    durable: str
+
+    def __str__(self) -> str:
+        return self.name
+
+    def reached_by(self, policy: RecoveryPolicy | str) -> bool:
+        """Whether a run of one call with ``policy`` passes through this point."""
+        if self.mode is EngineMode.LEGACY:
+            return True
+        path = "readonly" if str(policy) == RecoveryPolicy.READONLY.value else "protected"
+        return path in self.paths
+
+
+def _build_points(mode: EngineMode) -> tuple[CrashPoint, ...]:
+    steps = _steps(mode)
+    all_paths = frozenset().union(*(s.paths for s in steps))
+    before: dict[str, list[str]] = {}
+    for path in sorted(all_paths):
+        on_path = [s.name for s in steps if path in s.paths]
+        for prev, nxt in itertools.pairwise(on_path):
+            before.setdefault(prev, [])
+            if f"before {nxt}" not in before[prev]:
+                before[prev].append(f"before {nxt}")
+    # an alias must name one point only
+    counts: dict[str, int] = {}
+    for names in before.values():
+        for n in names:
+            counts[n] = counts.get(n, 0) + 1
+    points = [
+        CrashPoint(
+            mode,
+            f"before {steps[0].name}",
+            None,
+            (),
+            all_paths,
+            "the user message only (the provider has not answered)",
+        )
+    ]
+    for s in steps:
+        aliases = tuple(n for n in before.get(s.name, []) if counts[n] == 1)
+        points.append(
+            CrashPoint(mode, f"after {s.name}", s.name, aliases, s.paths, s.durable_after)
+        )
+    return tuple(points)
+
+
+_POINTS: Final[Mapping[EngineMode, tuple[CrashPoint, ...]]] = {
+    m: _build_points(m) for m in EngineMode
+}
+
+
+def crash_points(mode: EngineMode | str) -> tuple[CrashPoint, ...]:
+    """Every crash point of ``mode``, in the order the engine passes them."""
+    return _POINTS[_mode(mode)]
+
+
+def _canon(text: str) -> str:
+    return " ".join(text.replace("-", " ").replace(":", " ").replace("_", " ").split()).casefold()
+
+
+def parse_crash_point(mode: EngineMode | str, text: str | CrashPoint) -> CrashPoint:
+    """The crash point of ``mode`` named ``text`` (a name or an alias; any case,
+    ``-``/``:``/``_`` for the space).  :class:`InvalidInput` lists the valid names."""
+    m = _mode(mode)
+    if isinstance(text, CrashPoint):
+        if text.mode is not m:
+            raise InvalidInput(f"crash point {text} is a {text.mode} point, not a {m} one")
+        return text
+    wanted = _canon(str(text))
+    for p in _POINTS[m]:
+        if wanted in {_canon(n) for n in (p.name, *p.aliases)}:
+            return p
+    valid = "; ".join(
+        p.name + (f" (= {', '.join(p.aliases)})" if p.aliases else "") for p in _POINTS[m]
+    )
+    raise InvalidInput(f"unknown crash point {text!r} for the {m} engine; valid points: {valid}")
+
+
+@dataclass(frozen=True, slots=True)
+class SeedRow:
+    """One row of the seed issue's fault-injection matrix, as crash points."""
+
+    name: str
+    crash_point: str  # the seed's words
+    durable_state: str  # the seed's words
+    expected: str  # the seed's words
+    ledger: CrashPoint
+    legacy: CrashPoint
+
+    def point(self, mode: EngineMode | str) -> CrashPoint:
+        return self.ledger if _mode(mode) is EngineMode.LEDGER else self.legacy
+
+
+def _seed(
+    name: str, words: str, durable: str, expected: str, ledger: str, legacy: str
+) -> tuple[str, SeedRow]:
+    return name, SeedRow(
+        name,
+        words,
+        durable,
+        expected,
+        parse_crash_point(EngineMode.LEDGER, ledger),
+        parse_crash_point(EngineMode.LEGACY, legacy),
+    )
+
+
+SEED_MATRIX: Final[Mapping[str, SeedRow]] = dict(
+    (
+        _seed("before_dispatch_record", "Before the dispatch record", "No record",
+              "Execute once only when the session is known to use the new protocol; "
+              "otherwise require recovery review",
+              "before EnginePersistDispatched", "before EngineInvokeAdapter"),
+        _seed("after_dispatched_call_out",
+              "After dispatched, before/while the external call returns", "dispatched",
+              "Do not silently replay; apply the declared recovery policy",
+              "after EngineInvokeAdapter", "after EngineInvokeAdapter"),
+        _seed("after_external_success", "After external success, before succeeded is stored",
+              "dispatched", "Same unknown-outcome policy; no blind retry",
+              "after ExternalApply", "after ExternalApply"),
+        _seed("after_succeeded_before_tool_message",
+              'After succeeded, before role="tool"/iteration_end', "succeeded",
+              "Reconstruct the result; do not call the external system",
+              "after EngineRecordSucceeded", "after EngineAppendResult"),
+        _seed("after_tool_result_checkpoint", "After the normal tool result checkpoint",
+              "Completed", "Preserve the current no-replay behavior",
+              "after EngineCheckpoint", "after EngineCheckpoint"),
+    )
+)
+"""The seed's five fault-injection rows (issue #443), row name -> crash point per mode.
+
+In the legacy engine there is no dispatch record and no ``succeeded``: row 1
+is the same moment (approved, nothing sent), row 4 the moment the result
+exists in memory only."""
+
+
+class SimulatedCrash(BaseException):
+    """The process "dies" here (raised by :class:`CrashInjector`).
+
+    A ``BaseException`` on purpose: the engine treats an adapter's
+    ``Exception`` as an unknown outcome, and a crash must not be handled by
+    anything; drop the engine and build a new one from durable storage.
+    """
+
+    def __init__(self, point: CrashPoint) -> None:
+        self.point = point
+        super().__init__(f"simulated crash at {point.name!r} ({point.mode} engine)")
+
+
+class CrashInjector:
+    """Kills the run once, at one crash point: raises or SIGKILLs itself.
+
+    ``how="raise"`` raises :class:`SimulatedCrash`; ``how="sigkill"`` sends
+    SIGKILL to the current process (a real crash: no ``finally``, no flush).
+    It fires the first time the point is reached, then disarms.
+    """
+
+    def __init__(
+        self, point: CrashPoint | None, *, how: Literal["raise", "sigkill"] = "raise"
+    ) -> None:
+        if how not in ("raise", "sigkill"):
+            raise InvalidInput(f"how must be 'raise' or 'sigkill', got {how!r}")
+        self.point = point
+        self.how = how
+        self.fired = False
+        self._sending: tuple[EngineMode, str] | None = None
+
+    @property
+    def armed(self) -> bool:
+        return self.point is not None and not self.fired
+
+    def reached(self, mode: EngineMode, name: str) -> None:
+        """The engine of ``mode`` is at crash point ``name`` (``"after S"``)."""
+        p = self.point
+        if p is None or self.fired or p.mode is not mode or p.name != name:
+            return
+        self.fired = True
+        if self.how == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise SimulatedCrash(p)
+
+    # The request-out moment is inside the adapter: the engine announces the
+    # step, the transport calls request_sent() once the request left.
+    def sending(self, mode: EngineMode, step: str) -> None:
+        self._sending = (mode, step)
+
+    def request_sent(self) -> None:
+        """Call from a transport once a request reached the external system."""
+        if self._sending is not None:
+            mode, step = self._sending
+            self._sending = None
+            self.reached(mode, f"after {step}")
+
+    def done_sending(self) -> None:
+        self._sending = None
+
+
+# --------------------------------------------------------------------------
+# Provider, human, durable conversation
+# --------------------------------------------------------------------------
+
+
+def tool_call(call_id: str, name: str, arguments: Mapping[str, Any]) -> Message:
+    """A provider tool call: ``{id, type, function{name, arguments JSON}}``."""
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(dict(arguments))},
+    }
+
+
+class Provider(Protocol):
+    """The model: the next assistant message for a conversation."""
+
+    def complete(self, messages: Sequence[Mapping[str, Any]]) -> Message: ...
+
+
+class ScriptedProvider:
+    """A deterministic model: the n-th assistant message is ``script[n]``.
+
+    ``n`` is the number of assistant messages already in the conversation, so
+    a provider asked again after a crash answers the same thing (a real model
+    might not: that is why the call is durable before it is dispatched).  An
+    entry is a list of tool calls (see :func:`tool_call`) or a final text.
+    """
+
+    def __init__(self, script: Sequence[Sequence[Message] | str]) -> None:
+        self.script = list(script)
+        self.asked = 0
+
+    def complete(self, messages: Sequence[Mapping[str, Any]]) -> Message:
+        self.asked += 1
+        n = sum(1 for m in messages if m.get("role") == "assistant")
+        entry = self.script[n] if n < len(self.script) else "Done."
+        if isinstance(entry, str):
+            return {"role": "assistant", "content": entry}
+        return {"role": "assistant", "content": None, "tool_calls": copy.deepcopy(list(entry))}
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequest:
+    """What the human is asked: approve this call?"""
+
+    session_id: str
+    tool: str
+    arguments: Mapping[str, Any]
+    tool_call_id: str
+    execution_id: str | None  # None in the legacy engine: it has no execution identity
+    position: CallPosition
+
+
+class Human(Protocol):
+    """Answers approvals: ``"approve"``, ``"reject"``, or ``None`` (not yet)."""
+
+    def decide(self, request: ApprovalRequest) -> str | None: ...
+
+
+class ScriptedHuman:
+    """Answers approvals from a script (in order), then with ``default``.
+
+    ``asked`` records every request, so tests can see which calls were put to
+    the human (and which silently reused an old answer).
+    """
+
+    def __init__(self, answers: Sequence[str | None] = (), default: str | None = "approve") -> None:
+        for a in (*answers, default):
+            if a not in ("approve", "reject", None):
+                raise InvalidInput(f"a human answers 'approve', 'reject' or None, not {a!r}")
+        self.answers = list(answers)
+        self.default = default
+        self.asked: list[ApprovalRequest] = []
+
+    def decide(self, request: ApprovalRequest) -> str | None:
+        self.asked.append(request)
+        return self.answers.pop(0) if self.answers else self.default
+
+
+@dataclass
+class InboxItem:
+    """A legacy Inbox approval item (``coworker/inbox.py``), keyed as there."""
+
+    id: str
+    session_id: str
+    tool_call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    state: str = "pending"  # pending | resolved
+    resolution: str | None = None  # allow | deny
+
+
+@dataclass
+class _Checkpoint:
+    messages: list[Message] = field(default_factory=list)
+    inbox: list[InboxItem] = field(default_factory=list)
+
+
+class ConversationStore(Protocol):
+    """Where the engine checkpoints a session's conversation and (legacy) inbox."""
+
+    def load_messages(self, session_id: str) -> list[Message]: ...
+    def save_messages(self, session_id: str, messages: Sequence[Message]) -> None: ...
+    def load_inbox(self, session_id: str) -> list[InboxItem]: ...
+    def save_inbox(self, session_id: str, items: Sequence[InboxItem]) -> None: ...
+
+
+def _inbox_json(items: Sequence[InboxItem]) -> str:
+    return json.dumps([vars(i) for i in items], sort_keys=True)
+
+
+def _inbox_from(text: str) -> list[InboxItem]:
+    return [InboxItem(**d) for d in json.loads(text)]
+
+
+class MemoryConversationStore:
+    """Checkpoints kept as JSON text in memory: survive an engine, not the process."""
+
+    def __init__(self) -> None:
+        self._messages: dict[str, str] = {}
+        self._inbox: dict[str, str] = {}
+        self.saves = 0
+
+    def load_messages(self, session_id: str) -> list[Message]:
+        messages: list[Message] = json.loads(self._messages.get(session_id, "[]"))
+        return messages
+
+    def save_messages(self, session_id: str, messages: Sequence[Message]) -> None:
+        self._messages[session_id] = json.dumps(list(messages))
+        self.saves += 1
+
+    def load_inbox(self, session_id: str) -> list[InboxItem]:
+        return _inbox_from(self._inbox.get(session_id, "[]"))
+
+    def save_inbox(self, session_id: str, items: Sequence[InboxItem]) -> None:
+        self._inbox[session_id] = _inbox_json(items)
+
+
+class FileConversationStore:
+    """Checkpoints as JSON files in ``directory``, replaced atomically and fsynced.
+
+    (openworker appends JSONL without fsync; the kit writes whole files with
+    rename so that a SIGKILL test measures the protocol, not torn files.)
+    """
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, session_id: str, kind: str) -> Path:
+        safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in session_id)
+        return self.directory / f"{safe}.{kind}.json"
+
+    def _write(self, path: Path, text: str) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=path.name, suffix=".tmp")
+        try:
+            os.write(fd, text.encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        dfd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def load_messages(self, session_id: str) -> list[Message]:
+        path = self._path(session_id, "messages")
+        messages: list[Message] = json.loads(path.read_text("utf-8")) if path.exists() else []
+        return messages
+
+    def save_messages(self, session_id: str, messages: Sequence[Message]) -> None:
+        self._write(self._path(session_id, "messages"), json.dumps(list(messages)))
+
+    def load_inbox(self, session_id: str) -> list[InboxItem]:
+        path = self._path(session_id, "inbox")
+        return _inbox_from(path.read_text("utf-8")) if path.exists() else []
+
+    def save_inbox(self, session_id: str, items: Sequence[InboxItem]) -> None:
+        self._write(self._path(session_id, "inbox"), _inbox_json(items))
+
+
+# --------------------------------------------------------------------------
+# What a turn ends with
+# --------------------------------------------------------------------------
+
+
+class TurnStatus(StrEnum):
+    DONE = "done"
+    WAITING_FOR_APPROVAL = "waiting_for_approval"
+    RECOVERY_REQUIRED = "recovery_required"
+    MAX_ITERATIONS = "max_iterations"
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """How :meth:`TurnEngine.run` / :meth:`~TurnEngine.resume` ended."""
+
+    status: TurnStatus
+    text: str | None = None  # the final assistant text, when done
+    halted: tuple[CallPosition, ...] = ()  # calls in recovery_required
+    waiting: tuple[CallPosition, ...] = ()  # calls whose approval is pending
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryItem:
+    """A call halted in ``recovery_required``, as shown to a human."""
+
+    position: CallPosition
+    tool_call_id: str
+    execution_id: str
+    tool: str
+    arguments: Mapping[str, Any]
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionTaken:
+    """One recovery decision this engine applied (also in the audit log)."""
+
+    position: CallPosition
+    execution_id: str
+    decision: Decision
+    inputs: Mapping[str, object]
+
+
+class _Outcome(StrEnum):
+    SETTLED = "settled"
+    READY = "ready"
+    WAITING = "waiting"
+    HALTED = "halted"
+
+
+# --------------------------------------------------------------------------
+# The engine
+# --------------------------------------------------------------------------
+
+
+def _parse_calls(
+    message: Mapping[str, Any], registry: ToolRegistry
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """(tool_call_id, tool name, arguments) of every call, validated; raises InvalidInput."""
+    raw = message.get("tool_calls") or []
+    if not isinstance(raw, list):
+        raise InvalidInput("assistant message tool_calls must be a list")
+    out = []
+    for i, tc in enumerate(raw):
+        if not isinstance(tc, Mapping) or not isinstance(tc.get("function"), Mapping):
+            raise InvalidInput(f"tool call {i} is not {{id, function{{name, arguments}}}}: {tc!r}")
+        call_id = tc.get("id")
+        call_id = "" if call_id is None else call_id
+        if not isinstance(call_id, str):
+            raise InvalidInput(f"tool call {i} has a non-string id {call_id!r}")
+        fn = tc["function"]
+        name = fn.get("name")
+        text = fn.get("arguments") or "{}"
+        try:
+            arguments = json.loads(text) if isinstance(text, str) else text
+        except json.JSONDecodeError as exc:
+            raise InvalidInput(
+                f"tool call {i} ({name!r}) has arguments that are not JSON ({exc}); "
+                "nothing was recorded"
+            ) from None
+        registry.check_call(str(name), arguments)
+        out.append((call_id, str(name), dict(arguments)))
+    return out
+
+
+class TurnEngine:
+    """A turn engine shaped like openworker's ``TurnEngine``, in ``legacy`` or ``ledger`` mode.
+
+    Build one per (re)started process from durable things only: the
+    ``store`` (ledger mode), the ``conversations`` checkpoint store and the
+    external systems behind the registry's adapters.  :meth:`run` runs a user
+    turn; :meth:`resume` is durable resume (after a crash, or when an
+    approval or recovery item was resolved while no engine ran).
+    """
+
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        registry: ToolRegistry,
+        provider: Provider,
+        human: Human,
+        conversations: ConversationStore,
+        mode: EngineMode | str = EngineMode.LEDGER,
+        store: Store | None = None,
+        crash: CrashInjector | None = None,
+        max_iterations: int = 12,
+        max_attempts: int = 3,
+    ) -> None:
+        if not isinstance(session_id, str) or not session_id:
+            raise InvalidInput(f"session_id must be a non-empty string, got {session_id!r}")
+        self.mode = _mode(mode)
+        if self.mode is EngineMode.LEDGER and store is None:
+            raise InvalidInput(
+                "the ledger engine needs a store (MemoryStore, SqliteStore): pass store=..."
+            )
+        self.session_id = session_id
+        self.registry = registry
+        self.provider = provider
+        self.human = human
+        self.conversations = conversations
+        self.store = store
+        self.crash = crash or CrashInjector(None)
+        self.max_iterations = max_iterations
+        self.max_attempts = max_attempts
+        self.log: list[str] = []
+        self.decisions: list[DecisionTaken] = []
+        self._messages: list[Message] = conversations.load_messages(session_id)
+        self._inbox: list[InboxItem] = conversations.load_inbox(session_id)
+        self._ledger: Ledger | None = None
+        if self.mode is EngineMode.LEDGER:
+            self._ledger = self._open_ledger()
+
+    # -- public -----------------------------------------------------------------
+
+    @property
+    def messages(self) -> list[Message]:
+        """A copy of the conversation as this engine holds it."""
+        return copy.deepcopy(self._messages)
+
+    @property
+    def ledger(self) -> Ledger:
+        """The ledger (ledger mode only)."""
+        if self._ledger is None:
+            raise InvalidInput("the legacy engine has no ledger")
+        return self._ledger
+
+    def run(self, user_text: str) -> TurnResult:
+        """Run one user turn until the model stops, an approval waits, or a call halts."""
+        self._messages.append({"role": "user", "content": user_text})
+        self._checkpoint()  # turn_start
+        return self._loop()
+
+    def resume(self) -> TurnResult:
+        """Durable resume: finish the trailing calls, then continue the turn."""
+        if self.mode is EngineMode.LEGACY:
+            pending = self._legacy_unanswered_trailing()
+            if pending:
+                outcome = self._legacy_handle(pending)
+                if outcome is not None:
+                    return outcome
+            return self._loop()
+        # LEDGER: the conversation and the ledger are two files; a crash
+        # between their writes leaves one ahead of the other.  Repair first:
+        # the call the conversation holds and the ledger lacks (crash after
+        # EngineCheckpointCall) is made durable now, before anything else.
+        positions = self._trailing_positions()
+        self._register_missing(positions)
+        result = self._handle(positions)
+        return result if result is not None else self._loop()
+
+    def recovery_required(self) -> list[RecoveryItem]:
+        """Calls halted in ``recovery_required``, waiting for a human (ledger mode)."""
+        out = []
+        for c in self.ledger.recovery_required():
+            out.append(
+                RecoveryItem(
+                    c.position,
+                    c.tool_call_id,
+                    c.execution_id,
+                    c.tool.name,
+                    self._call_arguments(c),
+                    self.ledger.state.record(c.execution_id).attempt,
+                )
+            )
+        return out
+
+    def resolve_recovery(
+        self,
+        position: CallPosition,
+        resolution: str,
+        *,
+        result_text: str | None = None,
+        note: str = "",
+    ) -> TurnResult:
+        """A human resolves a halted call (``"applied"``, ``"retry"``, ``"abandon"``), then the
+        session resumes, as resolving an inbox item resumes it in openworker."""
+        # LEDGER: the resolution is one audited transition (HumanResolve*);
+        # "retry" authorizes attempt n+1 by a human, "applied" makes the
+        # human's text the result, "abandon" ends the call.
+        self.ledger.resolve(position, resolution, result_text=result_text, note=note)
+        self.log.append(f"HumanResolve {resolution} {position}")
+        return self.resume()
+
+    def pending_approvals(self) -> list[CallPosition]:
+        """Calls whose approval is parked and unanswered."""
+        if self.mode is EngineMode.LEGACY:
+            by_id = {tc: pos for pos, tc in self._legacy_calls()}
+            return [by_id[i.tool_call_id] for i in self._inbox
+                    if i.state == "pending" and i.tool_call_id in by_id]
+        st = self.ledger.state
+        return [c.position for c in st.calls
+                if st.approval(c.execution_id) is ApprovalState.PENDING and c.result is None]
+
+    def resolve_approval(self, position: CallPosition, approve: bool) -> TurnResult:
+        """A human answers a parked approval while no engine waits; the session resumes."""
+        if self.mode is EngineMode.LEGACY:
+            call_id = dict(self._legacy_calls()).get(position)
+            item = next((i for i in self._inbox if i.tool_call_id == call_id), None)
+            if item is None or item.state != "pending":
+                raise InvalidInput(f"no pending approval for the call at {position}")
+            item.state, item.resolution = "resolved", "allow" if approve else "deny"
+            self.conversations.save_inbox(self.session_id, self._inbox)
+        else:
+            action = Action.HumanApprove if approve else Action.HumanReject
+            self.ledger.step(Event(action, position))
+        return self.resume()
+
+    # -- the loop -------------------------------------------------------------------
+
+    def _loop(self) -> TurnResult:
+        for _ in range(self.max_iterations):
+            last = self._messages[-1] if self._messages else None
+            if last is not None and last.get("role") == "assistant" and not last.get("tool_calls"):
+                return TurnResult(TurnStatus.DONE, last.get("content"))
+            self.crash.reached(self.mode, "before ProviderEmitCall")
+            message = self.provider.complete(copy.deepcopy(self._messages))
+            # Validate every call before anything is recorded: an unknown
+            # tool, non-JSON arguments or a model-supplied key argument stop
+            # here, with nothing in the conversation, the ledger or the world.
+            calls = _parse_calls(message, self.registry)
+            turn = len(self._messages)
+            self._messages.append(message)
+            self._at("ProviderEmitCall")
+            if not calls:
+                self._checkpoint()
+                return TurnResult(TurnStatus.DONE, message.get("content"))
+            positions = [(turn, slot) for slot in range(len(calls))]
+            if self.mode is EngineMode.LEGACY:
+                legacy = [(pos, cid) for pos, (cid, _, _) in zip(positions, calls, strict=True)]
+                outcome = self._legacy_handle(legacy)
+            else:
+                # LEDGER: the assistant message is checkpointed BEFORE anything
+                # is dispatched: otherwise a crash could let the model put a
+                # different call at the same position under a reused id.
+                self._checkpoint()
+                self._at("EngineCheckpointCall")
+                self._register(positions, calls)
+                outcome = self._handle(positions)
+            if outcome is not None:
+                return outcome
+        return TurnResult(TurnStatus.MAX_ITERATIONS)
+
+    # -- ledger mode ------------------------------------------------------------------
+
+    def _open_ledger(self) -> Ledger:
+        assert self.store is not None
+        if self.session_id in self.store.sessions():
+            return Ledger(self.store, self.session_id)
+        if self._messages:
+            # A session that ran under the legacy engine: calls before this
+            # point are legacy (the protocol marker), and its unanswered
+            # approved calls are recovered conservatively.
+            return adopt_legacy_session(
+                self.store, self.session_id, self._messages, self._inbox, self.registry,
+                max_attempts=self.max_attempts,
+            )
+        return Ledger.create(self.store, self.session_id, marker=0,
+                             max_attempts=self.max_attempts)
+
+    def _register(
+        self, positions: Sequence[CallPosition], calls: Sequence[tuple[str, str, dict[str, Any]]]
+    ) -> None:
+        # LEDGER: ProviderEmitCall + EnginePersistCall for every call of the
+        # message, ONE transaction; the arguments are stored with the calls so
+        # that a retry after a crash sends exactly the same request.
+        # (ProviderEmitCall is volatile: it commits nothing; the arguments
+        # ride along in memory until EnginePersistCall writes the call.)
+        for pos, (call_id, name, args) in zip(positions, calls, strict=True):
+            tool = self.registry.profile(name)
+            self.ledger.step(
+                Event(Action.ProviderEmitCall, pos, call_id, tool, args_digest(name, args)),
+                arguments=args,
+            )
+        self.ledger.step_many([Event(Action.EnginePersistCall, pos) for pos in positions])
+        self.log.append(f"EnginePersistCall {list(positions)}")
+        self._at("EnginePersistCall")
+
+    def _trailing_positions(self) -> list[CallPosition]:
+        """Positions of the calls of the last assistant message, unless a user spoke since."""
+        for turn in range(len(self._messages) - 1, -1, -1):
+            m = self._messages[turn]
+            if m.get("role") == "user":
+                return []
+            if m.get("role") == "assistant" and m.get("tool_calls"):
+                return [(turn, slot) for slot in range(len(m["tool_calls"]))]
+        return []
+
+    def _register_missing(self, positions: Sequence[CallPosition]) -> None:
+        missing = [p for p in positions if self.ledger.state.call(p) is None]
+        if not missing:
+            return
+        turn = missing[0][0]
+        if turn < self.ledger.state.marker:
+            return  # legacy calls were adopted when the ledger was opened
+        calls = _parse_calls(self._messages[turn], self.registry)
+        self._register(missing, [calls[slot] for _, slot in missing])
+
+    def _handle(self, positions: Sequence[CallPosition]) -> TurnResult | None:
+        """Settle the calls at ``positions``; ``None`` if all have results (go on)."""
+        # Phase A (openworker's authorization pass): recover, park and ask.
+        waiting = [p for p in positions if self._settle(p, execute=False) is _Outcome.WAITING]
+        if waiting:
+            return TurnResult(TurnStatus.WAITING_FOR_APPROVAL, waiting=tuple(waiting))
+        # Phase B: execute, one call at a time, in order.
+        halted = [p for p in positions if self._settle(p, execute=True) is _Outcome.HALTED]
+        if halted:
+            return TurnResult(TurnStatus.RECOVERY_REQUIRED, halted=tuple(halted))
+        return None
+
+    def _call(self, pos: CallPosition) -> CallState:
+        c = self.ledger.state.call(pos)
+        if c is None:
+            raise InvalidInput(f"no call at {pos} in session {self.session_id!r}")
+        return c
+
+    def _settle(self, pos: CallPosition, *, execute: bool) -> _Outcome:
+        ledger = self.ledger
+        while True:
+            c = self._call(pos)
+            st = ledger.state
+            if c.result is not None:
+                self._ensure_tool_message(c)
+                return _Outcome.SETTLED
+            if c.stage is Stage.RESUME:
+                self._recover(c)
+                continue
+            if c.stage is Stage.NONE:
+                if st.record(c.execution_id).status is LedgerStatus.RECOVERY_REQUIRED:
+                    return _Outcome.HALTED
+                raise ProtocolError(Action.Recover, pos, "a call without a result is idle")
+            if c.stage is Stage.LIVE:
+                approval = st.approval(c.execution_id)
+                if c.tool.requires_approval and approval is not ApprovalState.APPROVED:
+                    if approval is ApprovalState.REJECTED:
+                        ledger.step(Event(Action.EngineRecordDenied, pos),
+                                    result_content=json.dumps({"error": "denied by the user"}))
+                        continue
+                    if approval is ApprovalState.NONE:
+                        # LEDGER: the approval is keyed by the execution id, so
+                        # a reused tool_call_id can never find another call's.
+                        ledger.step(Event(Action.EngineParkApproval, pos))
+                        self._at("EngineParkApproval")
+                    answer = self.human.decide(self._approval_request(c))
+                    if answer is None:
+                        return _Outcome.WAITING
+                    action = Action.HumanApprove if answer == "approve" else Action.HumanReject
+                    ledger.step(Event(action, pos))
+                    self._at(action.value)
+                    continue
+                if not execute:
+                    return _Outcome.READY
+                if not c.tool.protected:
+                    self._invoke_readonly(c)
+                    continue
+                self._dispatch(c)
+                continue
+            if not execute:
+                return _Outcome.READY
+            if c.stage is Stage.RETRY:
+                self._dispatch(c)
+            elif c.stage is Stage.DISPATCHED:
+                self._invoke(c)
+            elif c.stage is Stage.RECONCILING:
+                self._reconcile(c)
+            elif c.stage is Stage.RECORDED:
+                # reconstruct: the record holds the result; never invoke.
+                ledger.step(Event(Action.EngineAppendResult, pos))
+                self._at("EngineAppendResult")
+            else:
+                raise ProtocolError(Action.Recover, pos, f"unexpected stage {c.stage.value}")
+
+    def _recover(self, c: CallState) -> None:
+        # LEDGER: the decision is the core's (a total function of the durable
+        # state); the Ledger audits it with its inputs in the same commit.
+        decision = decide_recovery(recovery_inputs(self.ledger.state, c))
+        self.ledger.step(Event(Action.Recover, c.position))
+        self.decisions.append(DecisionTaken(c.position, c.execution_id, decision.decision,
+                                            decision.inputs.as_dict()))
+        self.log.append(f"Recover {c.position}: {decision.decision.value}")
+
+    def _dispatch(self, c: CallState) -> None:
+        # LEDGER: dispatched(n) is durable, with its audit row, BEFORE the
+        # adapter runs.  From here on a crash means "outcome unknown".
+        self.ledger.step(Event(Action.EnginePersistDispatched, c.position))
+        attempt = self.ledger.state.record(c.execution_id).attempt
+        self.log.append(f"EnginePersistDispatched {c.position} attempt {attempt}")
+        self._at("EnginePersistDispatched")
+
+    def _invoke(self, c: CallState) -> None:
+        ledger = self.ledger
+        pos = c.position
+        rec = ledger.state.record(c.execution_id)
+        tool = self.registry.get(c.tool.name)
+        arguments = self._call_arguments(c)
+        ledger.step(Event(Action.EngineInvokeAdapter, pos))  # volatile: nothing to commit
+        # LEDGER: the key travels as a keyword, never inside the arguments.
+        key = c.execution_id if c.tool.policy is RecoveryPolicy.IDEMPOTENT else None
+        self.crash.sending(self.mode, "EngineInvokeAdapter")
+        try:
+            outcome = tool.adapter.invoke(
+                frozen_arguments(arguments), execution_id=c.execution_id,
+                idempotency_key=key, attempt=rec.attempt,
+            )
+        except Exception as exc:  # an adapter that raises: outcome unknown
+            outcome = Unknown(f"the adapter raised {type(exc).__name__}: {exc}")
+        finally:
+            self.crash.done_sending()
+        self.log.append(f"EngineInvokeAdapter {pos} attempt {rec.attempt}: "
+                        f"{type(outcome).__name__}")
+        if isinstance(outcome, Applied):
+            ledger.step(Event(Action.ExternalApply, pos, attempt=rec.attempt))
+            self._at("ExternalApply")
+            # LEDGER: succeeded(result) and the tool result, ONE transaction,
+            # immediately after the adapter returned.
+            ledger.step_many([Event(Action.EngineRecordSucceeded, pos),
+                              Event(Action.EngineAppendResult, pos)],
+                             result_content={pos: outcome.result})
+            self._at("EngineRecordSucceeded")
+            self._at("EngineAppendResult")
+        elif isinstance(outcome, DefiniteFailure):
+            ledger.step(Event(Action.ExternalRejectDefinite, pos, attempt=rec.attempt))
+            ledger.step_many([Event(Action.EngineRecordFailed, pos),
+                              Event(Action.EngineAppendResult, pos)],
+                             result_content={pos: json.dumps({"error": outcome.error,
+                                                              "error_type": "DefiniteFailure"})})
+        else:
+            # LEDGER: an unknown outcome live is a crash without the restart:
+            # EngineTimeout puts the call in RESUME and Recover decides.
+            self.log.append(f"EngineTimeout {pos}: {outcome.reason}")
+            ledger.step(Event(Action.EngineTimeout, pos))
+
+    def _invoke_readonly(self, c: CallState) -> None:
+        pos = c.position
+        tool = self.registry.get(c.tool.name)
+        arguments = self._call_arguments(c)
+        # readonly: no record, replay is safe; the answer goes straight into
+        # the conversation (EngineAppendResult).
+        self.ledger.step(Event(Action.EngineInvokeReadonly, pos))
+        self.crash.sending(self.mode, "EngineInvokeReadonly")
+        try:
+            outcome = tool.adapter.invoke(
+                frozen_arguments(arguments), execution_id=c.execution_id,
+                idempotency_key=None, attempt=1,
+            )
+        except Exception as exc:
+            outcome = Unknown(f"the adapter raised {type(exc).__name__}: {exc}")
+        finally:
+            self.crash.done_sending()
+        self.log.append(f"EngineInvokeReadonly {pos}: {type(outcome).__name__}")
+        if isinstance(outcome, Applied):
+            text = outcome.result
+            self._at("ExternalApply")
+        else:
+            reason = outcome.error if isinstance(outcome, DefiniteFailure) else outcome.reason
+            text = json.dumps({"error": reason, "error_type": type(outcome).__name__})
+        self.ledger.step(Event(Action.EngineAppendResult, pos), result_content=text)
+        self._at("EngineAppendResult")
+
+    def _reconcile(self, c: CallState) -> None:
+        pos = c.position
+        rec = self.ledger.state.record(c.execution_id)
+        adapter = self.registry.get(c.tool.name).adapter
+        answer: ReconcileAnswer
+        if not isinstance(adapter, ReconcilingAdapter):
+            answer = CannotTell("the adapter has no reconcile()")
+        else:
+            try:
+                answer = adapter.reconcile(c.execution_id, attempt=rec.attempt)
+            except Exception as exc:
+                answer = CannotTell(f"reconcile raised {type(exc).__name__}: {exc}")
+        self.log.append(f"reconcile {pos} attempt {rec.attempt}: {type(answer).__name__}")
+        if isinstance(answer, WasApplied):
+            self.ledger.step_many([Event(Action.EngineReconcileApplied, pos),
+                                   Event(Action.EngineAppendResult, pos)],
+                                  result_content={pos: answer.result})
+            self._at("EngineAppendResult")
+        elif isinstance(answer, NotAppliedFenced) and rec.attempt < self.ledger.state.max_attempts:
+            # the connector fenced attempts <= n; the retry is attempt n+1
+            self.ledger.step(Event(Action.EngineReconcileNotApplied, pos))
+        else:
+            # cannot tell, or not applied with the retry budget spent: a human decides
+            self.ledger.step(Event(Action.EngineReconcileUnknown, pos))
+
+    def _call_arguments(self, c: CallState) -> dict[str, Any]:
+        """The call's arguments: from the ledger, else the conversation; digest-checked."""
+        arguments = self.ledger.call_arguments(c.position)
+        if arguments is None:
+            turn, slot = c.position
+            calls = _parse_calls(self._messages[turn], self.registry) if turn < len(
+                self._messages) else []
+            arguments = calls[slot][2] if slot < len(calls) else None
+        if arguments is None or args_digest(c.tool.name, arguments) != c.args_digest:
+            raise ProtocolError(
+                Action.EngineInvokeAdapter, c.position,
+                "the arguments found do not match the call's digest: the conversation and "
+                "the ledger disagree; nothing was invoked, resolve it by hand",
+            )
+        return arguments
+
+    def _approval_request(self, c: CallState) -> ApprovalRequest:
+        return ApprovalRequest(self.session_id, c.tool.name, self._call_arguments(c),
+                               c.tool_call_id, c.execution_id, c.position)
+
+    def _ensure_tool_message(self, c: CallState) -> None:
+        """Append the role=tool message of a call the ledger answered, once."""
+        assert c.result is not None
+        if any(m.get("role") == "tool" and m.get("execution_id") == c.execution_id
+               for m in self._messages):
+            return
+        self._messages.append(_tool_message(c.tool_call_id, c.result))
+        self._checkpoint()  # tool_finished is a checkpoint here
+        self._at("EngineCheckpoint")
+
+    # -- legacy mode (today's behaviour, LegacyResume.tla) ------------------------------
+
+    def _legacy_calls(self) -> list[tuple[CallPosition, str]]:
+        out = []
+        for turn, m in enumerate(self._messages):
+            for slot, tc in enumerate(m.get("tool_calls") or []):
+                out.append(((turn, slot), str(tc.get("id") or "")))
+        return out
+
+    def _legacy_unanswered_trailing(self) -> list[tuple[CallPosition, str]]:
+        # _unanswered_trailing_tool_calls: "answered" is built from ALL role=tool
+        # messages of the thread, so a reused id counts as answered.
+        answered = {m.get("tool_call_id") for m in self._messages if m.get("role") == "tool"}
+        positions = self._trailing_positions()
+        calls = dict(self._legacy_calls())
+        return [(p, calls[p]) for p in positions if calls[p] not in answered]
+
+    def _legacy_handle(self, calls: Sequence[tuple[CallPosition, str]]) -> TurnResult | None:
+        cleared: list[tuple[CallPosition, str, RegisteredTool, dict[str, Any]]] = []
+        for pos, call_id in calls:  # Phase A: authorize
+            turn, slot = pos
+            _, name, arguments = _parse_calls(self._messages[turn], self.registry)[slot]
+            tool = self.registry.get(name)
+            if tool.profile.requires_approval:
+                # InboxStore.add is idempotent by (session_id, tool_call_id) only:
+                # a resolved item of an earlier call with the same id comes back.
+                item = next((i for i in self._inbox if i.session_id == self.session_id
+                             and i.tool_call_id == call_id), None)
+                if item is None:
+                    item = InboxItem(uuid.uuid4().hex, self.session_id, call_id, name, arguments)
+                    self._inbox.append(item)
+                    self.conversations.save_inbox(self.session_id, self._inbox)
+                    self._checkpoint()  # the approver's persist_session()
+                    self._at("EngineParkApproval")
+                if item.state == "pending":
+                    answer = self.human.decide(ApprovalRequest(
+                        self.session_id, name, arguments, call_id, None, pos))
+                    if answer is None:
+                        return TurnResult(TurnStatus.WAITING_FOR_APPROVAL, waiting=(pos,))
+                    item.state = "resolved"
+                    item.resolution = "allow" if answer == "approve" else "deny"
+                    self.conversations.save_inbox(self.session_id, self._inbox)
+                    self._at("HumanApprove")
+                else:
+                    self.log.append(f"reused resolved approval {item.id} for {call_id!r}")
+                if item.resolution != "allow":
+                    self._messages.append({"role": "tool", "tool_call_id": call_id,
+                                           "content": json.dumps({"error": "denied by the user"}),
+                                           "status": ResultKind.DENIED.value})
+                    continue
+            cleared.append((pos, call_id, tool, arguments))
+        for pos, call_id, tool, arguments in cleared:  # Phase B: execute
+            # registry.execute(name, args): no execution identity, no key.
+            label = f"legacy:{self.session_id}:{call_id}"
+            self.crash.sending(self.mode, "EngineInvokeAdapter")
+            try:
+                outcome = tool.adapter.invoke(frozen_arguments(arguments), execution_id=label,
+                                              idempotency_key=None, attempt=1)
+            except Exception as exc:
+                outcome = Unknown(f"{type(exc).__name__}: {exc}")
+            finally:
+                self.crash.done_sending()
+            self.log.append(f"execute {call_id!r} at {pos}: {type(outcome).__name__}")
+            if isinstance(outcome, Applied):
+                self._at("ExternalApply")
+                content, status = outcome.result, ResultKind.OK.value
+            else:
+                reason = outcome.error if isinstance(outcome, DefiniteFailure) else outcome.reason
+                content = json.dumps({"error": reason, "error_type": type(outcome).__name__})
+                status = ResultKind.ERROR.value
+            # _record_result: in memory only; nothing is persisted here.
+            self._messages.append({"role": "tool", "tool_call_id": call_id,
+                                   "content": content, "status": status})
+            self._at("EngineAppendResult")
+        self._checkpoint()  # iteration_end
+        self._at("EngineCheckpoint")
+        return None
+
+    # -- shared ------------------------------------------------------------------------
+
+    def _checkpoint(self) -> None:
+        self.conversations.save_messages(self.session_id, self._messages)
+
+    def _at(self, step: str) -> None:
+        self.crash.reached(self.mode, f"after {step}")
+
+
+def _tool_message(tool_call_id: str, result: ToolResult) -> Message:
+    return {
+        "role": "tool",
+        "tool_call_id": tool_call_id,
+        "content": result.content,
+        # engine metadata, stripped before the conversation goes to a provider
+        "execution_id": result.execution_id,
+        "status": result.kind.value,
+    }
+
+
+def adopt_legacy_session(
+    store: Store,
+    session_id: str,
+    messages: Sequence[Mapping[str, Any]],
+    inbox: Sequence[InboxItem],
+    registry: ToolRegistry,
+    *,
+    max_attempts: int = 3,
+) -> Ledger:
+    """Put a session that ran under the legacy engine under the ledger.
+
+    The protocol marker is the next message's sequence number: every call
+    already in ``messages`` is legacy.  Each legacy call without a tool result
+    is made durable in the ledger as the spec's ``Init`` has it (durable, in
+    ``RESUME``, approved if its inbox item was resolved "allow"), so that
+    ``Recover`` applies the conservative legacy rule: approved, no result, no
+    record -> ``recovery_required``.  Nothing is executed here.
+    """
+    marker = len(messages)
+    ledger = Ledger.create(store, session_id, marker=marker, max_attempts=max_attempts)
+    answered = {m.get("tool_call_id") for m in messages if m.get("role") == "tool"}
+    before: SessionState = ledger.state
+    calls: list[CallState] = []
+    approvals: dict[str, ApprovalState] = {}
+    arguments: dict[CallPosition, Mapping[str, Any]] = {}
+    for turn, m in enumerate(messages):
+        raw = m.get("tool_calls") or []
+        if not raw:
+            continue
+        parsed = _parse_calls(m, registry)
+        for slot, (call_id, name, args) in enumerate(parsed):
+            if call_id in answered:
+                continue  # legacy answered it (by id: the best a legacy thread can say)
+            tool = registry.profile(name)
+            eid = derive_execution_id(session_id, turn, slot, call_id)
+            calls.append(CallState((turn, slot), call_id, tool, eid, args_digest(name, args),
+                                   MessageState.DURABLE, None, Stage.RESUME))
+            arguments[(turn, slot)] = args
+            item = next((i for i in inbox if i.tool_call_id == call_id), None)
+            if item is not None:
+                approvals[eid] = (
+                    ApprovalState.PENDING if item.state == "pending"
+                    else ApprovalState.APPROVED if item.resolution == "allow"
+                    else ApprovalState.REJECTED
+                )
+    if calls:
+        after = replace(before, calls=tuple(calls), approvals=approvals)
+        store.commit(session_id, before, after, [], arguments=arguments)
+        ledger.crash()  # reload: exactly what the store now holds
+    return ledger
+
