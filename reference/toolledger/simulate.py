@@ -1,0 +1,595 @@
+"""``toolledger simulate``: one approved side-effecting call, one crash, one resume, measured.
+
+What it is for
+--------------
+:func:`run_simulation` runs the seed issue's scenario through the engine kit
+(:mod:`toolledger.engine`): a scripted provider asks for ``send_email``, a
+scripted human approves, the call executes against a
+:class:`~toolledger.adapters.CountingExternalSystem`, and the engine dies at
+a crash point.  A new engine then resumes from durable storage only, and
+the network finally delivers any request that was still in flight (the
+late original, the case fencing and deduplication exist for).  The
+:class:`SimulationReport` says what really happened: effects applied at the
+external system, adapter invocations, the conversation's final tool result,
+the ledger record, every recovery decision and the audit rows.
+
+With ``store="sqlite"`` the run happens in a child process (``python -m
+toolledger.simulate --child ...``) that really SIGKILLs itself at the crash
+point; a second child resumes from the SQLite file, the conversation files
+and the external system's fsynced JSON-lines log.  ``crash_with="exception"``
+keeps everything in this process (the same storage, a raised
+:class:`~toolledger.engine.SimulatedCrash`): fast, for the test matrix.
+
+Wiring into the ``toolledger`` CLI: ``cli.SUBCOMMANDS.append(Subcommand(
+"simulate", simulate.HELP, simulate.configure, simulate.cmd_simulate))``, or
+:func:`register` on an ``argparse`` subparsers object.  ``python -m
+toolledger.simulate ...`` runs the same command stand-alone.
+
+What it must never do: touch a ``--db`` that already exists (it refuses), or
+report a number it did not measure: effects and invocations are counted by
+the external system, results read back from durable storage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from .adapters import CountingAdapter, CountingExternalSystem, ToolRegistry
+from .engine import (
+    SEED_MATRIX,
+    ConversationStore,
+    CrashInjector,
+    CrashPoint,
+    DecisionTaken,
+    EngineMode,
+    FileConversationStore,
+    MemoryConversationStore,
+    ScriptedHuman,
+    ScriptedProvider,
+    SimulatedCrash,
+    TurnEngine,
+    TurnResult,
+    TurnStatus,
+    crash_points,
+    parse_crash_point,
+    tool_call,
+)
+from .ledger import RESOLUTIONS
+from .protocol import InvalidInput, RecoveryPolicy
+from .stores import MemoryStore, Store
+
+__all__ = [
+    "HELP",
+    "SimulationReport",
+    "cmd_simulate",
+    "configure",
+    "main",
+    "register",
+    "run_simulation",
+]
+
+HELP: Final = (
+    "crash one approved side-effecting call at a crash point, resume, report what happened"
+)
+SESSION_ID: Final = "sim-session"
+TOOL: Final = "send_email"
+ARGUMENTS: Final[dict[str, Any]] = {
+    "to": "ada@example.com",
+    "subject": "Q3 report",
+    "body": "Numbers attached.",
+}
+USER_TEXT: Final = "Email Ada the Q3 report."
+HUMAN_RESULT: Final = "a human checked the outbox: the email was sent"
+StoreKind = Literal["memory", "sqlite"]
+CrashWith = Literal["exception", "sigkill"]
+
+
+@dataclass
+class SimulationReport:
+    """What one simulation measured (``to_dict()`` is the ``--json`` output)."""
+
+    engine: str
+    policy: str
+    crash_at: str | None
+    store: str
+    crash_with: str
+    crash_point_on_path: bool
+    crashed: bool
+    turn_status: str
+    effects_applied: int
+    adapter_invocations: int
+    final_tool_result: str | None
+    final_tool_status: str | None
+    recovery_required: list[dict[str, Any]] = field(default_factory=list)
+    ledger_record: dict[str, Any] | None = None
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    audit: list[dict[str, Any]] = field(default_factory=list)
+    external_requests: list[dict[str, Any]] = field(default_factory=list)
+    late_deliveries: list[dict[str, Any]] = field(default_factory=list)
+    resolution: str | None = None
+    engine_log: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def decision_names(self) -> list[str]:
+        """The recovery decisions in the order they were taken."""
+        return [str(d["decision"]) for d in self.decisions]
+
+    def render(self) -> str:
+        """The report as a human-readable table."""
+        head = (
+            f"engine={self.engine} policy={self.policy} crash-at={self.crash_at!r} "
+            f"store={self.store} ({self.crash_with})"
+        )
+        crashed = "yes" if self.crashed else (
+            "no (the point is not on this policy's path)" if not self.crash_point_on_path
+            else "no"
+        )
+        result = (
+            f"{self.final_tool_result} [{self.final_tool_status}]"
+            if self.final_tool_result is not None
+            else "(none)"
+        )
+        rec = self.ledger_record
+        rec_text = (
+            "(none: " + ("legacy engine)" if self.engine == "legacy" else "readonly bypasses it)")
+            if rec is None
+            else " ".join(f"{k}={v}" for k, v in rec.items())
+        )
+        lines = [
+            head,
+            "-" * len(head),
+            f"crashed:              {crashed}",
+            f"turn status:          {self.turn_status}",
+            f"effects applied:      {self.effects_applied}",
+            f"adapter invocations:  {self.adapter_invocations}",
+            f"final tool result:    {result}",
+            f"ledger record:        {rec_text}",
+        ]
+        if self.resolution:
+            lines.append(f"human resolution:     {self.resolution}")
+        for item in self.recovery_required:
+            lines.append(
+                f"recovery required:    {item['tool']} at {tuple(item['position'])} "
+                f"attempt {item['attempt']}"
+            )
+        lines.append("recovery decisions:" + ("   (none)" if not self.decisions else ""))
+        for d in self.decisions:
+            inputs = " ".join(f"{k}={v}" for k, v in d["inputs"].items())
+            lines.append(f"  {tuple(d['position'])} {d['decision']:<18} {inputs}")
+        lines.append("late deliveries:" + ("      (none)" if not self.late_deliveries else ""))
+        for r in self.late_deliveries:
+            lines.append(f"  request {r['number']} attempt {r['attempt']} -> {r['status']}")
+        lines.append("audit rows:" + ("           (none)" if not self.audit else ""))
+        if self.audit:
+            cols = ("kind", "attempt", "authorization", "recovery_decision", "note")
+            rows = [tuple(str(a[c]) for c in cols) for a in self.audit]
+            widths = [max(len(x[i]) for x in (cols, *rows)) for i in range(len(cols))]
+            for cells in (cols, *rows):
+                lines.append(
+                    "  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))
+                )
+        return "\n".join(line.rstrip() for line in lines)
+
+
+# --------------------------------------------------------------------------
+# The scenario
+# --------------------------------------------------------------------------
+
+
+def _policy(policy: RecoveryPolicy | str) -> RecoveryPolicy:
+    try:
+        return RecoveryPolicy(str(policy))
+    except ValueError:
+        valid = ", ".join(p.value for p in RecoveryPolicy)
+        raise InvalidInput(f"unknown policy {policy!r}; valid policies: {valid}") from None
+
+
+def _engine_mode(mode: EngineMode | str) -> EngineMode:
+    try:
+        return EngineMode(str(mode))
+    except ValueError:
+        valid = ", ".join(m.value for m in EngineMode)
+        raise InvalidInput(f"unknown engine {mode!r}; valid engines: {valid}") from None
+
+
+def _point(mode: EngineMode, crash_at: str | CrashPoint | None) -> CrashPoint | None:
+    if crash_at is None or (isinstance(crash_at, str) and crash_at.strip().casefold() == "none"):
+        return None
+    return parse_crash_point(mode, crash_at)
+
+
+@dataclass
+class _World:
+    """Everything that survives a crash: storage and the external system."""
+
+    store: Store | None
+    conversations: ConversationStore
+    system: CountingExternalSystem
+
+
+def _paths(db: Path) -> tuple[Path, Path]:
+    return Path(f"{db}.conversation"), Path(f"{db}.external.jsonl")
+
+
+def _open_world(mode: EngineMode, store: StoreKind, db: Path | None) -> _World:
+    if store == "memory":
+        return _World(
+            MemoryStore() if mode is EngineMode.LEDGER else None,
+            MemoryConversationStore(),
+            CountingExternalSystem(),
+        )
+    assert db is not None
+    from .sqlite_store import SqliteStore
+
+    conv_dir, external = _paths(db)
+    return _World(
+        SqliteStore(db) if mode is EngineMode.LEDGER else None,
+        FileConversationStore(conv_dir),
+        CountingExternalSystem(external),
+    )
+
+
+def _engine(
+    mode: EngineMode, policy: RecoveryPolicy, world: _World, crash: CrashInjector
+) -> TurnEngine:
+    registry = ToolRegistry()
+    registry.register(
+        TOOL,
+        CountingAdapter(world.system, TOOL, on_request_sent=crash.request_sent),
+        policy=policy,
+        requires_approval=True,
+    )
+    return TurnEngine(
+        session_id=SESSION_ID,
+        mode=mode,
+        registry=registry,
+        provider=ScriptedProvider([[tool_call("call_0", TOOL, ARGUMENTS)], "The email is sent."]),
+        human=ScriptedHuman(default="approve"),
+        conversations=world.conversations,
+        store=world.store,
+        crash=crash,
+    )
+
+
+def _resume_and_measure(
+    mode: EngineMode,
+    policy: RecoveryPolicy,
+    world: _World,
+    resolve: str | None,
+    earlier: Sequence[DecisionTaken] = (),
+    result: TurnResult | None = None,
+) -> dict[str, Any]:
+    """Resume (if the run did not finish), deliver late requests, maybe resolve, measure."""
+    engine = _engine(mode, policy, world, CrashInjector(None))
+    if result is None:
+        result = engine.resume()
+    late = world.system.deliver_in_flight()
+    resolution = None
+    if resolve is not None and result.status is TurnStatus.RECOVERY_REQUIRED:
+        text = HUMAN_RESULT if resolve == "applied" else None
+        result = engine.resolve_recovery(result.halted[0], resolve, result_text=text)
+        resolution = resolve
+    return _measure(engine, world, result, [*earlier, *engine.decisions], late, resolution)
+
+
+def _measure(
+    engine: TurnEngine,
+    world: _World,
+    result: TurnResult,
+    decisions: Sequence[DecisionTaken],
+    late: Sequence[Any],
+    resolution: str | None,
+) -> dict[str, Any]:
+    tool_messages = [m for m in engine.messages if m.get("role") == "tool"]
+    final = tool_messages[-1] if tool_messages else None
+    out: dict[str, Any] = {
+        "turn_status": result.status.value,
+        "effects_applied": world.system.effects(),
+        "adapter_invocations": world.system.invocations(),
+        "final_tool_result": None if final is None else final.get("content"),
+        "final_tool_status": None if final is None else final.get("status"),
+        "external_requests": [
+            {"number": r.number, "execution_id": r.execution_id, "attempt": r.attempt,
+             "idempotency_key": r.idempotency_key, "status": r.status.value}
+            for r in world.system.requests
+        ],
+        "late_deliveries": [
+            {"number": r.number, "attempt": r.attempt, "status": r.status.value} for r in late
+        ],
+        "resolution": resolution,
+        "engine_log": list(engine.log),
+        "decisions": [
+            {"position": list(d.position), "execution_id": d.execution_id,
+             "decision": d.decision.value, "inputs": dict(d.inputs)}
+            for d in decisions
+        ],
+        "recovery_required": [],
+        "ledger_record": None,
+        "audit": [],
+    }
+    if engine.mode is EngineMode.LEDGER:
+        state = engine.ledger.state
+        out["recovery_required"] = [
+            {"position": list(i.position), "tool": i.tool, "execution_id": i.execution_id,
+             "attempt": i.attempt}
+            for i in engine.recovery_required()
+        ]
+        calls = list(state.calls)
+        if calls and calls[-1].execution_id in state.ledger:
+            rec = state.record(calls[-1].execution_id)
+            out["ledger_record"] = {
+                "status": rec.status.value,
+                "attempt": rec.attempt,
+                "authorization": rec.authorization.value,
+                "result": None if rec.result is None else rec.result.kind.value,
+            }
+        out["audit"] = [
+            {"position": list(a.position), "tool_call_id": a.tool_call_id,
+             "execution_id": a.execution_id, "kind": a.kind, "attempt": a.attempt,
+             "authorization": a.authorization.value, "recovery_decision": a.recovery_decision,
+             "inputs": a.inputs, "note": a.note}
+            for a in engine.ledger.audit()
+        ]
+    return out
+
+
+def run_simulation(
+    engine_mode: EngineMode | str,
+    policy: RecoveryPolicy | str,
+    crash_at: str | CrashPoint | None,
+    store: StoreKind = "memory",
+    db: str | os.PathLike[str] | None = None,
+    *,
+    crash_with: CrashWith | None = None,
+    resolve: str | None = None,
+) -> SimulationReport:
+    """Run the scenario, crash at ``crash_at`` (``None``/``"none"``: no crash), resume, measure.
+
+    ``store="sqlite"`` needs ``db``, a path that does not exist yet (next to
+    it go ``DB.conversation/`` and ``DB.external.jsonl``); by default it
+    crashes a child process with SIGKILL (``crash_with="sigkill"``);
+    ``crash_with="exception"`` runs in this process.  ``resolve`` (``"applied"``,
+    ``"retry"``, ``"abandon"``) answers a call left in ``recovery_required``.
+    Raises ``InvalidInput`` for a bad engine, policy, crash point or option.
+    """
+    mode = _engine_mode(engine_mode)
+    pol = _policy(policy)
+    point = _point(mode, crash_at)
+    if store not in ("memory", "sqlite"):
+        raise InvalidInput(f"unknown store {store!r}; valid stores: memory, sqlite")
+    how: CrashWith = crash_with or ("sigkill" if store == "sqlite" else "exception")
+    if how not in ("exception", "sigkill"):
+        raise InvalidInput(f"crash_with must be 'exception' or 'sigkill', not {how!r}")
+    if store == "memory" and how == "sigkill":
+        raise InvalidInput(
+            "a memory store dies with the process: use store='sqlite' for a SIGKILL run"
+        )
+    if resolve is not None and resolve not in RESOLUTIONS:
+        raise InvalidInput(f"unknown resolution {resolve!r}; valid: {', '.join(RESOLUTIONS)}")
+    db_path = _fresh_db(db) if store == "sqlite" else None
+    on_path = point is None or point.reached_by(pol)
+    base: dict[str, Any] = {
+        "engine": mode.value,
+        "policy": pol.value,
+        "crash_at": None if point is None else point.name,
+        "store": store,
+        "crash_with": how,
+        "crash_point_on_path": on_path,
+    }
+    if how == "sigkill":
+        assert db_path is not None
+        crashed, measured = _run_in_children(mode, pol, point, db_path, resolve)
+        return SimulationReport(**base, crashed=crashed, **measured)
+
+    world = _open_world(mode, store, db_path)
+    crash = CrashInjector(point, how="raise")
+    first = _engine(mode, pol, world, crash)
+    result: TurnResult | None
+    try:
+        result = first.run(USER_TEXT)
+    except SimulatedCrash:
+        result = None
+        if world.store is not None and store == "sqlite":
+            world.store.close()  # the process died: reopen everything from disk
+            world = _open_world(mode, store, db_path)
+        elif store == "sqlite":
+            world = _open_world(mode, store, db_path)
+    measured = _resume_and_measure(mode, pol, world, resolve, first.decisions, result)
+    if world.store is not None:
+        world.store.close()
+    return SimulationReport(**base, crashed=crash.fired, **measured)
+
+
+def _fresh_db(db: str | os.PathLike[str] | None) -> Path:
+    if db is None:
+        return Path(tempfile.mkdtemp(prefix="toolledger-simulate-")) / "ledger.sqlite3"
+    path = Path(db)
+    taken = [p for p in (path, *_paths(path)) if p.exists()]
+    if taken:
+        raise InvalidInput(
+            f"{', '.join(map(str, taken))} already exist(s): simulate writes a new store; "
+            "choose another --db path or remove these files"
+        )
+    if not path.parent.is_dir():
+        raise InvalidInput(f"directory {path.parent} does not exist: create it or choose another")
+    return path
+
+
+# --------------------------------------------------------------------------
+# The SIGKILL path: two child processes
+# --------------------------------------------------------------------------
+
+
+def _child_command(
+    phase: str, mode: EngineMode, policy: RecoveryPolicy, point: CrashPoint | None,
+    db: Path, resolve: str | None,
+) -> list[str]:
+    cmd = [sys.executable, "-m", "toolledger.simulate", "--child", phase, "--engine", mode.value,
+           "--policy", policy.value, "--db", str(db),
+           "--crash-at", "none" if point is None else point.name]
+    if resolve is not None:
+        cmd += ["--resolve", resolve]
+    return cmd
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (package_root, env.get("PYTHONPATH", "")) if p
+    )
+    return env
+
+
+def _run_in_children(
+    mode: EngineMode, policy: RecoveryPolicy, point: CrashPoint | None, db: Path,
+    resolve: str | None,
+) -> tuple[bool, dict[str, Any]]:
+    run = subprocess.run(
+        _child_command("run", mode, policy, point, db, None),
+        env=_child_env(), capture_output=True, text=True, timeout=120, check=False,
+    )
+    killed = run.returncode == -signal.SIGKILL
+    if run.returncode not in (0, -signal.SIGKILL):
+        raise RuntimeError(
+            f"the simulation child exited with {run.returncode}:\n{run.stderr.strip()}"
+        )
+    resumed = subprocess.run(
+        _child_command("resume", mode, policy, None, db, resolve),
+        env=_child_env(), capture_output=True, text=True, timeout=120, check=False,
+    )
+    if resumed.returncode != 0:
+        raise RuntimeError(
+            f"the resuming child exited with {resumed.returncode}:\n{resumed.stderr.strip()}"
+        )
+    measured: dict[str, Any] = json.loads(resumed.stdout)
+    return killed, measured
+
+
+def _child(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m toolledger.simulate --child")
+    p.add_argument("--child", choices=("run", "resume"), required=True)
+    p.add_argument("--engine", required=True)
+    p.add_argument("--policy", required=True)
+    p.add_argument("--crash-at", required=True)
+    p.add_argument("--db", type=Path, required=True)
+    p.add_argument("--resolve")
+    a = p.parse_args(argv)
+    mode, pol = _engine_mode(a.engine), _policy(a.policy)
+    world = _open_world(mode, "sqlite", a.db)
+    if a.child == "run":
+        crash = CrashInjector(_point(mode, a.crash_at), how="sigkill")
+        _engine(mode, pol, world, crash).run(USER_TEXT)  # SIGKILLs itself at the point
+        return 0
+    measured = _resume_and_measure(mode, pol, world, a.resolve)
+    print(json.dumps(measured))
+    return 0
+
+
+# --------------------------------------------------------------------------
+# The command
+# --------------------------------------------------------------------------
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    """Add ``toolledger simulate``'s options to ``p``."""
+    p.add_argument("--engine", choices=[m.value for m in EngineMode],
+                   help="legacy: today's engine (issue #443); ledger: this protocol "
+                        "(default: ledger; --list-crash-points without it lists both)")
+    p.add_argument("--policy", choices=[x.value for x in RecoveryPolicy], default="manual",
+                   help="the tool's declared recovery policy (default: manual)")
+    p.add_argument("--crash-at", metavar="POINT",
+                   help="where the process dies, e.g. 'after ExternalApply' "
+                        "(see --list-crash-points; 'none' for no crash)")
+    p.add_argument("--list-crash-points", action="store_true",
+                   help="list the crash points of --engine (or of both) and exit")
+    p.add_argument("--store", choices=["memory", "sqlite"], default="memory",
+                   help="memory: in-process; sqlite: SqliteStore in a child process that is "
+                        "SIGKILLed at POINT and resumed by a new process")
+    p.add_argument("--db", metavar="PATH",
+                   help="with --store sqlite: the new database file (default: a temp dir)")
+    p.add_argument("--crash-with", choices=["exception", "sigkill"],
+                   help="how the process dies (default: exception for memory, sigkill for sqlite)")
+    p.add_argument("--resolve", choices=list(RESOLUTIONS),
+                   help="a human answers a call left in recovery_required")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _list_points(engine: str | None) -> str:
+    modes = [EngineMode(engine)] if engine else list(EngineMode)
+    lines = []
+    for m in modes:
+        lines.append(f"{m.value} engine:")
+        for p in crash_points(m):
+            seed = [r.name for r in SEED_MATRIX.values() if r.point(m) == p]
+            alias = f" (= {', '.join(p.aliases)})" if p.aliases else ""
+            paths = "" if m is EngineMode.LEGACY else f" [{', '.join(sorted(p.paths))}]"
+            tag = f"  seed row: {', '.join(seed)}" if seed else ""
+            lines.append(f"  {p.name}{alias}{paths}{tag}")
+            lines.append(f"      durable: {p.durable}")
+    return "\n".join(lines)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Run ``toolledger simulate``; exit status 0, or 2 for bad input (valid values listed)."""
+    if args.list_crash_points:
+        print(_list_points(args.engine))
+        return 0
+    engine = args.engine or EngineMode.LEDGER.value
+    if args.crash_at is None:
+        print("toolledger simulate: --crash-at POINT is required (or --list-crash-points); "
+              f"valid points for the {engine} engine: "
+              + ", ".join(p.name for p in crash_points(engine)), file=sys.stderr)
+        return 2
+    if args.db is not None and args.store != "sqlite":
+        print("toolledger simulate: --db only goes with --store sqlite", file=sys.stderr)
+        return 2
+    try:
+        report = run_simulation(
+            engine, args.policy, args.crash_at, args.store, args.db,
+            crash_with=args.crash_with, resolve=args.resolve,
+        )
+    except InvalidInput as exc:
+        print(f"toolledger simulate: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.render())
+    return 0
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``simulate`` to an ``argparse`` subparsers object (``set_defaults(_run=...)``)."""
+    p: argparse.ArgumentParser = subparsers.add_parser("simulate", help=HELP, description=HELP)
+    configure(p)
+    p.set_defaults(_run=cmd_simulate)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m toolledger.simulate``: the command stand-alone (and the child processes)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if "--child" in args_list:
+        return _child(args_list)
+    parser = argparse.ArgumentParser(prog="toolledger simulate", description=HELP)
+    configure(parser)
+    try:
+        args = parser.parse_args(args_list)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    return cmd_simulate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
