@@ -845,6 +845,12 @@ class TurnEngine:
         # EngineCheckpointCall) is made durable now, before anything else.
         positions = self._trailing_positions()
         self._register_missing(positions)
+        for pos in positions:
+            c = self.ledger.state.call(pos)
+            if c is not None and c.result is not None and not self._has_tool_message(c):
+                # The ledger answered the call, the conversation file lost the
+                # message: reconstruct it from the record, never re-invoke.
+                self.log.append(f"reconstruct {pos} from the ledger: conversation repaired")
         result = self._handle(positions)
         return result if result is not None else self._loop()
 
@@ -1201,11 +1207,14 @@ class TurnEngine:
         return ApprovalRequest(self.session_id, c.tool.name, self._call_arguments(c),
                                c.tool_call_id, c.execution_id, c.position)
 
+    def _has_tool_message(self, c: CallState) -> bool:
+        return any(m.get("role") == "tool" and m.get("execution_id") == c.execution_id
+                   for m in self._messages)
+
     def _ensure_tool_message(self, c: CallState) -> None:
         """Append the role=tool message of a call the ledger answered, once."""
         assert c.result is not None
-        if any(m.get("role") == "tool" and m.get("execution_id") == c.execution_id
-               for m in self._messages):
+        if self._has_tool_message(c):
             return
         self._messages.append(_tool_message(c.tool_call_id, c.result))
         self._checkpoint()  # tool_finished is a checkpoint here

@@ -375,7 +375,8 @@ def run_simulation(
         raise InvalidInput(f"crash_with must be 'exception' or 'sigkill', not {how!r}")
     if store == "memory" and how == "sigkill":
         raise InvalidInput(
-            "a memory store dies with the process: use store='sqlite' for a SIGKILL run"
+            "a memory store dies with the process: use store='sqlite' (--store sqlite) "
+            "for a SIGKILL run"
         )
     if resolve is not None and resolve not in RESOLUTIONS:
         raise InvalidInput(f"unknown resolution {resolve!r}; valid: {', '.join(RESOLUTIONS)}")
