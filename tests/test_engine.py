@@ -816,3 +816,27 @@ def test_reconcile_fences_per_attempt(tmp_path: Path) -> None:
     system.fault(Fault.FAIL_DEFINITELY)
     failed = adapter.invoke({}, execution_id="f", idempotency_key=None, attempt=1)
     assert isinstance(failed, DefiniteFailure) and system.effects("f") == 0
+
+
+def test_a_new_turn_waits_for_halted_calls_and_records_nothing(world: World) -> None:
+    engine = halted(world)
+    messages = world.conversations.load_messages("s1")
+    with pytest.raises(InvalidInput, match=r"calls without a result at \[\(1, 0\)\]"):
+        engine.run("and email Bob")
+    assert world.conversations.load_messages("s1") == messages
+
+
+def test_the_provider_never_sees_engine_metadata(world: World) -> None:
+    seen: list[list[dict[str, Any]]] = []
+
+    class Recording(ScriptedProvider):
+        def complete(self, messages: Any) -> dict[str, Any]:
+            seen.append(list(messages))
+            return super().complete(messages)
+
+    engine = make_engine(world)
+    engine.provider = Recording([[tool_call("call_0", "send_email", EMAIL)], "Sent."])
+    engine.run("email Ada")
+    [tool] = [m for m in seen[-1] if m["role"] == "tool"]
+    assert set(tool) == {"role", "tool_call_id", "content"}
+    assert "execution_id" in tool_messages(engine)[0]  # the engine keeps it

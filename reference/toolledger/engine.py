@@ -826,6 +826,14 @@ class TurnEngine:
 
     def run(self, user_text: str) -> TurnResult:
         """Run one user turn until the model stops, an approval waits, or a call halts."""
+        if self.mode is EngineMode.LEDGER:
+            open_calls = [c.position for c in self.ledger.state.calls if c.result is None]
+            if open_calls:
+                raise InvalidInput(
+                    f"session {self.session_id!r} has calls without a result at {open_calls}: "
+                    "answer their approvals (resolve_approval) or recovery items "
+                    "(resolve_recovery) first; nothing was recorded"
+                )
         self._messages.append({"role": "user", "content": user_text})
         self._checkpoint()  # turn_start
         return self._loop()
@@ -919,7 +927,7 @@ class TurnEngine:
             if last is not None and last.get("role") == "assistant" and not last.get("tool_calls"):
                 return TurnResult(TurnStatus.DONE, last.get("content"))
             self.crash.reached(self.mode, "before ProviderEmitCall")
-            message = self.provider.complete(copy.deepcopy(self._messages))
+            message = self.provider.complete(_for_provider(self._messages))
             # Validate every call before anything is recorded: an unknown
             # tool, non-JSON arguments or a model-supplied key argument stop
             # here, with nothing in the conversation, the ledger or the world.
@@ -1305,6 +1313,19 @@ class TurnEngine:
 
     def _at(self, step: str) -> None:
         self.crash.reached(self.mode, f"after {step}")
+
+
+_ENGINE_METADATA: Final = ("execution_id", "status")
+
+
+def _for_provider(messages: Sequence[Message]) -> list[Message]:
+    """A copy of the conversation without the engine's own metadata."""
+    out = copy.deepcopy(list(messages))
+    for m in out:
+        if m.get("role") == "tool":
+            for key in _ENGINE_METADATA:
+                m.pop(key, None)
+    return out
 
 
 def _tool_message(tool_call_id: str, result: ToolResult) -> Message:
