@@ -1,0 +1,1021 @@
+"""SqliteStore: the store port on one SQLite file, durable when a commit returns.
+
+What it is for
+--------------
+:class:`SqliteStore` keeps the sessions of the protocol core (calls with their
+tool results, approvals, the execution ledger, the audit log and the protocol
+marker) in ONE SQLite database, so that every transition the
+:class:`~toolledger.ledger.Ledger` commits is one SQLite transaction.  The
+conversation's tool calls and tool results live in the same database as the
+ledger on purpose: ``succeeded(result)`` and the ``role="tool"`` result are
+then written together, and a protected call costs exactly two ledger commits
+(``dispatched``; ``succeeded`` + tool result).
+
+Durability choice
+-----------------
+WAL journal with ``PRAGMA synchronous=FULL``: every ``COMMIT`` fsyncs the
+write-ahead log before it returns, so a transition that returned is durable
+across a process crash *and* a power loss, with one fsync per commit (the
+rollback journal needs at least two).  ``synchronous=NORMAL`` would be wrong
+here: in WAL mode it may lose the last commits on power loss, and the engine
+invokes the adapter right after ``dispatched`` returns.  ``fullfsync`` is on
+too (it only matters on macOS).  If the file system cannot do WAL (no shared
+memory, e.g. some network file systems), SQLite stays in its rollback
+journal, which with ``synchronous=FULL`` is equally durable;
+:attr:`SqliteStore.journal_mode` says which one is in use.  In WAL mode
+committed transactions may sit in the ``-wal`` file next to the database
+until a checkpoint: copy or move the files together, and only while no store
+has the file open.
+
+Every durable transition is ``BEGIN IMMEDIATE ... COMMIT`` on a connection in
+autocommit mode (``isolation_level=None``), so Python never opens or commits
+a transaction behind our back.  Reads (``load``, ``audit``) run in a deferred
+read transaction that ends with ``ROLLBACK``: they see one snapshot and can
+never write.
+
+Schema (version :data:`SCHEMA_VERSION`)
+---------------------------------------
+==========  ===============================================================
+table       columns (every table but ``meta`` ends with ``row_checksum``)
+==========  ===============================================================
+meta        singleton (=1), schema_version, created
+sessions    session_id PK, marker, max_attempts
+calls       session_id, turn, slot (PK together), tool_call_id, tool_name,
+            policy, requires_approval, execution_id UNIQUE, args_digest,
+            arguments, message_state, result_kind, result_content,
+            result_execution_id, result_args_digest
+approvals   execution_id PK, session_id, state
+ledger      execution_id PK, session_id, status, attempt, args_digest,
+            authorization, result_kind, result_content,
+            result_execution_id, result_args_digest, turn, slot
+audit       id AUTOINCREMENT, session_id, execution_id, tool_call_id, turn,
+            slot, kind, attempt, authorization, recovery_decision,
+            inputs (JSON), note, recorded_at; append-only (triggers refuse
+            UPDATE and DELETE)
+==========  ===============================================================
+
+``calls.arguments`` keeps the JSON arguments the model emitted (NULL if the
+engine did not give them): only their digest is protocol-relevant, but a
+retry after a crash must invoke the adapter with the same arguments, and the
+engine's memory is gone by then.  ``row_checksum`` is a SHA-256 of the row's
+values (all but ``audit.id``): SQLite keeps no checksums of its own, and a
+flipped byte inside a stored value must fail closed rather than drive a
+recovery decision.  The file carries ``PRAGMA application_id`` =
+:data:`APPLICATION_ID`.
+
+Opening fails closed
+--------------------
+Opening a missing path creates the schema.  Opening an existing file first
+checks, without writing anything: the SQLite header and the file size (a
+file truncated to less than the pages its header announces), ``PRAGMA
+quick_check``, the application id, the schema version, every table's
+columns, every row's checksum, and that every session decodes into a valid
+state (enum values, execution ids re-derived from their position, argument
+digests).  A damaged, truncated, empty or foreign file raises
+:class:`~toolledger.stores.StoreCorrupt`; a file from a newer (or unknown)
+schema raises :class:`~toolledger.stores.UnsupportedSchema`.  Both name the
+file, say what was found and what to do; the file is left byte for byte as
+it was.  Opening therefore reads the whole file: fine for a store of agent
+sessions, and the price of never acting on a damaged ledger.
+
+What it must never do: decide anything, write while opening a file it has
+not validated, write outside one transaction, update or delete an audit row,
+or return from a commit before SQLite has made it durable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from .protocol import (
+    ApprovalState,
+    Authorization,
+    CallPosition,
+    CallState,
+    ExecutionRecord,
+    InvalidInput,
+    LedgerStatus,
+    MessageState,
+    RecoveryPolicy,
+    ResultKind,
+    SessionState,
+    Stage,
+    ToolProfile,
+    ToolResult,
+    args_digest,
+    derive_execution_id,
+)
+from .stores import (
+    AuditRow,
+    SessionExists,
+    StaleState,
+    StoreCorrupt,
+    StoreError,
+    UnknownSession,
+    UnsupportedSchema,
+    _check_session_values,
+    plan_commit,
+)
+
+__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteStore"]
+
+SCHEMA_VERSION: Final = 1
+"""The schema this version writes and reads; a file with another one is refused."""
+
+APPLICATION_ID: Final = 0x544C4752
+"""``PRAGMA application_id`` of a toolledger store ("TLGR")."""
+
+_SQLITE_MAGIC: Final = b"SQLite format 3\x00"
+
+Row = dict[str, Any]
+_E = TypeVar("_E", bound=StrEnum)
+_T = TypeVar("_T")
+
+
+def _one_of(enum: type[StrEnum]) -> str:
+    return ", ".join(f"'{m.value}'" for m in enum)
+
+
+# --------------------------------------------------------------------------
+# Schema
+# --------------------------------------------------------------------------
+
+_RESULT: Final = ("result_kind", "result_content", "result_execution_id", "result_args_digest")
+
+# The checksummed columns of each table, in order (``row_checksum`` follows).
+_DATA: Final[Mapping[str, tuple[str, ...]]] = {
+    "sessions": ("session_id", "marker", "max_attempts"),
+    "calls": (
+        "session_id", "turn", "slot", "tool_call_id", "tool_name", "policy",
+        "requires_approval", "execution_id", "args_digest", "arguments", "message_state",
+        *_RESULT,
+    ),
+    "approvals": ("execution_id", "session_id", "state"),
+    "ledger": (
+        "execution_id", "session_id", "status", "attempt", "args_digest", "authorization",
+        *_RESULT, "turn", "slot",
+    ),
+    "audit": (
+        "session_id", "execution_id", "tool_call_id", "turn", "slot", "kind", "attempt",
+        "authorization", "recovery_decision", "inputs", "note", "recorded_at",
+    ),
+}  # fmt: skip
+_KEY: Final[Mapping[str, tuple[str, ...]]] = {
+    "sessions": ("session_id",),
+    "calls": ("session_id", "turn", "slot"),
+    "approvals": ("execution_id",),
+    "ledger": ("execution_id",),
+    "audit": ("id",),
+}
+_COLUMNS: Final[Mapping[str, tuple[str, ...]]] = {
+    "meta": ("singleton", "schema_version", "created"),
+    **{
+        t: (("id",) if t == "audit" else ()) + cols + ("row_checksum",)
+        for t, cols in _DATA.items()
+    },
+}
+
+_RESULT_DDL: Final = (
+    f"result_kind TEXT CHECK (result_kind IS NULL OR result_kind IN ({_one_of(ResultKind)})),"
+    " result_content TEXT, result_execution_id TEXT, result_args_digest TEXT"
+)
+
+_SCHEMA: Final[tuple[str, ...]] = (
+    """CREATE TABLE meta (
+        singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+        schema_version INTEGER NOT NULL,
+        created TEXT NOT NULL)""",
+    """CREATE TABLE sessions (
+        session_id TEXT PRIMARY KEY,
+        marker INTEGER NOT NULL CHECK (marker >= 0),
+        max_attempts INTEGER NOT NULL CHECK (max_attempts >= 1),
+        row_checksum TEXT NOT NULL)""",
+    f"""CREATE TABLE calls (
+        session_id TEXT NOT NULL REFERENCES sessions (session_id),
+        turn INTEGER NOT NULL CHECK (turn >= 0),
+        slot INTEGER NOT NULL CHECK (slot >= 0),
+        tool_call_id TEXT NOT NULL,
+        tool_name TEXT NOT NULL,
+        policy TEXT NOT NULL CHECK (policy IN ({_one_of(RecoveryPolicy)})),
+        requires_approval INTEGER NOT NULL CHECK (requires_approval IN (0, 1)),
+        execution_id TEXT NOT NULL UNIQUE,
+        args_digest TEXT NOT NULL,
+        arguments TEXT,
+        message_state TEXT NOT NULL CHECK (message_state = 'durable'),
+        {_RESULT_DDL},
+        row_checksum TEXT NOT NULL,
+        PRIMARY KEY (session_id, turn, slot))""",
+    f"""CREATE TABLE approvals (
+        execution_id TEXT PRIMARY KEY,
+        session_id TEXT NOT NULL REFERENCES sessions (session_id),
+        state TEXT NOT NULL CHECK (state IN ({_one_of(ApprovalState)})),
+        row_checksum TEXT NOT NULL)""",
+    f"""CREATE TABLE ledger (
+        execution_id TEXT PRIMARY KEY,
+        session_id TEXT NOT NULL REFERENCES sessions (session_id),
+        status TEXT NOT NULL CHECK (status IN ({_one_of(LedgerStatus)})),
+        attempt INTEGER NOT NULL CHECK (attempt >= 0),
+        args_digest TEXT,
+        authorization TEXT NOT NULL CHECK (authorization IN ({_one_of(Authorization)})),
+        {_RESULT_DDL},
+        turn INTEGER,
+        slot INTEGER,
+        row_checksum TEXT NOT NULL)""",
+    """CREATE TABLE audit (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id TEXT NOT NULL REFERENCES sessions (session_id),
+        execution_id TEXT NOT NULL,
+        tool_call_id TEXT NOT NULL,
+        turn INTEGER NOT NULL,
+        slot INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        authorization TEXT NOT NULL,
+        recovery_decision TEXT,
+        inputs TEXT NOT NULL,
+        note TEXT NOT NULL,
+        recorded_at TEXT NOT NULL,
+        row_checksum TEXT NOT NULL)""",
+    "CREATE INDEX approvals_by_session ON approvals (session_id)",
+    "CREATE INDEX ledger_by_session ON ledger (session_id)",
+    "CREATE INDEX audit_by_session ON audit (session_id, id)",
+    """CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
+        BEGIN SELECT RAISE(ABORT, 'audit rows are append-only'); END""",
+    """CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
+        BEGIN SELECT RAISE(ABORT, 'audit rows are append-only'); END""",
+)
+
+
+def _checksum(table: str, row: Mapping[str, Any]) -> str:
+    values = [row[c] for c in _DATA[table]]
+    text = json.dumps([table, *values], ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _result_values(result: ToolResult | None) -> Row:
+    if result is None:
+        return dict.fromkeys(_RESULT)
+    return dict(
+        zip(
+            _RESULT,
+            (result.kind.value, result.content, result.execution_id, result.args_digest),
+            strict=True,
+        )
+    )
+
+
+def _record_values(session_id: str, rec: ExecutionRecord) -> Row:
+    turn, slot = rec.position if rec.position is not None else (None, None)
+    return {
+        "execution_id": rec.execution_id,
+        "session_id": session_id,
+        "status": rec.status.value,
+        "attempt": rec.attempt,
+        "args_digest": rec.args_digest,
+        "authorization": rec.authorization.value,
+        **_result_values(rec.result),
+        "turn": turn,
+        "slot": slot,
+    }
+
+
+# --------------------------------------------------------------------------
+# Opening: checks that read the file and never write it
+# --------------------------------------------------------------------------
+
+
+def _check_file(path: Path) -> None:
+    """Header and size checks done in Python, before SQLite touches the file."""
+    size = path.stat().st_size
+    if size == 0:
+        raise StoreCorrupt(
+            f"{path} is empty (0 bytes), so it is not a toolledger store (a store is never "
+            "empty once created). Nothing was executed or written. If it was truncated, "
+            "restore it from a backup; if you created the empty file yourself, delete it and "
+            "open the path again.",
+            path=str(path),
+        )
+    with path.open("rb") as f:
+        header = f.read(100)
+    if len(header) < 100 or not header.startswith(_SQLITE_MAGIC):
+        raise StoreCorrupt(
+            f"{path} is not a SQLite database (it is {size} bytes and starts with "
+            f"{header[:16]!r}, not {_SQLITE_MAGIC!r}): point the store at its own "
+            "database file. Nothing was executed or written.",
+            path=str(path),
+        )
+    page_size = int.from_bytes(header[16:18], "big")
+    if page_size == 1:
+        page_size = 65536
+    if page_size < 512 or page_size & (page_size - 1):
+        raise StoreCorrupt(
+            f"{path} has a damaged SQLite header (page size {page_size}): restore it from "
+            "a backup. Nothing was executed or written.",
+            path=str(path),
+        )
+    wal = Path(f"{path}-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        return  # committed pages may still live in the WAL; SQLite's checks decide
+    pages = int.from_bytes(header[28:32], "big")
+    header_valid = header[24:28] == header[92:96]  # the in-header size is current
+    if size % page_size or (header_valid and pages * page_size > size):
+        expected = f"{pages} pages of {page_size} bytes" if header_valid else "whole pages"
+        raise StoreCorrupt(
+            f"{path} is truncated or damaged: it has {size} bytes, its header says "
+            f"{expected}. Restore it from a backup; do not open it with SQLite tools, "
+            "which may write to it. Nothing was executed or written.",
+            path=str(path),
+        )
+
+
+class SqliteStore:
+    """A :class:`~toolledger.stores.Store` on one SQLite file (see the module doc).
+
+    ``SqliteStore(path)`` opens or creates the store at ``path`` (a file path;
+    its directory must exist).  It raises
+    :class:`~toolledger.stores.StoreCorrupt` or
+    :class:`~toolledger.stores.UnsupportedSchema` for a file it must not use,
+    having written nothing.  One object holds one connection, guarded by a
+    lock, so it may be used from several threads; several objects (or
+    processes) may open the same file: writes are serialized by SQLite, and a
+    commit whose ``before`` is stale raises :class:`~toolledger.stores.StaleState`.
+
+    ``commits`` counts the transactions made by :meth:`create_session` and
+    :meth:`commit` (not the schema creation); ``ledger_commits`` the commits
+    that wrote a ledger record.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 5.0) -> None:
+        text = os.fspath(path)
+        if not isinstance(text, str) or text in ("", ":memory:") or text.startswith("file:"):
+            raise InvalidInput(
+                f"SqliteStore needs a file path, got {path!r}: an in-memory SQLite database "
+                "is not durable (use MemoryStore for tests) and URIs are not accepted"
+            )
+        self.path = Path(text)
+        self.commits = 0
+        self.ledger_commits = 0
+        self.journal_mode = ""
+        self._lock = threading.RLock()
+        self._broken: str | None = None
+        self._conn: sqlite3.Connection | None = None
+        if self.path.exists():
+            if not self.path.is_file():
+                raise StoreError(f"{self.path} exists but is not a regular file: pass a file path")
+            _check_file(self.path)
+        elif not self.path.parent.is_dir():
+            raise StoreError(
+                f"cannot create the store {self.path}: directory {self.path.parent} does not "
+                "exist; create it first"
+            )
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(
+                f"cannot open {self.path} ({exc}): check the path and permissions"
+            ) from exc
+        try:
+            fresh = self._validate(conn)
+            self._configure(conn)
+            if fresh:
+                self._create_schema(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    # -- opening ----------------------------------------------------------------
+
+    def _corrupt(self, what: str) -> StoreCorrupt:
+        return StoreCorrupt(
+            f"{self.path} is not a usable toolledger store: {what}. Nothing was executed or "
+            "written. Restore the file from a backup, or move it aside to start an empty "
+            "store (every session in it would be lost).",
+            path=str(self.path),
+        )
+
+    def _unsupported(self, what: str, found: int | None) -> UnsupportedSchema:
+        return UnsupportedSchema(
+            f"{self.path} {what} Nothing was executed or written.",
+            path=str(self.path),
+            found=found,
+            supported=SCHEMA_VERSION,
+        )
+
+    def _validate(self, conn: sqlite3.Connection) -> bool:
+        """Check an opened file without writing; True if it is an empty database."""
+        try:
+            conn.execute("PRAGMA query_only = ON")
+            problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check(5)")]
+            if problems != ["ok"]:
+                raise self._corrupt("PRAGMA quick_check found: " + "; ".join(problems))
+            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+            tables = {
+                str(r[0])
+                for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            } - {"sqlite_sequence"}
+            if not tables and app_id == 0:
+                conn.execute("PRAGMA query_only = OFF")
+                return True
+            if app_id not in (0, APPLICATION_ID):
+                raise self._unsupported(
+                    f"is a SQLite database of another application (application_id "
+                    f"{app_id:#x}; a toolledger store has {APPLICATION_ID:#x}): point the "
+                    "store at its own file.",
+                    None,
+                )
+            if "meta" not in tables:
+                if app_id == APPLICATION_ID:
+                    raise self._corrupt("its meta table is missing")
+                raise self._unsupported(
+                    f"is a SQLite database but not a toolledger store (its tables: "
+                    f"{', '.join(sorted(tables))}): point the store at its own file.",
+                    None,
+                )
+            rows = conn.execute("SELECT schema_version FROM meta").fetchall()
+            if len(rows) != 1 or isinstance(rows[0][0], bool) or not isinstance(rows[0][0], int):
+                raise self._corrupt(f"its meta table holds {rows!r}, not one schema version")
+            version: int = rows[0][0]
+            if version != SCHEMA_VERSION:
+                raise self._unsupported(
+                    f"has toolledger schema version {version}; this toolledger reads version "
+                    f"{SCHEMA_VERSION} only. "
+                    + (
+                        "It was written by a newer toolledger: open it with that version "
+                        "(upgrade toolledger)."
+                        if version > SCHEMA_VERSION
+                        else "No migration from that version exists: open it with the "
+                        "toolledger that wrote it."
+                    ),
+                    version,
+                )
+            for table, expected in _COLUMNS.items():
+                found = tuple(str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})"))
+                if found != expected:
+                    raise self._corrupt(
+                        f"table {table} has columns {found or '(none: it is missing)'}, "
+                        f"schema version {SCHEMA_VERSION} has {expected}"
+                    )
+            for table in _DATA:
+                self._select(conn, table, "", ())  # verifies every row's checksum
+            for (session_id,) in conn.execute("SELECT session_id FROM sessions").fetchall():
+                self._load(conn, session_id)  # every session decodes into a valid state
+            conn.execute("PRAGMA query_only = OFF")
+        except sqlite3.DatabaseError as exc:
+            raise self._corrupt(f"SQLite cannot read it ({exc})") from exc
+        return False
+
+    def _configure(self, conn: sqlite3.Connection) -> None:
+        try:
+            mode = str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower()
+            if mode not in ("wal", "delete", "truncate", "persist"):
+                raise StoreError(
+                    f"{self.path}: SQLite uses journal mode {mode!r}, which is not durable: "
+                    "use a regular file on a local file system"
+                )
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA fullfsync = ON")
+            conn.execute("PRAGMA checkpoint_fullfsync = ON")
+            conn.execute("PRAGMA foreign_keys = ON")
+            if conn.execute("PRAGMA synchronous").fetchone()[0] != 2:
+                raise StoreError(f"{self.path}: SQLite refused synchronous=FULL")
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot configure {self.path} ({exc})") from exc
+        self.journal_mode = mode
+
+    def _create_schema(self, conn: sqlite3.Connection) -> None:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                exists = conn.execute(
+                    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+                ).fetchone()[0]
+                if not exists:  # another process may have created it since we looked
+                    for statement in _SCHEMA:
+                        conn.execute(statement)
+                    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                    conn.execute(
+                        "INSERT INTO meta (singleton, schema_version, created) VALUES (1, ?, ?)",
+                        (SCHEMA_VERSION, datetime.now(UTC).isoformat(timespec="seconds")),
+                    )
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot create the schema in {self.path} ({exc})") from exc
+        if exists:
+            self._validate(conn)
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The underlying connection, for inspection (pragmas, tracing) only.
+
+        Never write through it: the store's checks and counters would not see it.
+        """
+        return self._live()
+
+    def close(self) -> None:
+        """Close the connection; idempotent.  Everything committed stays durable."""
+        with self._lock:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                conn.close()
+
+    def __enter__(self) -> SqliteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SqliteStore({str(self.path)!r})"
+
+    def _live(self) -> sqlite3.Connection:
+        if self._broken is not None:
+            raise StoreError(
+                f"{self.path}: this store object is unusable after {self._broken}; open a new "
+                "SqliteStore (what a restarted engine does)"
+            )
+        if self._conn is None:
+            raise StoreError(f"{self.path}: this store is closed; open a new SqliteStore")
+        return self._conn
+
+    def _sql_error(self, what: str, exc: sqlite3.Error) -> StoreError:
+        text = str(exc)
+        if isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
+            return StoreError(
+                f"{self.path}: {what} failed: the database stayed locked by another "
+                f"connection beyond the busy timeout ({text}); nothing was written, try again"
+            )
+        if isinstance(exc, sqlite3.DatabaseError) and (
+            "malformed" in text or "not a database" in text or "corrupt" in text
+        ):
+            return self._corrupt(f"{what} failed: {text}")
+        return StoreError(f"{self.path}: {what} failed ({text}); nothing was written")
+
+    def _write_transaction(self, what: str, body: Callable[[sqlite3.Connection], None]) -> None:
+        """Run ``body`` in ``BEGIN IMMEDIATE ... COMMIT``: all of it or nothing."""
+        with self._lock:
+            conn = self._live()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise self._sql_error(what, exc) from exc
+            try:
+                body(conn)
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                self._rollback(conn, what)
+                if isinstance(exc, sqlite3.Error):
+                    raise self._sql_error(what, exc) from exc
+                raise
+
+    def _rollback(self, conn: sqlite3.Connection, what: str) -> None:
+        if not conn.in_transaction:
+            return
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            # The connection's state is unknown now: refuse to go on with it.
+            self._broken = f"a failed rollback during {what} ({exc})"
+            self._conn = None
+            conn.close()
+
+    def _read(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``body`` in a read transaction (one snapshot) that ends with ROLLBACK."""
+        with self._lock:
+            conn = self._live()
+            try:
+                conn.execute("BEGIN")
+                try:
+                    return body(conn)
+                finally:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+            except sqlite3.Error as exc:
+                raise self._sql_error("reading", exc) from exc
+
+    # -- rows: every read verifies the checksum, every write sets it ----------------
+
+    def _select(
+        self, conn: sqlite3.Connection, table: str, where: str, params: Sequence[object]
+    ) -> list[Row]:
+        columns = _COLUMNS[table]
+        order = ", ".join(_KEY[table])
+        rows = []
+        for values in conn.execute(
+            f"SELECT {', '.join(columns)} FROM {table} {where} ORDER BY {order}", params
+        ):
+            row = dict(zip(columns, values, strict=True))
+            try:
+                ok = row["row_checksum"] == _checksum(table, row)
+            except (TypeError, ValueError):
+                ok = False  # a value of a type this store never writes
+            if not ok:
+                key = ", ".join(f"{k}={row[k]!r}" for k in _KEY[table])
+                raise self._corrupt(
+                    f"the {table} row ({key}) does not match its checksum: its content was "
+                    "altered or damaged on disk"
+                )
+            rows.append(row)
+        return rows
+
+    def _insert(self, conn: sqlite3.Connection, table: str, row: Row) -> None:
+        columns = (*_DATA[table], "row_checksum")
+        values = [row[c] for c in _DATA[table]]
+        conn.execute(
+            f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+            (*values, _checksum(table, row)),
+        )
+
+    def _update(self, conn: sqlite3.Connection, table: str, current: Row, changes: Row) -> None:
+        new = {**current, **changes}
+        sets = [*changes, "row_checksum"]
+        keys = _KEY[table]
+        conn.execute(
+            f"UPDATE {table} SET {', '.join(f'{c} = ?' for c in sets)} "
+            f"WHERE {' AND '.join(f'{k} = ?' for k in keys)}",
+            (*changes.values(), _checksum(table, new), *(current[k] for k in keys)),
+        )
+
+    # -- the port -----------------------------------------------------------------
+
+    def sessions(self) -> list[str]:
+        """The ids of every session in the store, sorted."""
+        return self._read(
+            lambda conn: [str(r["session_id"]) for r in self._select(conn, "sessions", "", ())]
+        )
+
+    def create_session(self, session_id: str, *, marker: int, max_attempts: int) -> None:
+        """Create an empty session, durably; :class:`SessionExists` if it exists."""
+        _check_session_values(session_id, marker, max_attempts)
+
+        def body(conn: sqlite3.Connection) -> None:
+            if self._select(conn, "sessions", "WHERE session_id = ?", (session_id,)):
+                raise SessionExists(
+                    f"session {session_id!r} already exists in {self.path}: load() it instead "
+                    "of creating it"
+                )
+            self._insert(
+                conn,
+                "sessions",
+                {"session_id": session_id, "marker": marker, "max_attempts": max_attempts},
+            )
+
+        self._write_transaction(f"creating session {session_id!r}", body)
+        self.commits += 1
+
+    def _session_row(self, conn: sqlite3.Connection, session_id: str) -> tuple[int, int]:
+        rows = self._select(conn, "sessions", "WHERE session_id = ?", (session_id,))
+        if not rows:
+            raise UnknownSession(
+                f"no session {session_id!r} in {self.path}: create it with create_session() "
+                "first, or check the session id"
+            )
+        where = f"sessions[{session_id!r}]"
+        return (
+            _int(rows[0]["marker"], f"{where}.marker", self),
+            _int(rows[0]["max_attempts"], f"{where}.max_attempts", self, minimum=1),
+        )
+
+    def load(self, session_id: str) -> SessionState:
+        """The durable state of the session, as a restarted engine sees it."""
+        return self._read(lambda conn: self._load(conn, session_id))
+
+    def _load(self, conn: sqlite3.Connection, session_id: str) -> SessionState:
+        marker, max_attempts = self._session_row(conn, session_id)
+        by_session = ("WHERE session_id = ?", (session_id,))
+        calls = tuple(
+            self._decode_call(session_id, r) for r in self._select(conn, "calls", *by_session)
+        )
+        approvals = {
+            _text(r["execution_id"], "approvals.execution_id", self): _enum(
+                ApprovalState, r["state"], f"approvals[{r['execution_id']!r}].state", self
+            )
+            for r in self._select(conn, "approvals", *by_session)
+        }
+        ledger = {}
+        for r in self._select(conn, "ledger", *by_session):
+            rec = self._decode_record(r)
+            ledger[rec.execution_id] = rec
+        audit = frozenset(
+            self._decode_audit(session_id, r).key for r in self._select(conn, "audit", *by_session)
+        )
+        return SessionState(
+            session_id=session_id,
+            marker=marker,
+            max_attempts=max_attempts,
+            calls=calls,
+            approvals=approvals,
+            ledger=ledger,
+            audit=audit,
+        )
+
+    def audit(self, session_id: str) -> list[AuditRow]:
+        """Every audit row of the session, in the order they were written."""
+
+        def body(conn: sqlite3.Connection) -> list[AuditRow]:
+            self._session_row(conn, session_id)
+            rows = self._select(conn, "audit", "WHERE session_id = ?", (session_id,))
+            return [self._decode_audit(session_id, r) for r in rows]
+
+        return self._read(body)
+
+    def call_arguments(self, session_id: str, position: CallPosition) -> dict[str, Any] | None:
+        """The stored arguments of the durable call at ``position`` (``None`` if not kept)."""
+
+        def body(conn: sqlite3.Connection) -> dict[str, Any] | None:
+            self._session_row(conn, session_id)
+            rows = self._select(
+                conn,
+                "calls",
+                "WHERE session_id = ? AND turn = ? AND slot = ?",
+                (session_id, position[0], position[1]),
+            )
+            if not rows or rows[0]["arguments"] is None:
+                return None
+            where = f"calls[{session_id!r}, {position}].arguments"
+            return _json_object(rows[0]["arguments"], where, self)
+
+        return self._read(body)
+
+    def commit(
+        self,
+        session_id: str,
+        before: SessionState,
+        after: SessionState,
+        audit_rows: Sequence[AuditRow],
+        *,
+        arguments: Mapping[CallPosition, Mapping[str, Any]] | None = None,
+    ) -> None:
+        """Make the transition ``before -> after`` durable in one transaction.
+
+        Writes ``durable_changes(before, after)`` and ``audit_rows`` (see
+        :func:`~toolledger.stores.plan_commit` for the checks), each row only
+        if what is stored is still what ``before`` says (else
+        :class:`~toolledger.stores.StaleState`, nothing written).  Returns
+        after ``COMMIT``, i.e. after the fsync.
+        """
+        plan = plan_commit(session_id, before, after, audit_rows, arguments)
+        if plan.empty:
+            return
+
+        def body(conn: sqlite3.Connection) -> None:
+            stored = self._session_row(conn, session_id)
+            if stored != (after.marker, after.max_attempts):
+                raise StaleState(
+                    f"session {session_id!r} is stored with marker/max_attempts "
+                    f"{stored[0]}/{stored[1]}, the state committed has "
+                    f"{after.marker}/{after.max_attempts}: reload the session"
+                )
+            for call, text in plan.new_calls:
+                self._write_call(conn, session_id, call, text)
+            for old, new in plan.results:
+                self._write_result(conn, session_id, old, new)
+            for eid, was, now in plan.approvals:
+                self._write_approval(conn, session_id, eid, was, now)
+            for old_rec, rec in plan.records:
+                self._write_record(conn, session_id, old_rec, rec)
+            for row in plan.audit_rows:
+                self._write_audit(conn, row)
+
+        self._write_transaction(f"committing to session {session_id!r}", body)
+        self.commits += 1
+        if plan.writes_ledger:
+            self.ledger_commits += 1
+
+    # -- the writes of one commit (separate so tests can inject failures) ---------
+
+    def _write_call(
+        self, conn: sqlite3.Connection, session_id: str, call: CallState, arguments: str | None
+    ) -> None:
+        row = {
+            "session_id": session_id,
+            "turn": call.position[0],
+            "slot": call.position[1],
+            "tool_call_id": call.tool_call_id,
+            "tool_name": call.tool.name,
+            "policy": call.tool.policy.value,
+            "requires_approval": int(call.tool.requires_approval),
+            "execution_id": call.execution_id,
+            "args_digest": call.args_digest,
+            "arguments": arguments,
+            "message_state": MessageState.DURABLE.value,
+            **_result_values(call.result),
+        }
+        try:
+            self._insert(conn, "calls", row)
+        except sqlite3.IntegrityError as exc:
+            raise StaleState(
+                f"call {call.position} of session {session_id!r} is already durable ({exc}): "
+                "another engine persisted it; reload the session"
+            ) from exc
+
+    def _write_result(
+        self, conn: sqlite3.Connection, session_id: str, old: CallState, new: CallState
+    ) -> None:
+        rows = self._select(
+            conn,
+            "calls",
+            "WHERE session_id = ? AND turn = ? AND slot = ?",
+            (session_id, *new.position),
+        )
+        if not rows or self._decode_call(session_id, rows[0]).result != old.result:
+            raise StaleState(
+                f"the result of call {new.position} of session {session_id!r} is not the one "
+                "this engine saw: another engine wrote it; reload the session"
+            )
+        self._update(conn, "calls", rows[0], _result_values(new.result))
+
+    def _write_approval(
+        self,
+        conn: sqlite3.Connection,
+        session_id: str,
+        execution_id: str,
+        was: ApprovalState | None,
+        now: ApprovalState,
+    ) -> None:
+        rows = self._select(conn, "approvals", "WHERE execution_id = ?", (execution_id,))
+        found = rows[0]["state"] if rows else None
+        if found != (was.value if was is not None else None) or (
+            rows and rows[0]["session_id"] != session_id
+        ):
+            raise StaleState(
+                f"the approval of {execution_id} in session {session_id!r} is {found or 'absent'},"
+                f" this engine saw {was.value if was else 'absent'}: reload the session"
+            )
+        if rows:
+            self._update(conn, "approvals", rows[0], {"state": now.value})
+        else:
+            row = {"execution_id": execution_id, "session_id": session_id, "state": now.value}
+            self._insert(conn, "approvals", row)
+
+    def _write_record(
+        self,
+        conn: sqlite3.Connection,
+        session_id: str,
+        old: ExecutionRecord | None,
+        new: ExecutionRecord,
+    ) -> None:
+        rows = self._select(conn, "ledger", "WHERE execution_id = ?", (new.execution_id,))
+        found = self._decode_record(rows[0]) if rows else None
+        if found != old or (rows and rows[0]["session_id"] != session_id):
+            raise StaleState(
+                f"the ledger record of {new.execution_id} in session {session_id!r} is not the "
+                "one this engine saw: another engine wrote it; reload the session"
+            )
+        values = _record_values(session_id, new)
+        if rows:
+            self._update(conn, "ledger", rows[0], values)
+        else:
+            self._insert(conn, "ledger", values)
+
+    def _write_audit(self, conn: sqlite3.Connection, row: AuditRow) -> None:
+        self._insert(
+            conn,
+            "audit",
+            {
+                "session_id": row.session_id,
+                "execution_id": row.execution_id,
+                "tool_call_id": row.tool_call_id,
+                "turn": row.position[0],
+                "slot": row.position[1],
+                "kind": row.kind,
+                "attempt": row.attempt,
+                "authorization": row.authorization.value,
+                "recovery_decision": row.recovery_decision,
+                "inputs": row.inputs_json(),
+                "note": row.note,
+                "recorded_at": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            },
+        )
+
+    # -- decoding stored rows (an unexpected value is corruption, never a default) --
+
+    def _decode_call(self, session_id: str, r: Row) -> CallState:
+        where = f"calls[{session_id!r}, {r['turn']!r}, {r['slot']!r}]"
+        turn, slot = _int(r["turn"], where, self), _int(r["slot"], where, self)
+        tool_call_id = _text(r["tool_call_id"], f"{where}.tool_call_id", self, empty=True)
+        if r["requires_approval"] not in (0, 1):
+            raise self._corrupt(f"{where}.requires_approval is {r['requires_approval']!r}")
+        try:
+            tool = ToolProfile(
+                _text(r["tool_name"], f"{where}.tool_name", self),
+                _enum(RecoveryPolicy, r["policy"], f"{where}.policy", self),
+                bool(r["requires_approval"]),
+            )
+        except InvalidInput as exc:
+            raise self._corrupt(f"{where}: {exc}") from exc
+        execution_id = _text(r["execution_id"], f"{where}.execution_id", self)
+        if execution_id != derive_execution_id(session_id, turn, slot, tool_call_id):
+            raise self._corrupt(
+                f"{where}.execution_id {execution_id!r} is not the id derived from the call's "
+                "position and tool_call_id"
+            )
+        digest = _text(r["args_digest"], f"{where}.args_digest", self)
+        if r["arguments"] is not None:
+            arguments = _json_object(r["arguments"], f"{where}.arguments", self)
+            if args_digest(tool.name, arguments) != digest:
+                raise self._corrupt(f"{where}.arguments do not match the call's args_digest")
+        if r["message_state"] != MessageState.DURABLE.value:
+            raise self._corrupt(f"{where}.message_state is {r['message_state']!r}")
+        result = _decode_result(r, where, self)
+        stage = Stage.RESUME if result is None else Stage.NONE
+        return CallState(
+            (turn, slot), tool_call_id, tool, execution_id, digest, MessageState.DURABLE,
+            result, stage,
+        )  # fmt: skip
+
+    def _decode_record(self, r: Row) -> ExecutionRecord:
+        where = f"ledger[{r['execution_id']!r}]"
+        position: CallPosition | None = None
+        if r["turn"] is not None or r["slot"] is not None:
+            turn = _int(r["turn"], f"{where}.turn", self)
+            position = (turn, _int(r["slot"], f"{where}.slot", self))
+        return ExecutionRecord(
+            _text(r["execution_id"], where, self),
+            _enum(LedgerStatus, r["status"], f"{where}.status", self),
+            _int(r["attempt"], f"{where}.attempt", self),
+            None if r["args_digest"] is None else _text(r["args_digest"], where, self),
+            _enum(Authorization, r["authorization"], f"{where}.authorization", self),
+            _decode_result(r, where, self),
+            position,
+        )
+
+    def _decode_audit(self, session_id: str, r: Row) -> AuditRow:
+        where = f"audit[{r['id']!r}]"
+        try:
+            return AuditRow(
+                session_id=session_id,
+                execution_id=r["execution_id"],
+                tool_call_id=r["tool_call_id"],
+                position=(r["turn"], r["slot"]),
+                kind=r["kind"],
+                attempt=r["attempt"],
+                authorization=r["authorization"],
+                recovery_decision=r["recovery_decision"],
+                inputs=_json_object(r["inputs"], f"{where}.inputs", self),
+                note=r["note"],
+            )
+        except InvalidInput as exc:
+            raise self._corrupt(f"{where}: {exc}") from exc
+
+
+def _text(value: object, where: str, store: SqliteStore, *, empty: bool = False) -> str:
+    if not isinstance(value, str) or (not value and not empty):
+        raise store._corrupt(f"{where} is {value!r}, not a {'' if empty else 'non-empty '}string")
+    return value
+
+
+def _int(value: object, where: str, store: SqliteStore, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise store._corrupt(f"{where} is {value!r}, not an integer >= {minimum}")
+    return value
+
+
+def _enum(enum: type[_E], value: object, where: str, store: SqliteStore) -> _E:
+    try:
+        if not isinstance(value, str):
+            raise ValueError(value)
+        return enum(value)
+    except ValueError:
+        raise store._corrupt(f"{where} is {value!r}, not one of {_one_of(enum)}") from None
+
+
+def _json_object(value: object, where: str, store: SqliteStore) -> dict[str, Any]:
+    try:
+        decoded = json.loads(_text(value, where, store))
+    except json.JSONDecodeError as exc:
+        raise store._corrupt(f"{where} is not valid JSON ({exc})") from exc
+    if not isinstance(decoded, dict):
+        raise store._corrupt(f"{where} is JSON but not an object")
+    return decoded
+
+
+def _decode_result(r: Row, where: str, store: SqliteStore) -> ToolResult | None:
+    kind, content, execution_id, digest = (r[c] for c in _RESULT)
+    if kind is None:
+        if (content, execution_id, digest) != (None, None, None):
+            raise store._corrupt(f"{where} has result columns but no result kind")
+        return None
+    return ToolResult(
+        _enum(ResultKind, kind, f"{where}.result_kind", store),
+        _text(execution_id, f"{where}.result_execution_id", store),
+        _text(digest, f"{where}.result_args_digest", store, empty=True),
+        _text(content, f"{where}.result_content", store, empty=True),
+    )
