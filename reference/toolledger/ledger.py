@@ -1,0 +1,438 @@
+"""The Ledger facade: the protocol core bound to one session of a store.
+
+Theory of operation
+-------------------
+A :class:`Ledger` holds what one engine process knows about one session: the
+current :class:`~toolledger.protocol.SessionState`, including the volatile
+stage of every call, in memory.  :meth:`Ledger.step` feeds one
+:class:`~toolledger.protocol.Event` to :func:`~toolledger.protocol.apply`
+and, if the transition changed anything durable, commits
+``durable_changes(before, after)`` together with the audit rows of that
+transition through the :class:`~toolledger.stores.Store`, in ONE
+transaction, before the new state becomes the ledger's state.  The engine
+acts on a transition (invokes an adapter, appends a message) only after
+``step`` returned.  :meth:`Ledger.step_many` does the same for several events
+with one commit; the engine uses it to make ``EngineRecordSucceeded`` and
+``EngineAppendResult`` a single transaction, so a protected call costs two
+ledger commits: ``dispatched``, then ``succeeded`` + the tool result.  A
+transition that changes nothing durable (``EngineInvokeAdapter``,
+``EngineTimeout``, a readonly tool's invocation) commits nothing.
+
+Audit rows are derived from the audit keys the transition adds
+(``after.audit - before.audit``), enriched with the call (tool_call_id,
+position), the attempt's authorization, the recovery decision the row
+belongs to and the :class:`~toolledger.protocol.RecoveryInputs` of the state
+the transition was made in, so anyone can recompute a decision with
+:func:`~toolledger.protocol.decide_recovery`.
+
+Beyond the core, the facade carries two things the core leaves out: the
+content of tool results (the adapter's answer, a human's "it was applied"
+text), attached to the result the transition creates; and the JSON arguments
+of a call, kept in memory from ``ProviderEmitCall`` and stored with the call
+when it becomes durable, so a retry after a crash can use them.
+
+:meth:`Ledger.crash` forgets everything in memory and reloads the session
+from the store: exactly what a restarted process sees.
+
+What it must never do: act on a state before it is durable, write anything
+when ``apply`` refuses an event (``ProtocolError``) or the input is bad
+(``InvalidInput``), decide recovery itself (the core does), or keep going on
+its in-memory state after the store failed (call :meth:`Ledger.crash`).
+A Ledger is not thread-safe: one per session per engine task.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import Any, Final
+
+from .protocol import (
+    Action,
+    Authorization,
+    CallPosition,
+    CallState,
+    Decision,
+    Event,
+    InvalidInput,
+    MessageState,
+    SessionState,
+    Stage,
+    apply,
+    args_digest,
+    decide_recovery,
+    durable_changes,
+    recovery_inputs,
+)
+from .stores import AuditRow, Store, arguments_json
+
+__all__ = ["RESOLUTIONS", "Ledger"]
+
+RESOLUTIONS: Final[Mapping[str, Action]] = {
+    "applied": Action.HumanResolveApplied,
+    "retry": Action.HumanResolveRetry,
+    "abandon": Action.HumanResolveAbandon,
+}
+"""A human's answer to a call in ``recovery_required``, and the event it becomes."""
+
+# Transitions that put a new result into the ledger record, and those that put
+# one straight into the conversation (a denied call, a readonly tool's answer).
+_RECORD_RESULT: Final = frozenset(
+    {
+        Action.EngineRecordSucceeded,
+        Action.EngineRecordFailed,
+        Action.EngineReconcileApplied,
+        Action.HumanResolveApplied,
+        Action.HumanResolveAbandon,
+    }
+)
+_CALL_RESULT: Final = frozenset({Action.EngineRecordDenied, Action.EngineAppendResult})
+_HUMAN: Final = frozenset(RESOLUTIONS.values())
+_RECONCILE: Final = frozenset(
+    {
+        Action.EngineReconcileApplied,
+        Action.EngineReconcileNotApplied,
+        Action.EngineReconcileUnknown,
+    }
+)
+
+
+def _position(value: object, what: str) -> CallPosition:
+    if (
+        not isinstance(value, tuple)
+        or len(value) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+    ):
+        raise InvalidInput(f"{what} must be keyed by call positions (turn, slot), got {value!r}")
+    return (value[0], value[1])
+
+
+class Ledger:
+    """One session of a :class:`~toolledger.stores.Store`, driven by protocol events.
+
+    ``Ledger(store, session_id)`` loads the session (raises
+    :class:`~toolledger.stores.UnknownSession` if it does not exist; use
+    :meth:`create` for a new one).
+    """
+
+    def __init__(self, store: Store, session_id: str) -> None:
+        self._store = store
+        self._session_id = session_id
+        self._state = store.load(session_id)
+        # Volatile, like the stages: lost by crash().
+        self._arguments: dict[CallPosition, str] = {}
+        self._decisions: dict[CallPosition, str] = {}
+
+    @classmethod
+    def create(
+        cls, store: Store, session_id: str, *, marker: int = 0, max_attempts: int = 3
+    ) -> Ledger:
+        """Create the session in ``store`` (durably) and return its ledger."""
+        store.create_session(session_id, marker=marker, max_attempts=max_attempts)
+        return cls(store, session_id)
+
+    def __repr__(self) -> str:
+        return f"Ledger({self._store!r}, {self._session_id!r})"
+
+    @property
+    def store(self) -> Store:
+        """The store this ledger commits to."""
+        return self._store
+
+    @property
+    def session_id(self) -> str:
+        """The session this ledger drives."""
+        return self._session_id
+
+    @property
+    def state(self) -> SessionState:
+        """The current state, including the volatile stages held in memory."""
+        return self._state
+
+    # -- transitions ------------------------------------------------------------
+
+    def step(
+        self,
+        event: Event,
+        *,
+        result_content: str | None = None,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> SessionState:
+        """Apply ``event``, commit what it made durable with its audit rows; the new state.
+
+        ``result_content`` is the text of the result this transition creates
+        (the adapter's answer for ``EngineRecordSucceeded``/``...Failed``, a
+        readonly tool's answer for its ``EngineAppendResult``, ...).
+        ``arguments`` are the JSON arguments of a ``ProviderEmitCall`` (checked
+        against its ``args_digest``).  A ``Crash`` event is :meth:`crash`.
+
+        Raises ``ProtocolError`` (event not allowed), ``InvalidInput`` (bad
+        input) or :class:`~toolledger.stores.StoreError`; then nothing was
+        written and :attr:`state` is unchanged.
+        """
+        if isinstance(event, Event) and event.action is Action.Crash:
+            if result_content is not None or arguments is not None:
+                raise InvalidInput("a Crash carries no result content or arguments")
+            return self.crash()
+        pos = event.position if isinstance(event, Event) else None
+        contents = {} if result_content is None or pos is None else {pos: result_content}
+        if result_content is not None and pos is None:
+            raise InvalidInput(f"{event!r} names no call, so it cannot carry result content")
+        args = {} if arguments is None or pos is None else {pos: arguments}
+        if arguments is not None and pos is None:
+            raise InvalidInput(f"{event!r} names no call, so it cannot carry arguments")
+        return self._advance([event], contents, args, None)
+
+    def step_many(
+        self,
+        events: Iterable[Event],
+        *,
+        result_content: Mapping[CallPosition, str] | None = None,
+        arguments: Mapping[CallPosition, Mapping[str, Any]] | None = None,
+    ) -> SessionState:
+        """Apply ``events`` in order and commit them as ONE transaction.
+
+        ``result_content`` maps a call position to the content of the first
+        result created for that call in the batch; ``arguments`` maps the
+        position of a ``ProviderEmitCall`` in the batch to its arguments.  If
+        any event is refused, nothing is written and :attr:`state` is
+        unchanged.  A ``Crash`` cannot be part of a batch.
+        """
+        return self._advance(list(events), dict(result_content or {}), dict(arguments or {}), None)
+
+    def crash(self) -> SessionState:
+        """Forget everything in memory and reload the session: what a restart sees."""
+        self._state = self._store.load(self._session_id)
+        self._arguments.clear()
+        self._decisions.clear()
+        return self._state
+
+    # -- humans -------------------------------------------------------------------
+
+    def recovery_required(self) -> list[CallState]:
+        """The calls halted in ``recovery_required``, waiting for a human."""
+        return list(self._state.halted())
+
+    def resolve(
+        self,
+        position: CallPosition,
+        resolution: str,
+        *,
+        result_text: str | None = None,
+        note: str = "",
+    ) -> SessionState:
+        """Apply a human's resolution of a halted call: ``"applied"``, ``"retry"``, ``"abandon"``.
+
+        ``"applied"`` needs ``result_text``, what the external system answered,
+        kept as the content of the human result; ``note`` goes into the audit
+        row.  After a restart the halted call is first re-decided (``Recover``,
+        always ``recovery_required`` for a halted record) in the same commit.
+        """
+        if not isinstance(resolution, str) or resolution not in RESOLUTIONS:
+            raise InvalidInput(
+                f"unknown resolution {resolution!r}: answer one of "
+                f"{', '.join(repr(r) for r in RESOLUTIONS)}"
+            )
+        if resolution == "applied":
+            if not isinstance(result_text, str):
+                raise InvalidInput(
+                    "resolution 'applied' needs result_text: what the external system "
+                    "answered, to become the tool result"
+                )
+        elif result_text is not None:
+            raise InvalidInput(
+                f"result_text is only for resolution 'applied', not {resolution!r}: drop it"
+            )
+        if not isinstance(note, str):
+            raise InvalidInput(f"note must be a string, got {type(note).__name__}")
+        pos = _position(position, "resolve()")
+        events = [Event(RESOLUTIONS[resolution], pos)]
+        call = self._state.call(pos)
+        if call is not None and call.stage is Stage.RESUME:
+            events.insert(0, Event(Action.Recover, pos))
+        contents = {pos: result_text} if result_text is not None else {}
+        return self._advance(events, contents, {}, note)
+
+    # -- reading ------------------------------------------------------------------
+
+    def audit(self) -> list[AuditRow]:
+        """The session's audit rows, as stored, oldest first."""
+        return self._store.audit(self._session_id)
+
+    def call_arguments(self, position: CallPosition) -> dict[str, Any] | None:
+        """The arguments of the call at ``position``: from memory, else from the store."""
+        text = self._arguments.get(position)
+        if text is not None:
+            value: dict[str, Any] = json.loads(text)
+            return value
+        call = self._state.call(position)
+        if call is None or call.message is not MessageState.DURABLE:
+            return None
+        return self._store.call_arguments(self._session_id, position)
+
+    # -- the one place that commits -----------------------------------------------
+
+    def _advance(
+        self,
+        events: list[Event],
+        contents: dict[CallPosition, str],
+        arguments: dict[CallPosition, Mapping[str, Any]],
+        human_note: str | None,
+    ) -> SessionState:
+        for ev in events:
+            if not isinstance(ev, Event):
+                raise InvalidInput(f"expected Event values, got {type(ev).__name__}")
+            if ev.action is Action.Crash:
+                raise InvalidInput(
+                    "a Crash cannot be part of a batch: commit the batch, then call crash()"
+                )
+        for key, text in contents.items():
+            _position(key, "result_content")
+            if not isinstance(text, str):
+                raise InvalidInput(f"result content for {key} must be a string, got {text!r}")
+        emitted = {ev.position for ev in events if ev.action is Action.ProviderEmitCall}
+        for key in arguments:
+            if _position(key, "arguments") not in emitted:
+                raise InvalidInput(
+                    f"arguments were given for {key}, but the events emit no call there: give "
+                    "them with the call's ProviderEmitCall"
+                )
+
+        start = state = self._state
+        rows: list[AuditRow] = []
+        pending = dict(self._arguments)
+        decisions = dict(self._decisions)
+        unused = dict(contents)
+        for ev in events:
+            before = state
+            decision: Decision | None = None
+            if ev.action is Action.Recover and ev.position is not None:
+                call = before.call(ev.position)
+                if call is not None:
+                    decision = decide_recovery(recovery_inputs(before, call)).decision
+            after = apply(before, ev)  # ProtocolError: nothing has been written
+            pos = ev.position
+            if pos is not None and pos in arguments:
+                pending[pos] = self._checked_arguments(ev, arguments[pos])
+            if pos is not None and pos in unused:
+                after, used = _attach_content(ev, after, unused[pos])
+                if used:
+                    del unused[pos]
+            rows.extend(self._rows(ev, before, after, decision, decisions, human_note))
+            if pos is not None:
+                if decision is not None:
+                    decisions[pos] = decision.value
+                elif ev.action in _RECONCILE:
+                    decisions[pos] = Decision.RECONCILE.value
+                elif ev.action in _HUMAN:
+                    decisions[pos] = Decision.RECOVERY_REQUIRED.value
+                elif ev.action is Action.EnginePersistDispatched:
+                    decisions.pop(pos, None)
+            state = after
+        if unused:
+            raise InvalidInput(
+                f"result content was given for {sorted(unused)}, but no event creates a result "
+                "there: give it with EngineRecordSucceeded/EngineRecordFailed (protected "
+                "tools) or EngineAppendResult (readonly tools)"
+            )
+
+        if rows or any(durable_changes(start, state)):
+            was_durable = {c.position for c in start.calls if c.message is MessageState.DURABLE}
+            new_args = {
+                c.position: json.loads(pending[c.position])
+                for c in state.calls
+                if c.message is MessageState.DURABLE
+                and c.position not in was_durable
+                and c.position in pending
+            }
+            self._store.commit(self._session_id, start, state, rows, arguments=new_args)
+        self._state = state
+        self._arguments = pending
+        self._decisions = decisions
+        return state
+
+    @staticmethod
+    def _checked_arguments(ev: Event, given: Mapping[str, Any]) -> str:
+        text = arguments_json(given)
+        assert ev.tool is not None and ev.args_digest is not None  # apply() checked both
+        if args_digest(ev.tool.name, given) != ev.args_digest:
+            raise InvalidInput(
+                f"the arguments given for call {ev.position} do not match the event's "
+                f"args_digest {ev.args_digest}: pass the arguments the model emitted"
+            )
+        return text
+
+    def _rows(
+        self,
+        ev: Event,
+        before: SessionState,
+        after: SessionState,
+        decision: Decision | None,
+        decisions: Mapping[CallPosition, str],
+        human_note: str | None,
+    ) -> list[AuditRow]:
+        # dispatch rows after the decision/resolution rows they follow from
+        keys = sorted(after.audit - before.audit, key=lambda k: (k[1] == "dispatch", k))
+        by_eid = {c.execution_id: c for c in before.calls}
+        rows = []
+        for eid, kind, attempt in keys:
+            call = by_eid[eid]  # the core audits only calls that exist
+            old, new = before.record(eid), after.record(eid)
+            recovery: str | None
+            if ev.action is Action.Recover:
+                assert decision is not None and decision.value == kind, (decision, kind)
+                recovery, auth = decision.value, old.authorization
+                note = f"recovery decision {kind} for attempt {attempt}"
+            elif ev.action in _HUMAN:
+                recovery, auth = Decision.RECOVERY_REQUIRED.value, Authorization.HUMAN
+                note = (
+                    f"attempt {attempt} dispatched, authorized by a human"
+                    if kind == "dispatch"
+                    else human_note or f"resolved by a human: {kind}"
+                )
+            elif kind == "dispatch":
+                recovery, auth = decisions.get(call.position), new.authorization
+                note = f"attempt {attempt} dispatched, authorized by {auth.value}"
+            elif ev.action in _RECONCILE:
+                recovery, auth = Decision.RECONCILE.value, old.authorization
+                note = f"the connector answered for attempt {attempt}: {kind}"
+            else:
+                recovery, auth = decisions.get(call.position), new.authorization
+                note = kind
+            rows.append(
+                AuditRow(
+                    session_id=self._session_id,
+                    execution_id=eid,
+                    tool_call_id=call.tool_call_id,
+                    position=call.position,
+                    kind=kind,
+                    attempt=attempt,
+                    authorization=auth,
+                    recovery_decision=recovery,
+                    inputs=recovery_inputs(before, call).as_dict(),
+                    note=note,
+                )
+            )
+        return rows
+
+
+def _attach_content(ev: Event, after: SessionState, text: str) -> tuple[SessionState, bool]:
+    """Put ``text`` into the result ``ev`` created; (new state, whether one was created)."""
+    assert ev.position is not None
+    call = after.call(ev.position)
+    assert call is not None
+    if ev.action in _RECORD_RESULT:
+        rec = after.record(call.execution_id)
+        assert rec.result is not None
+        ledger = dict(after.ledger)
+        ledger[rec.execution_id] = replace(rec, result=replace(rec.result, content=text))
+        return replace(after, ledger=ledger), True
+    if ev.action in _CALL_RESULT and (
+        ev.action is Action.EngineRecordDenied or not call.tool.protected
+    ):
+        assert call.result is not None
+        new = replace(call, result=replace(call.result, content=text))
+        calls = tuple(new if c.position == new.position else c for c in after.calls)
+        return replace(after, calls=calls), True
+    return after, False

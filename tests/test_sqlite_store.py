@@ -1,0 +1,591 @@
+"""SqliteStore: real durability, counted commits, and failing closed on bad files.
+
+Under test: ``toolledger.sqlite_store.SqliteStore``.  Oracles:
+
+- the protocol core: ``load()`` after reopening the file equals
+  ``durable_projection`` of what was committed, for every field;
+- SQLite itself: the COMMIT statements it really ran (``set_trace_callback``)
+  and its pragmas, not the store's own counters or settings;
+- the file's bytes: a file the store refuses is byte for byte unchanged, and
+  an engine that tries to restart on it executes nothing (a healthy copy of
+  the same file would have retried a call).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from toolledger import protocol as p
+from toolledger.ledger import Ledger
+from toolledger.sqlite_store import APPLICATION_ID, SCHEMA_VERSION, SqliteStore, _checksum
+from toolledger.stores import (
+    AuditRow,
+    MemoryStore,
+    StaleState,
+    StoreCorrupt,
+    StoreError,
+    UnsupportedSchema,
+    durable_projection,
+)
+
+A = p.Action
+E = p.Event
+SID = "s1"
+IDEMPOTENT = p.ToolProfile("create_ticket", p.RecoveryPolicy.IDEMPOTENT, False)
+MANUAL = p.ToolProfile("send_email", p.RecoveryPolicy.MANUAL, True)
+READONLY = p.ToolProfile("read_file", p.RecoveryPolicy.READONLY, False)
+RESULT_TEXT = "RESULT-CONTENT-0123456789"
+ARGUMENT_TEXT = "ARGUMENT-TEXT-abcdefghij"
+
+
+def emit(pos: p.CallPosition, tool: p.ToolProfile, args: dict[str, Any]) -> E:
+    return E(A.ProviderEmitCall, pos, f"call_{pos[1]}", tool, p.args_digest(tool.name, args))
+
+
+def protected_call(ledger: Ledger, pos: p.CallPosition, result: str = "ok") -> None:
+    args = {"to": "a@example.com", "body": ARGUMENT_TEXT}
+    ledger.step(emit(pos, MANUAL, args), arguments=args)
+    ledger.step(E(A.EnginePersistCall, pos))
+    ledger.step(E(A.EngineParkApproval, pos))
+    ledger.step(E(A.HumanApprove, pos))
+    ledger.step(E(A.EnginePersistDispatched, pos))
+    ledger.step(E(A.EngineInvokeAdapter, pos))
+    ledger.step(E(A.ExternalApply, pos, attempt=1))
+    ledger.step_many(
+        [E(A.EngineRecordSucceeded, pos), E(A.EngineAppendResult, pos)],
+        result_content={pos: result},
+    )
+
+
+def readonly_call(ledger: Ledger, pos: p.CallPosition, text: str = "file text") -> None:
+    args = {"path": f"/tmp/{pos[1]}", "pad": "x" * 300}
+    ledger.step(emit(pos, READONLY, args), arguments=args)
+    ledger.step(E(A.EnginePersistCall, pos))
+    ledger.step(E(A.EngineInvokeReadonly, pos))
+    ledger.step(E(A.EngineAppendResult, pos), result_content=text)
+
+
+def populated(path: Path) -> Path:
+    """A store holding an idempotent call dispatched before a crash, and more."""
+    with SqliteStore(path) as store:
+        ledger = Ledger.create(store, SID)
+        args = {"title": "disk full"}
+        ledger.step(emit((0, 0), IDEMPOTENT, args), arguments=args)
+        ledger.step(E(A.EnginePersistCall, (0, 0)))
+        ledger.step(E(A.EnginePersistDispatched, (0, 0)))
+        protected_call(ledger, (0, 1), RESULT_TEXT)
+        for slot in range(2, 40):
+            readonly_call(ledger, (0, slot))
+    return path
+
+
+def restart_and_recover(path: Path, invoked: list[p.CallPosition]) -> None:
+    """What an engine does on restart: open, re-decide, retry what the policy allows."""
+    store = SqliteStore(path)
+    try:
+        ledger = Ledger(store, SID)
+        for call in ledger.state.calls:
+            if call.stage is p.Stage.RESUME:
+                ledger.step(E(A.Recover, call.position))
+                if ledger.state.call(call.position).stage is p.Stage.RETRY:  # type: ignore[union-attr]
+                    ledger.step(E(A.EnginePersistDispatched, call.position))
+                    invoked.append(call.position)
+    finally:
+        store.close()
+
+
+def listing(directory: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in sorted(directory.iterdir())}
+
+
+# --------------------------------------------------------------------------
+# Opening, durability settings
+# --------------------------------------------------------------------------
+
+
+def test_a_missing_path_gets_the_schema(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    with SqliteStore(path) as store:
+        conn = store.connection
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert {"meta", "sessions", "calls", "approvals", "ledger", "audit"} <= tables
+        assert conn.execute("SELECT schema_version FROM meta").fetchall() == [(SCHEMA_VERSION,)]
+        assert conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+        assert store.sessions() == []
+
+
+def test_commits_are_fsynced_full_in_wal_mode(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    for _ in range(2):  # a new file and a reopened one
+        with SqliteStore(path) as store:
+            conn = store.connection
+            assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+            assert conn.isolation_level is None
+            assert store.journal_mode == "wal"
+
+
+def test_an_empty_sqlite_database_is_initialized(tmp_path: Path) -> None:
+    path = tmp_path / "blank.db"
+    raw = sqlite3.connect(path)
+    raw.execute("CREATE TABLE t (x)")
+    raw.execute("DROP TABLE t")
+    raw.commit()
+    raw.close()
+    with SqliteStore(path) as store:
+        store.create_session(SID, marker=0, max_attempts=3)
+    with SqliteStore(path) as store:
+        assert store.sessions() == [SID]
+
+
+@pytest.mark.parametrize("path", [":memory:", "", "file:x.db?mode=memory"])
+def test_non_durable_paths_are_refused(path: str) -> None:
+    with pytest.raises(p.InvalidInput, match="needs a file path"):
+        SqliteStore(path)
+
+
+def test_a_missing_directory_is_explained(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="does not exist; create it first"):
+        SqliteStore(tmp_path / "nope" / "x.db")
+    with pytest.raises(StoreError, match="not a regular file"):
+        SqliteStore(tmp_path)
+
+
+def test_a_closed_store_refuses_work(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "x.db")
+    store.close()
+    store.close()  # idempotent
+    with pytest.raises(StoreError, match="closed; open a new SqliteStore"):
+        store.sessions()
+
+
+# --------------------------------------------------------------------------
+# Commits, counted by SQLite itself
+# --------------------------------------------------------------------------
+
+
+def transactions(statements: list[str]) -> list[list[str]]:
+    """The committed write transactions among traced statements."""
+    out: list[list[str]] = []
+    current: list[str] | None = None
+    for s in statements:
+        if s.startswith("BEGIN"):
+            current = [s]
+        elif current is not None:
+            current.append(s)
+            if s in ("COMMIT", "ROLLBACK"):
+                if s == "COMMIT":
+                    out.append(current)
+                current = None
+    return out
+
+
+def writes(tx: list[str], table: str) -> bool:
+    return any(re.match(rf"(INSERT INTO|UPDATE) {table}\b", s) for s in tx)
+
+
+def test_a_protected_call_costs_two_ledger_commits_counted_by_sqlite(tmp_path: Path) -> None:
+    with SqliteStore(tmp_path / "x.db") as store:
+        statements: list[str] = []
+        store.connection.set_trace_callback(statements.append)
+        ledger = Ledger.create(store, SID)
+        before = store.commits
+        protected_call(ledger, (0, 0), "sent")
+        txs = transactions(statements)
+        assert len(txs) == store.commits == before + 5  # + create_session
+        ledger_txs = [t for t in txs if writes(t, "ledger")]
+        assert len(ledger_txs) == store.ledger_commits == 2
+        dispatched, succeeded = ledger_txs
+        assert writes(dispatched, "audit") and not writes(dispatched, "calls")
+        # succeeded(result) and the role=tool result: one transaction
+        assert writes(succeeded, "calls") and writes(succeeded, "ledger")
+        assert sum(s == "COMMIT" for s in statements) == len(txs)
+
+
+def test_a_readonly_call_costs_no_ledger_commit_counted_by_sqlite(tmp_path: Path) -> None:
+    with SqliteStore(tmp_path / "x.db") as store:
+        ledger = Ledger.create(store, SID)
+        statements: list[str] = []
+        store.connection.set_trace_callback(statements.append)
+        readonly_call(ledger, (0, 0))
+        txs = transactions(statements)
+        assert len(txs) == 2  # the call persisted; its result appended
+        assert not any(writes(t, "ledger") for t in txs)
+        assert store.ledger_commits == 0
+        statements.clear()
+        args = {"path": "/b"}
+        ledger.step(emit((0, 1), READONLY, args))
+        ledger.step(E(A.EnginePersistCall, (0, 1)))
+        statements.clear()
+        ledger.step(E(A.EngineInvokeReadonly, (0, 1)))
+        assert not any(s.startswith("BEGIN IMMEDIATE") for s in statements)
+
+
+class FailAfterWrite(SqliteStore):
+    """Raises right after one of the writes of a commit has been executed."""
+
+    fail_in = ""
+    error: BaseException = RuntimeError("power cut inside the transaction")
+
+    def _write_record(self, *args: Any) -> None:
+        super()._write_record(*args)
+        if self.fail_in == "record":
+            raise self.error
+
+    def _write_audit(self, *args: Any) -> None:
+        super()._write_audit(*args)
+        if self.fail_in == "audit":
+            raise self.error
+
+
+@pytest.mark.parametrize("fail_in", ["record", "audit"])
+def test_a_failed_dispatch_commit_leaves_nothing_after_reopening(
+    tmp_path: Path, fail_in: str
+) -> None:
+    path = tmp_path / "x.db"
+    store = FailAfterWrite(path)
+    ledger = Ledger.create(store, SID)
+    ledger.step(emit((0, 0), IDEMPOTENT, {}))
+    ledger.step(E(A.EnginePersistCall, (0, 0)))
+    state, counted = ledger.state, (store.commits, store.ledger_commits)
+    store.fail_in = fail_in
+    with pytest.raises(RuntimeError, match="power cut"):
+        ledger.step(E(A.EnginePersistDispatched, (0, 0)))
+    assert ledger.state is state
+    assert (store.commits, store.ledger_commits) == counted
+    store.close()
+    with SqliteStore(path) as reopened:
+        assert reopened.load(SID) == durable_projection(state)
+        assert reopened.audit(SID) == []
+        assert reopened.connection.execute("SELECT count(*) FROM ledger").fetchone()[0] == 0
+
+
+def test_a_failed_success_commit_leaves_neither_record_nor_tool_result(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    store = FailAfterWrite(path)
+    ledger = Ledger.create(store, SID)
+    ledger.step(emit((0, 0), IDEMPOTENT, {}))
+    ledger.step(E(A.EnginePersistCall, (0, 0)))
+    ledger.step(E(A.EnginePersistDispatched, (0, 0)))
+    ledger.step(E(A.EngineInvokeAdapter, (0, 0)))
+    ledger.step(E(A.ExternalApply, (0, 0), attempt=1))
+    durable = durable_projection(ledger.state)
+    store.fail_in = "record"  # runs after the call's result row was updated
+    with pytest.raises(RuntimeError):
+        ledger.step_many(
+            [E(A.EngineRecordSucceeded, (0, 0)), E(A.EngineAppendResult, (0, 0))],
+            result_content={(0, 0): "done"},
+        )
+    store.close()
+    with SqliteStore(path) as reopened:
+        loaded = reopened.load(SID)
+        assert loaded == durable
+        assert loaded.calls[0].result is None
+        assert loaded.ledger[loaded.calls[0].execution_id].status is p.LedgerStatus.DISPATCHED
+
+
+def test_a_sqlite_error_inside_a_commit_is_a_store_error(tmp_path: Path) -> None:
+    store = FailAfterWrite(tmp_path / "x.db")
+    ledger = Ledger.create(store, SID)
+    ledger.step(emit((0, 0), IDEMPOTENT, {}))
+    ledger.step(E(A.EnginePersistCall, (0, 0)))
+    store.fail_in, store.error = "audit", sqlite3.OperationalError("disk I/O error")
+    with pytest.raises(StoreError, match=r"disk I/O error\); nothing was written"):
+        ledger.step(E(A.EnginePersistDispatched, (0, 0)))
+    store.fail_in = ""
+    ledger.step(E(A.EnginePersistDispatched, (0, 0)))  # the store is still usable
+    assert store.load(SID).ledger != {}
+    store.close()
+
+
+def test_audit_rows_are_append_only(tmp_path: Path) -> None:
+    with SqliteStore(populated(tmp_path / "x.db")) as store:
+        for statement in ("UPDATE audit SET note = 'x'", "DELETE FROM audit"):
+            with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+                store.connection.execute(statement)
+        assert len(store.audit(SID)) == 2
+
+
+# --------------------------------------------------------------------------
+# Round trip of every durable field, through the file
+# --------------------------------------------------------------------------
+
+
+def rich_state() -> tuple[p.SessionState, list[AuditRow], dict[p.CallPosition, dict[str, Any]]]:
+    """A state using every enum value, odd ids and texts; its audit rows; arguments."""
+    sid = "sess-é/1"
+    ids = ("call_0", "", "call_salvaged_0", "工具-7")
+    texts = ("", "line\nnext \"quoted\" 'single' é ✓", "nul\x00inside", "x" * 2000)
+    results: list[p.ResultKind | None] = [None, *p.ResultKind]
+    calls, approvals, ledger, rows = [], {}, {}, []
+    arguments: dict[p.CallPosition, dict[str, Any]] = {}
+    i = 0
+    for policy in p.RecoveryPolicy:
+        for requires_approval in (True, False):
+            for kind in results:
+                pos = (i // 5, i % 5)
+                name = f"{policy.value}-{requires_approval}-ünï"
+                tool = p.ToolProfile(name, policy, requires_approval)
+                tcid = ids[i % len(ids)]
+                args = {"i": i, "text": texts[i % len(texts)], "list": [1.5, None, True]}
+                eid = p.derive_execution_id(sid, *pos, tcid)
+                digest = p.args_digest(tool.name, args)
+                if i % 3:
+                    arguments[pos] = args
+                result = (
+                    None
+                    if kind is None
+                    else p.ToolResult(kind, eid, digest, texts[(i + 1) % len(texts)])
+                )
+                calls.append(
+                    p.CallState(pos, tcid, tool, eid, digest, p.MessageState.DURABLE, result)
+                )
+                if requires_approval:
+                    approvals[eid] = list(p.ApprovalState)[i % len(p.ApprovalState)]
+                status = list(p.LedgerStatus)[i % len(p.LedgerStatus)]
+                ledger[eid] = p.ExecutionRecord(
+                    eid,
+                    status,
+                    i % 4,
+                    None if i % 7 == 0 else digest,
+                    list(p.Authorization)[i % len(p.Authorization)],
+                    None if i % 2 else p.ToolResult(p.ResultKind.OK, eid, "", texts[i % 4]),
+                    None if i % 5 == 0 else pos,
+                )
+                decision = [None, *p.Decision][i % (len(p.Decision) + 1)]
+                rows.append(
+                    AuditRow(
+                        session_id=sid,
+                        execution_id=eid,
+                        tool_call_id=tcid,
+                        position=pos,
+                        kind=["dispatch", "reconstruct", "human_retry"][i % 3],
+                        attempt=i % 4,
+                        authorization=list(p.Authorization)[(i + 1) % len(p.Authorization)],
+                        recovery_decision=decision,
+                        inputs={"n": i, "nested": {"t": texts[i % 4]}},
+                        note=texts[(i + 2) % 4],
+                    )
+                )
+                i += 1
+    audit = frozenset(r.key for r in rows)
+    state = p.SessionState(sid, 1, 4, tuple(calls), approvals, ledger, audit)
+    return state, rows, arguments
+
+
+def test_every_durable_field_round_trips_through_the_file(tmp_path: Path) -> None:
+    state, rows, arguments = rich_state()
+    sid = state.session_id
+    path = tmp_path / "rich.db"
+    memory = MemoryStore()
+    for store in (SqliteStore(path), memory):
+        store.create_session(sid, marker=1, max_attempts=4)
+        store.commit(sid, store.load(sid), state, rows, arguments=arguments)
+        assert store.ledger_commits == 1
+    memory_view = (memory.load(sid), memory.audit(sid))
+    with SqliteStore(path) as reopened:
+        loaded = reopened.load(sid)
+        assert loaded == durable_projection(state)
+        assert reopened.audit(sid) == rows
+        assert (loaded, rows) == memory_view
+        for c in state.calls:
+            assert reopened.call_arguments(sid, c.position) == arguments.get(c.position)
+        assert reopened.sessions() == [sid]
+
+
+def test_two_connections_cannot_both_write_the_same_step(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    with SqliteStore(path) as one, SqliteStore(path) as two:
+        first = Ledger.create(one, SID)
+        second = Ledger(two, SID)
+        for ledger in (first, second):
+            ledger.step(emit((0, 0), IDEMPOTENT, {}))
+            ledger.step(E(A.EnginePersistCall, (0, 0))) if ledger is first else None
+        with pytest.raises(StaleState, match="already durable"):
+            second.step(E(A.EnginePersistCall, (0, 0)))
+        second.crash()
+        first.step(E(A.EnginePersistDispatched, (0, 0)))
+        second.step(E(A.Recover, (0, 0)))  # it saw no record: execute
+        with pytest.raises(StaleState, match="ledger record"):
+            second.step(E(A.EnginePersistDispatched, (0, 0)))
+        assert two.load(SID).ledger == one.load(SID).ledger
+        assert [r.kind for r in one.audit(SID)] == ["dispatch", "execute"]
+
+
+def test_a_store_can_be_used_from_another_thread(tmp_path: Path) -> None:
+    with SqliteStore(populated(tmp_path / "x.db")) as store:
+        seen: list[p.SessionState] = []
+        worker = threading.Thread(target=lambda: seen.append(store.load(SID)))
+        worker.start()
+        worker.join()
+        assert seen == [store.load(SID)]
+
+
+# --------------------------------------------------------------------------
+# Files it must refuse: typed error, clear message, unchanged bytes, nothing run
+# --------------------------------------------------------------------------
+
+
+def test_control_a_healthy_copy_would_retry_the_call(tmp_path: Path) -> None:
+    invoked: list[p.CallPosition] = []
+    restart_and_recover(populated(tmp_path / "x.db"), invoked)
+    assert invoked == [(0, 0)]
+
+
+def refuse(path: Path, error: type[Exception], message: str) -> Exception:
+    before = listing(path.parent)
+    invoked: list[p.CallPosition] = []
+    with pytest.raises(error, match=message) as info:
+        restart_and_recover(path, invoked)
+    assert invoked == []
+    assert str(path) in str(info.value)
+    assert "Nothing was executed or written" in str(info.value)
+    assert listing(path.parent) == before  # same files, same bytes
+    return info.value
+
+
+def test_random_bytes_over_the_middle_pages(tmp_path: Path) -> None:
+    path = populated(tmp_path / "x.db")
+    data = bytearray(path.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    pages = len(data) // page
+    assert pages >= 8
+    rng = random.Random(443)
+    start, end = pages // 3 * page, 2 * pages // 3 * page
+    data[start:end] = rng.randbytes(end - start)
+    path.write_bytes(bytes(data))
+    refuse(path, StoreCorrupt, "not a usable toolledger store")
+
+
+@pytest.mark.parametrize("needle", [RESULT_TEXT, ARGUMENT_TEXT, "attempt 1 dispatched"])
+def test_altered_bytes_inside_a_stored_value(tmp_path: Path, needle: str) -> None:
+    path = populated(tmp_path / "x.db")
+    data = path.read_bytes()
+    assert needle.encode() in data
+    # Still valid UTF-8 of the same length: only a checksum can tell.
+    path.write_bytes(data.replace(needle.encode(), needle.swapcase().encode()))
+    refuse(path, StoreCorrupt, "does not match its checksum")
+
+
+@pytest.mark.parametrize("keep", ["half", "all but one byte"])
+def test_a_truncated_file(tmp_path: Path, keep: str) -> None:
+    path = populated(tmp_path / "x.db")
+    data = path.read_bytes()
+    cut = len(data) // 2 // 4096 * 4096 if keep == "half" else len(data) - 1
+    path.write_bytes(data[:cut])
+    refuse(path, StoreCorrupt, f"truncated or damaged: it has {cut} bytes")
+
+
+def test_a_text_file(tmp_path: Path) -> None:
+    path = tmp_path / "notes.db"
+    path.write_text("session_id,marker\ns1,0\n" * 20)
+    refuse(path, StoreCorrupt, "is not a SQLite database")
+
+
+def test_an_empty_file(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    path.write_bytes(b"")
+    refuse(path, StoreCorrupt, r"is empty \(0 bytes\)")
+
+
+def test_a_future_schema_version(tmp_path: Path) -> None:
+    path = populated(tmp_path / "x.db")
+    raw = sqlite3.connect(path)
+    raw.execute("UPDATE meta SET schema_version = ?", (SCHEMA_VERSION + 1,))
+    raw.commit()
+    raw.close()
+    error = refuse(path, UnsupportedSchema, "written by a newer toolledger")
+    assert isinstance(error, UnsupportedSchema)
+    assert (error.found, error.supported) == (SCHEMA_VERSION + 1, SCHEMA_VERSION)
+
+
+def test_another_applications_database(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    raw = sqlite3.connect(path)
+    raw.execute("CREATE TABLE notes (text)")
+    raw.execute("INSERT INTO notes VALUES ('hello')")
+    raw.commit()
+    raw.close()
+    error = refuse(path, UnsupportedSchema, r"not a toolledger store \(its tables: notes\)")
+    assert isinstance(error, UnsupportedSchema) and error.found is None
+
+
+def test_a_row_altered_by_hand(tmp_path: Path) -> None:
+    path = populated(tmp_path / "x.db")
+    raw = sqlite3.connect(path)
+    raw.execute("UPDATE ledger SET status = 'succeeded' WHERE attempt = 1 AND result_kind IS NULL")
+    raw.commit()
+    raw.close()
+    refuse(path, StoreCorrupt, r"the ledger row \(execution_id='tlx1-.*'\) does not match")
+
+
+def test_a_row_altered_with_its_checksum_still_fails_closed(tmp_path: Path) -> None:
+    path = populated(tmp_path / "x.db")
+    raw = sqlite3.connect(path)
+    raw.row_factory = sqlite3.Row
+    row = dict(raw.execute("SELECT * FROM calls WHERE turn = 0 AND slot = 0").fetchone())
+    row["tool_call_id"] = "call_99"  # the execution id no longer derives from it
+    raw.execute(
+        "UPDATE calls SET tool_call_id = ?, row_checksum = ? WHERE turn = 0 AND slot = 0",
+        (row["tool_call_id"], _checksum("calls", row)),
+    )
+    raw.commit()
+    raw.close()
+    refuse(path, StoreCorrupt, "is not the id derived from the call's position")
+
+
+def test_a_hand_written_result_must_be_json(tmp_path: Path) -> None:
+    path = populated(tmp_path / "x.db")
+    shutil.copy(path, tmp_path / "copy.db")
+    raw = sqlite3.connect(path)
+    raw.row_factory = sqlite3.Row
+    row = dict(raw.execute("SELECT * FROM audit ORDER BY id LIMIT 1").fetchone())
+    row["inputs"] = json.dumps(["not", "an", "object"])
+    raw.execute("DROP TRIGGER audit_no_update")  # a determined hand
+    raw.execute(
+        "UPDATE audit SET inputs = ?, row_checksum = ? WHERE id = ?",
+        (row["inputs"], _checksum("audit", row), row["id"]),
+    )
+    raw.commit()
+    raw.close()
+    refuse(path, StoreCorrupt, r"audit\[1\]\.inputs is JSON but not an object")
+
+
+def test_a_commit_survives_the_process_being_killed(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    script = f"""
+import os, signal
+from toolledger import protocol as p
+from toolledger.ledger import Ledger
+from toolledger.sqlite_store import SqliteStore
+store = SqliteStore({str(path)!r})
+ledger = Ledger.create(store, "s1")
+tool = p.ToolProfile("create_ticket", p.RecoveryPolicy.IDEMPOTENT, False)
+digest = p.args_digest(tool.name, {{}})
+ledger.step(p.Event(p.Action.ProviderEmitCall, (0, 0), "call_0", tool, digest))
+ledger.step(p.Event(p.Action.EnginePersistCall, (0, 0)))
+ledger.step(p.Event(p.Action.EnginePersistDispatched, (0, 0)))
+os.kill(os.getpid(), signal.SIGKILL)  # no close(), no checkpoint: the WAL holds the commits
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()
+    assert Path(f"{path}-wal").stat().st_size > 0
+    with SqliteStore(path) as store:
+        loaded = store.load(SID)
+        (call,) = loaded.calls
+        assert call.stage is p.Stage.RESUME
+        assert loaded.ledger[call.execution_id].status is p.LedgerStatus.DISPATCHED
+        assert [r.kind for r in store.audit(SID)] == ["dispatch"]
