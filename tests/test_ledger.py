@@ -658,3 +658,13 @@ def test_sqlite_store_always_holds_the_durable_projection(
         run_random_behaviour(h, data)
     finally:
         h.close()
+
+
+def test_resolve_does_not_recover_a_call_that_is_not_halted(harness: Harness) -> None:
+    ledger = Ledger.create(harness.store, SID)
+    dispatch_protected(ledger, (0, 0), MANUAL)
+    ledger.crash()  # dispatched, at RESUME, but no human has been asked yet
+    state, before = ledger.state, counts(harness.store)
+    with pytest.raises(p.ProtocolError, match="HumanResolveRetry"):
+        ledger.resolve((0, 0), "retry")
+    assert ledger.state is state and counts(harness.store) == before

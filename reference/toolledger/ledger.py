@@ -226,8 +226,9 @@ class Ledger:
 
         ``"applied"`` needs ``result_text``, what the external system answered,
         kept as the content of the human result; ``note`` goes into the audit
-        row.  After a restart the halted call is first re-decided (``Recover``,
-        always ``recovery_required`` for a halted record) in the same commit.
+        row.  After a restart a halted call (record ``recovery_required``) is
+        first re-decided (``Recover``, which always halts it again) in the same
+        commit.  Anything else raises ``ProtocolError`` and writes nothing.
         """
         if not isinstance(resolution, str) or resolution not in RESOLUTIONS:
             raise InvalidInput(
@@ -249,7 +250,7 @@ class Ledger:
         pos = _position(position, "resolve()")
         events = [Event(RESOLUTIONS[resolution], pos)]
         call = self._state.call(pos)
-        if call is not None and call.stage is Stage.RESUME:
+        if call is not None and call.stage is Stage.RESUME and call in self.recovery_required():
             events.insert(0, Event(Action.Recover, pos))
         contents = {pos: result_text} if result_text is not None else {}
         return self._advance(events, contents, {}, note)
