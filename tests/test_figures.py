@@ -2,11 +2,15 @@
 
 Under test: ``toolledger.figures`` (step tables, sequence diagrams, state-graph
 drawings, the state-space chart) on small hand-made traces and graphs whose
-right answer is known, plus one real TLC counterexample.
+right answer is known, plus one real TLC counterexample; and the guard that keeps
+``notebooks/02_the_protocol.ipynb`` from drifting from the spec: its module
+cell must be ``spec/DurableToolExecution.tla`` verbatim, and its prose must
+name every action of ``Next`` and every invariant.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from pathlib import Path
@@ -36,6 +40,7 @@ from toolledger.figures import (
     trace_rows,
     trace_table_html,
 )
+from toolledger.invariants import INVARIANTS
 from toolledger.protocol import TRANSITIONS, Actor
 from toolledger.stategraph import StateGraph
 from toolledger.tlavalues import FnValue, Value
@@ -44,6 +49,7 @@ from toolledger.tlc import TraceStep
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "spec" / "DurableToolExecution.tla"
 LEGACY_SPEC = ROOT / "spec" / "LegacyResume.tla"
+NOTEBOOK_02 = ROOT / "notebooks" / "02_the_protocol.ipynb"
 
 
 @pytest.fixture(autouse=True)
@@ -285,3 +291,40 @@ def test_the_legacy_counterexample_is_drawn_step_by_step() -> None:
     assert len(arrows) == len(result.trace) - 1
     assert [a.action for a in arrows].count("EngineInvokeAdapter") == 2
     assert arrows[-1].changes[0] == "applied.c1 = 2"
+
+
+# ----------------------------------------------------------------------------
+# Notebook 02 cannot drift from the spec.
+
+
+def notebook_cells(path: Path) -> list[dict[str, object]]:
+    cells: list[dict[str, object]] = json.loads(path.read_text())["cells"]
+    return cells
+
+
+def source(cell: dict[str, object]) -> str:
+    src = cell["source"]
+    return "".join(src) if isinstance(src, list) else str(src)
+
+
+def test_notebook_02_checks_the_spec_verbatim() -> None:
+    notebook = json.loads(NOTEBOOK_02.read_text())
+    assert notebook["metadata"]["kernelspec"]["name"] == "tlaplus"
+    module_cells = [
+        source(c) for c in notebook["cells"]
+        if c["cell_type"] == "code"
+        and re.match(r"\s*-+\s*MODULE\s+DurableToolExecution\s", source(c))
+    ]
+    assert len(module_cells) == 1, "notebook 02 must define DurableToolExecution exactly once"
+    assert module_cells[0] == SPEC.read_text(), (
+        "the DurableToolExecution cell of notebooks/02_the_protocol.ipynb differs from "
+        "spec/DurableToolExecution.tla: paste the spec into the cell and re-run the notebook"
+    )
+
+
+def test_notebook_02_explains_every_action_and_invariant() -> None:
+    prose = "\n".join(source(c) for c in notebook_cells(NOTEBOOK_02)
+                      if c["cell_type"] == "markdown")
+    missing = sorted(n for n in next_actions(SPEC) | set(INVARIANTS) | {"EventuallySettled"}
+                     if f"`{n}`" not in prose)
+    assert not missing, f"notebook 02's text does not explain {missing}"
