@@ -1,8 +1,8 @@
 -------------------- MODULE MCLegacyUpgrade --------------------
 (***************************************************************************)
-(* A session upgraded mid-way: c1 was emitted and approved under the old   *)
-(* engine, which may have applied it; c2 is a new reconcile call reusing   *)
-(* the provider id; one crash.                                             *)
+(* A session upgraded mid-way: c1, an idempotent call, was emitted and     *)
+(* approved under the old engine, which may have applied it; c2 is a new   *)
+(* reconcile call reusing the provider id; one crash.                      *)
 (* Every constant is a literal: the Python checkers read them from here.   *)
 (***************************************************************************)
 EXTENDS DurableToolExecution
@@ -11,7 +11,7 @@ MCCalls == {"c1", "c2"}
 MCTurn == [c1 |-> 0, c2 |-> 1]
 MCSlot == [c1 |-> 0, c2 |-> 0]
 MCToolCallId == [c1 |-> "call_0", c2 |-> "call_0"]
-MCPolicy == [c1 |-> "manual", c2 |-> "reconcile"]
+MCPolicy == [c1 |-> "idempotent", c2 |-> "reconcile"]
 MCNeedsApproval == [c1 |-> TRUE, c2 |-> TRUE]
 MCArgChoices == [c1 |-> {"a1"}, c2 |-> {"a2"}]
 MCMarkerTurn == 1

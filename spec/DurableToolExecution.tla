@@ -635,10 +635,15 @@ RecoveryRequiredHalts ==
         stage[c] \in {"none", "resume"}
 
 (* LegacyConservative: a call from before the protocol marker (approved,   *)
-(* no result, no record) is never executed without a human's decision.   *)
+(* no result, no record) is never executed on the strength of its old      *)
+(* approval: every execution is one a human authorized, or a policy retry *)
+(* (same id) of an earlier attempt a human authorized.                     *)
 LegacyConservative ==
     \A c \in LegacyCalls : Protected(c) =>
-        \A i \in invocations[c] : i[3] = "human"
+        \A i \in invocations[c] :
+            \/ i[3] = "human"
+            \/ /\ i[3] = "policy"
+               /\ \E row \in audit[ExecId(c)] : row[1] = "human_retry" /\ row[2] < i[2]
 
 (* ExecutionIdStable: every invocation of a call, live or after any       *)
 (* number of resumes, carries the one id derived from its position.       *)

@@ -151,10 +151,16 @@ def RecoveryRequiredHalts(cfg: ModelConfig, s: SystemState) -> list[str]:
 def LegacyConservative(cfg: ModelConfig, s: SystemState) -> list[str]:
     out = []
     for c in cfg.calls:
-        if cfg.is_legacy(c) and c.tool.protected:
-            blind = [n for (_, n, a) in s.ghosts.invoked(c.name) if a is not p.Authorization.HUMAN]
-            if blind:
-                out.append(f"{c.name} (legacy): attempts {blind} executed without a human")
+        if not (cfg.is_legacy(c) and c.tool.protected):
+            continue
+        e = cfg.exec_ids[c.name]
+        human = [k for (ae, kind, k) in s.session.audit if ae == e and kind == "human_retry"]
+        for _, n, a in s.ghosts.invoked(c.name):
+            if a is p.Authorization.HUMAN:
+                continue
+            if a is p.Authorization.POLICY and any(k < n for k in human):
+                continue
+            out.append(f"{c.name} (legacy): attempt {n} executed on {a.value}, not by a human")
     return out
 
 

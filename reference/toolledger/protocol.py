@@ -72,6 +72,7 @@ __all__ = [
     "durable_changes",
     "enabled",
     "new_session",
+    "recovery_inputs",
 ]
 
 
