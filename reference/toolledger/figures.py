@@ -456,7 +456,7 @@ def draw_state_graph(
         else:
             styles.setdefault((src, dst), "solid")
     pos = nx.multipartite_layout(g, subset_key="depth", align="vertical")
-    width = max(8.0, 0.45 * (max(depth.values(), default=0) + 1))
+    width = max(11.0, 0.45 * (max(depth.values(), default=0) + 1))
     fig, ax = plt.subplots(figsize=(min(width, 18.0), 7.5))
     solid = [e for e in g.edges if styles[e] == "solid"]
     dash = [e for e in g.edges if styles[e] == "dashed"]
@@ -479,14 +479,16 @@ def draw_state_graph(
                                ax=ax, linewidths=0.3, edgecolors="#333")
     ringed = sorted(set(highlight))
     if ringed:
-        nx.draw_networkx_nodes(g, pos, nodelist=ringed, node_color="none", node_size=120,
-                               ax=ax, linewidths=1.8, edgecolors="#b00000")
+        nx.draw_networkx_nodes(g, pos, nodelist=ringed, node_color="none", node_size=80,
+                               ax=ax, linewidths=1.5, edgecolors="#b00000")
     handles = [
         Line2D([], [], marker="o", ls="", color=colours[name], markeredgecolor="#333",
                label=f"{name} ({counts[name]})")
         for name in colours if counts[name]
     ]
-    handles.append(Line2D([], [], color="#c03030", ls="--", label=" / ".join(sorted(dashed))))
+    if dash:
+        handles.append(Line2D([], [], color="#c03030", ls="--",
+                              label=" / ".join(sorted(dashed)) + f" ({len(dash)} edges)"))
     if ringed:
         handles.append(Line2D([], [], marker="o", ls="", markerfacecolor="none",
                               markeredgecolor="#b00000", markeredgewidth=1.8,
