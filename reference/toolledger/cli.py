@@ -468,12 +468,30 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in rows) else 1
 
 
+def _configure_simulate(p: argparse.ArgumentParser) -> None:
+    from . import simulate
+
+    simulate.configure(p)
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from . import simulate
+
+    return simulate.cmd_simulate(args)
+
+
 SUBCOMMANDS: list[Subcommand] = [
     Subcommand(
         "check",
         "run the CI models of model/manifest.toml with TLC; fail on any drift",
         _configure_check,
         cmd_check,
+    ),
+    Subcommand(
+        "simulate",
+        "run one approved side-effecting call through the engine kit, crash, resume, report",
+        _configure_simulate,
+        _cmd_simulate,
     ),
 ]
 

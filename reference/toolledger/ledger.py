@@ -314,7 +314,7 @@ class Ledger:
                     decision = decide_recovery(recovery_inputs(before, call)).decision
             after = apply(before, ev)  # ProtocolError: nothing has been written
             pos = ev.position
-            if pos is not None and pos in arguments:
+            if pos is not None and pos in arguments and ev.action is Action.ProviderEmitCall:
                 pending[pos] = self._checked_arguments(ev, arguments[pos])
             if pos is not None and pos in unused:
                 after, used = _attach_content(ev, after, unused[pos])
