@@ -10,6 +10,7 @@ A reference that retries a manual call must be caught at the Recover step.
 from __future__ import annotations
 
 from checker_support import ROOT, big_config, manual_retries, model_config
+
 from toolledger import protocol as p
 from toolledger import tracecheck as tc
 from toolledger.system import ModelConfig, SystemState, initial_states, successors
@@ -35,7 +36,9 @@ def _seed_matrix_runs(cfg: ModelConfig) -> list[tc.Trace]:
         s: SystemState = initial_states(cfg)[0]
         run: list[tuple[str, SystemState]] = [("Init", s)]
 
-        def do(action: p.Action, s: SystemState) -> SystemState:
+        def do(
+            action: p.Action, s: SystemState, run: list[tuple[str, SystemState]] = run
+        ) -> SystemState:
             nxt = next(n for a, n in successors(cfg, s) if a is action)
             run.append((action.value, nxt))
             return nxt
