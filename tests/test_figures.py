@@ -307,6 +307,14 @@ def source(cell: dict[str, object]) -> str:
     return "".join(src) if isinstance(src, list) else str(src)
 
 
+SYNC_NOTEBOOK_02 = (
+    "python -c \"import nbformat as n;p='notebooks/02_the_protocol.ipynb';b=n.read(p,4);"
+    "[setattr(c,'source',open('spec/DurableToolExecution.tla').read()) for c in b.cells "
+    "if c.source.lstrip('-').lstrip().startswith('MODULE DurableToolExecution')];n.write(b,p)\" "
+    "&& jupyter execute --inplace notebooks/02_the_protocol.ipynb"
+)
+
+
 def test_notebook_02_checks_the_spec_verbatim() -> None:
     notebook = json.loads(NOTEBOOK_02.read_text())
     assert notebook["metadata"]["kernelspec"]["name"] == "tlaplus"
@@ -318,7 +326,8 @@ def test_notebook_02_checks_the_spec_verbatim() -> None:
     assert len(module_cells) == 1, "notebook 02 must define DurableToolExecution exactly once"
     assert module_cells[0] == SPEC.read_text(), (
         "the DurableToolExecution cell of notebooks/02_the_protocol.ipynb differs from "
-        "spec/DurableToolExecution.tla: paste the spec into the cell and re-run the notebook"
+        "spec/DurableToolExecution.tla: paste the spec into the cell and re-run the notebook, "
+        "e.g.\n" + SYNC_NOTEBOOK_02
     )
 
 
