@@ -480,12 +480,29 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return simulate.cmd_simulate(args)
 
 
+def _configure_models(p: argparse.ArgumentParser) -> None:
+    add_root_argument(p)
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from .manifest import markdown_table
+
+    print(markdown_table(load_manifest(resolve_root(args))))
+    return 0
+
+
 SUBCOMMANDS: list[Subcommand] = [
     Subcommand(
         "check",
         "run the CI models of model/manifest.toml with TLC; fail on any drift",
         _configure_check,
         cmd_check,
+    ),
+    Subcommand(
+        "models",
+        "print the manifest's models as the README's markdown table",
+        _configure_models,
+        _cmd_models,
     ),
     Subcommand(
         "simulate",

@@ -327,3 +327,18 @@ def drift(entry: ModelEntry, result: TLCResult) -> list[str]:
             f"expected {entry.distinct_states} distinct states, got {result.distinct_states}"
         )
     return reasons
+
+
+def markdown_table(manifest: Manifest) -> str:
+    """The README's table of models, generated from the manifest (so it can't drift)."""
+    lines = [
+        "| model | question | expected | distinct states | in CI | conformance |",
+        "| --- | --- | --- | ---: | :---: | :---: |",
+    ]
+    for m in manifest.models:
+        expect = "pass" if m.expect == "pass" else f"violates `{m.expect}`"
+        lines.append(
+            f"| `{m.name}` | {m.question} | {expect} | {m.distinct_states:,} | "
+            f"{'yes' if m.ci else 'no'} | {'yes' if m.conformance else ''} |"
+        )
+    return "\n".join(lines)
