@@ -13,8 +13,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
-from checker_support import BROKEN, ROOT, model_config
 
+from checker_support import BROKEN, ROOT, model_config
 from toolledger import conformance
 from toolledger.manifest import load_manifest
 from toolledger.stategraph import StateGraph, load_dot

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 from checker_support import ROOT
-
 from toolledger import protocol as p
 from toolledger.invariants import INVARIANTS, PROPERTIES
 from toolledger.manifest import load_manifest

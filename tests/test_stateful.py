@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from checker_support import manual_retries, skips_dispatched_write
 from hypothesis import HealthCheck, Phase, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -31,6 +30,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from checker_support import manual_retries, skips_dispatched_write
 from toolledger import protocol as p
 from toolledger.invariants import INVARIANTS, settled
 from toolledger.system import CallConfig, ModelConfig, SystemState, initial_states, successors

@@ -10,7 +10,6 @@ A reference that retries a manual call must be caught at the Recover step.
 from __future__ import annotations
 
 from checker_support import ROOT, big_config, manual_retries, model_config
-
 from toolledger import protocol as p
 from toolledger import tracecheck as tc
 from toolledger.system import ModelConfig, SystemState, initial_states, successors
