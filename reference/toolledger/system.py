@@ -388,11 +388,24 @@ def _external(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:
                 )
 
 
+# Per stage, the per-call actions worth trying: the transition table's
+# from_stages (an empty set means any stage).  Only a shortcut: every guard is
+# still checked by the core.
+_BY_STAGE: Final[Mapping[p.Stage, tuple[p.Action, ...]]] = {
+    stage: tuple(
+        a
+        for a in _PER_CALL
+        if not p.TRANSITIONS[a].from_stages or stage in p.TRANSITIONS[a].from_stages
+    )
+    for stage in p.Stage
+}
+
+
 def successors(cfg: ModelConfig, s: SystemState) -> list[Successor]:
     """Every (action, next state) the spec's ``Next`` allows from ``s``."""
     out: list[Successor] = list(_emissions(cfg, s))
     for call in s.session.calls:
-        for action in _PER_CALL:
+        for action in _BY_STAGE[call.stage]:
             nxt = _call_step(cfg, s, call, action)
             if nxt is not None:
                 out.append((action, nxt))
