@@ -759,7 +759,7 @@ def _panel_title(engine: str, session: str) -> str:
     if engine == EngineMode.LEGACY.value:
         return "legacy engine\n(today's, issue #443)"
     if session == SessionKind.NEW.value:
-        return "ledger engine\nnew session"
+        return "ledger engine,\nnew session"
     return "ledger engine resumes a session\nthe legacy engine started (adopted)"
 
 
@@ -918,6 +918,6 @@ def matrix_table_html(
         if seed is not None:
             marked.append(i)
         rows.append([where, cp.durable, *(_table_cell(by_key[cp.name, pol]) for pol in policies)])
-    caption = _panel_title(engine, session).replace("\n", ": ")
+    caption = " ".join(_panel_title(engine, session).split())
     return html_table(["crash point", "durable at that moment", *policies], rows,
                       highlight=marked, caption=caption)
