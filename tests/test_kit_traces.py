@@ -1,0 +1,340 @@
+"""TLC checks that runs of the engine kit (``toolledger simulate`` and friends) are spec behaviours.
+
+Under test: :mod:`toolledger.engine` in ``ledger`` mode on a real
+:class:`~toolledger.sqlite_store.SqliteStore`, as ``toolledger simulate``
+runs it (:func:`toolledger.simulate.run_simulation`), and a few runs with
+external faults and human resolutions driven the same way.  Every event the
+engine feeds its :class:`~toolledger.ledger.Ledger` is recorded
+(:class:`toolledger.kittrace.KitRecorder`), a new process is the spec's
+``Crash``, and :func:`toolledger.kittrace.replay` follows the recording in
+the closed-world model, inferring the environment's own steps the engine
+cannot log (a lost answer, a late original landing or dropped by its fence)
+by a bounded search.  The replay checks itself against the kit (the model's
+engine state after every batch is the ledger's; its effects at the end are
+the real external system's).
+
+The oracle is TLC: :func:`toolledger.tracecheck.validate_traces` replays
+each trace against ``DurableToolExecution`` and fails at the first step the
+spec does not allow.  For every policy, the five rows of the seed's
+fault-injection matrix (``SEED_MATRIX``) and the fault runs of that policy are
+validated in one TLC run; a run of two turns with reused and empty
+``tool_call_id``\\ s, every policy and a crash in one more; and a run recorded
+from a deliberately broken engine (recovery retries a ``manual`` call found
+``dispatched``) must fail at its ``Recover`` step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import toolledger.engine
+import toolledger.ledger
+import toolledger.protocol
+from checker_support import ROOT
+from toolledger import kittrace as kt
+from toolledger import tracecheck as tc
+from toolledger.adapters import CountingAdapter, CountingExternalSystem, Fault, ToolRegistry
+from toolledger.engine import (
+    SEED_MATRIX,
+    CrashInjector,
+    FileConversationStore,
+    ScriptedHuman,
+    ScriptedProvider,
+    SimulatedCrash,
+    TurnEngine,
+    TurnResult,
+    TurnStatus,
+    parse_crash_point,
+    tool_call,
+)
+from toolledger.protocol import (
+    Decision,
+    LedgerStatus,
+    RecoveryDecision,
+    RecoveryInputs,
+    RecoveryPolicy,
+    decide_recovery,
+)
+from toolledger.simulate import ARGUMENTS, SESSION_ID, TOOL, USER_TEXT, run_simulation
+from toolledger.sqlite_store import SqliteStore
+from toolledger.system import ModelConfig
+
+POLICIES = [p.value for p in RecoveryPolicy]
+
+
+@dataclass
+class KitRun:
+    """One recorded run, with the real external system read back from its log."""
+
+    name: str
+    recording: list[kt.Logged]
+    world: CountingExternalSystem
+
+    def actions(self, cfg: ModelConfig) -> list[str]:
+        return [a for a, _ in kt.replay(cfg, self.recording, self.world)]
+
+
+def simulate_row(row: str, policy: str, tmp: Path) -> KitRun:
+    """``toolledger simulate --engine ledger --store sqlite`` at the row's crash point."""
+    db = tmp / f"{policy}-{row}.sqlite3"
+    point = SEED_MATRIX[row].ledger
+    with kt.KitRecorder() as recorder:
+        report = run_simulation("ledger", policy, point, "sqlite", db, crash_with="exception")
+    assert report.crashed is point.reached_by(policy)
+    return KitRun(f"simulate {policy} {row}", recorder.of(SESSION_ID),
+                  CountingExternalSystem(Path(f"{db}.external.jsonl")))
+
+
+# --------------------------------------------------------------------------
+# Runs with faults, driven like simulate drives the engine
+# --------------------------------------------------------------------------
+
+
+class Kit:
+    """Durable storage and the external system of one run, and engines (processes) on them."""
+
+    def __init__(self, tmp: Path, name: str) -> None:
+        self.dir = tmp / name
+        self.dir.mkdir()
+        self.system = CountingExternalSystem(self.dir / "external.jsonl")
+        self.stores: list[SqliteStore] = []
+
+    def engine(
+        self,
+        tools: dict[str, tuple[str, bool]],
+        script: Sequence[Sequence[dict[str, Any]] | str],
+        *,
+        crash_at: str | None = None,
+        human: ScriptedHuman | None = None,
+    ) -> TurnEngine:
+        for store in self.stores:
+            store.close()  # the previous process is gone
+        crash = CrashInjector(None if crash_at is None else parse_crash_point("ledger", crash_at))
+        registry = ToolRegistry()
+        for name, (policy, approval) in tools.items():
+            registry.register(name, CountingAdapter(self.system, name,
+                                                    on_request_sent=crash.request_sent),
+                              policy=policy, requires_approval=approval)
+        store = SqliteStore(self.dir / "ledger.sqlite3")
+        self.stores.append(store)
+        return TurnEngine(session_id=SESSION_ID, registry=registry,
+                          provider=ScriptedProvider(script), human=human or ScriptedHuman(),
+                          conversations=FileConversationStore(self.dir / "conversation"),
+                          store=store, crash=crash)
+
+    def close(self) -> None:
+        for store in self.stores:
+            store.close()
+
+
+def fault_run(
+    tmp: Path,
+    name: str,
+    policy: str,
+    faults: Sequence[Fault],
+    *,
+    late: bool = False,
+    resolve: str | None = None,
+    expect: TurnStatus = TurnStatus.DONE,
+) -> KitRun:
+    """simulate's one call (same session, tool, arguments), with scripted faults; the
+    late requests land at the end; a halted call is resolved by a human in a new process."""
+    kit = Kit(tmp, name)
+    tools = {TOOL: (policy, True)}
+    script: list[Sequence[dict[str, Any]] | str] = [
+        [tool_call("call_0", TOOL, ARGUMENTS)], "The email is sent."]
+    kit.system.fault(*faults)
+    with kt.KitRecorder() as recorder:
+        result = kit.engine(tools, script).run(USER_TEXT)
+        if resolve is not None:
+            assert result.status is TurnStatus.RECOVERY_REQUIRED, result
+            text = "a human checked the outbox" if resolve == "applied" else None
+            result = kit.engine(tools, script).resolve_recovery(result.halted[0], resolve,
+                                                                result_text=text)
+    if late:
+        assert kit.system.deliver_in_flight(), "nothing was in flight"
+    kit.close()
+    assert result.status is expect, result
+    return KitRun(name, recorder.of(SESSION_ID), CountingExternalSystem(kit.system.path))
+
+
+FAULT_RUNS: dict[str, list[Callable[[Path], KitRun]]] = {
+    "manual": [
+        lambda tmp: fault_run(tmp, "manual-lost-answer-human-retry", "manual",
+                              [Fault.LOSE_ANSWER], resolve="retry"),
+        lambda tmp: fault_run(tmp, "manual-time-out-human-applied-late", "manual",
+                              [Fault.TIME_OUT], resolve="applied", late=True),
+    ],
+    "idempotent": [
+        lambda tmp: fault_run(tmp, "idempotent-two-time-outs-late-dedup", "idempotent",
+                              [Fault.TIME_OUT, Fault.TIME_OUT], late=True),
+        lambda tmp: fault_run(tmp, "idempotent-definite-failure", "idempotent",
+                              [Fault.FAIL_DEFINITELY]),
+    ],
+    "reconcile": [
+        lambda tmp: fault_run(tmp, "reconcile-lost-answer-found-applied", "reconcile",
+                              [Fault.LOSE_ANSWER]),
+        lambda tmp: fault_run(tmp, "reconcile-time-out-fenced-late-dropped", "reconcile",
+                              [Fault.TIME_OUT], late=True),
+        lambda tmp: fault_run(tmp, "reconcile-cannot-tell-human-abandons", "reconcile",
+                              [Fault.TIME_OUT, Fault.CANNOT_TELL], resolve="abandon", late=True),
+    ],
+    "readonly": [
+        lambda tmp: fault_run(tmp, "readonly-time-out", "readonly", [Fault.TIME_OUT], late=True),
+    ],
+}
+
+
+def validate(cfg: ModelConfig, runs: Sequence[KitRun]) -> tuple[tc.TraceValidation, float]:
+    traces = [tc.trace_of(cfg, kt.replay(cfg, r.recording, r.world), origin=r.name)
+              for r in runs]
+    started = time.perf_counter()
+    result = tc.validate_traces(ROOT, cfg, traces)
+    return result, time.perf_counter() - started
+
+
+# --------------------------------------------------------------------------
+# The tests
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_seed_matrix_runs_of_simulate_are_spec_behaviours(policy: str, tmp_path: Path) -> None:
+    seed = [simulate_row(row, policy, tmp_path) for row in SEED_MATRIX]
+    faulty = [make(tmp_path) for make in FAULT_RUNS[policy]]
+    cfg = kt.kit_config([r.recording for r in (*seed, *faulty)])
+    [call] = cfg.calls
+    assert (call.position, call.tool_call_id, call.tool.name, call.tool.policy.value) == (
+        (1, 0), "call_0", TOOL, policy)
+    assert call.digest(call.arg_choices[0]) == toolledger.protocol.args_digest(TOOL, ARGUMENTS)
+
+    result, seconds = validate(cfg, [*seed, *faulty])
+    print(f"\n{policy}: {result.traces} kit traces ({result.steps} steps) validated by TLC "
+          f"in {seconds:.1f} s")
+    assert result.ok, result.describe() + "\n" + result.tlc.output[-2000:]
+    assert result.traces == len(SEED_MATRIX) + len(FAULT_RUNS[policy])
+
+    # every crash the engine survived is a Crash of the trace, and what the
+    # engine did after it is the recovery decision the seed's matrix names
+    rows = {row: r.actions(cfg) for row, r in zip(SEED_MATRIX, seed, strict=True)}
+    assert all(actions.count("Crash") == 1 for actions in rows.values())
+    after = {row: actions[actions.index("Crash") + 1:] for row, actions in rows.items()}
+    if policy != "readonly":
+        assert after["after_succeeded_before_tool_message"] == []  # reconstructed, not invoked
+        assert after["after_external_success"][0] == "Recover"
+        assert "EngineInvokeAdapter" not in after["after_tool_result_checkpoint"]
+
+
+def test_the_search_infers_what_the_engine_cannot_log(tmp_path: Path) -> None:
+    """A lost answer the reconcile connector finds applied, and a late original dropped
+    by its fence, are environment steps inferred where the spec needs them."""
+    found = fault_run(tmp_path, "lost", "reconcile", [Fault.LOSE_ANSWER])
+    dropped = fault_run(tmp_path, "dropped", "reconcile", [Fault.TIME_OUT], late=True)
+    deduplicated = fault_run(tmp_path, "dedup", "idempotent", [Fault.TIME_OUT], late=True)
+    cfg = kt.kit_config([found.recording])
+    actions = found.actions(cfg)
+    i = actions.index("EngineReconcileApplied")
+    assert actions[i - 3:i] == ["EngineTimeout", "Recover", "ExternalApplyLoseAnswer"]
+    actions = dropped.actions(kt.kit_config([dropped.recording]))
+    assert actions[-1] == "ExternalDropFenced" and "EngineReconcileNotApplied" in actions
+    actions = deduplicated.actions(kt.kit_config([deduplicated.recording]))
+    assert actions[-1] == "ExternalApplyLoseAnswer"  # the late original, deduplicated
+    assert deduplicated.world.effects() == 1
+
+
+def test_replay_refuses_a_recording_it_cannot_follow(tmp_path: Path) -> None:
+    run = simulate_row("after_external_success", "manual", tmp_path)
+    cfg = kt.kit_config([run.recording])
+    # the approval never happened: dispatching is not an engine step the spec allows,
+    # and no environment action makes it one
+    tampered = [e for e in run.recording
+                if not any(ev.action.value == "HumanApprove" for ev in e.events)]
+    with pytest.raises(kt.ReplayError, match=r"EnginePersistDispatched .* is not enabled"):
+        kt.replay(cfg, tampered, run.world)
+    # a world that saw a second effect is not the world the engine's steps lead to
+    other = fault_run(tmp_path, "twice", "manual", [Fault.LOSE_ANSWER], resolve="retry")
+    with pytest.raises(kt.ReplayError, match="the real external system"):
+        kt.replay(cfg, run.recording, other.world)
+
+
+def test_two_turns_with_reused_ids_and_every_policy_are_spec_behaviours(
+    tmp_path: Path,
+) -> None:
+    """call_0 reused across turns, two "" ids in one message, every policy, a crash, a
+    rejection and a human resolution: one kit run, validated by TLC."""
+    tools = {"send_email": ("manual", True), "read_file": ("readonly", False),
+             "charge_card": ("idempotent", True), "create_ticket": ("reconcile", False)}
+    script: list[Sequence[dict[str, Any]] | str] = [
+        [tool_call("call_0", "send_email", {"to": "ada"}),
+         tool_call("call_1", "read_file", {"path": "q3.csv"})],
+        "Sent, and read.",
+        [tool_call("call_0", "charge_card", {"amount": 5}),
+         tool_call("", "create_ticket", {"title": "refund"}),
+         tool_call("", "send_email", {"to": "bob"})],
+        "Charged, ticketed, not emailed.",
+    ]
+    kit = Kit(tmp_path, "two-turns")
+    with kt.KitRecorder() as recorder:
+        first = kit.engine(tools, script, crash_at="after ExternalApply")
+        with pytest.raises(SimulatedCrash):
+            first.run("email Ada the report you read")
+        halted = kit.engine(tools, script).resume()  # manual: halted, nothing replayed
+        assert halted.status is TurnStatus.RECOVERY_REQUIRED
+        done = kit.engine(tools, script).resolve_recovery(halted.halted[0], "applied",
+                                                          result_text="sent, id 7")
+        assert done.status is TurnStatus.DONE
+        kit.system.fault(Fault.TIME_OUT)  # the charge times out, then is retried
+        second = kit.engine(tools, script, human=ScriptedHuman(["approve", "reject"]))
+        result: TurnResult = second.run("charge 5, open a ticket, email Bob")
+        assert result.status is TurnStatus.DONE
+    kit.system.deliver_in_flight()
+    kit.close()
+    run = KitRun("two turns", recorder.of(SESSION_ID), CountingExternalSystem(kit.system.path))
+    cfg = kt.kit_config([run.recording])
+    assert [(c.position, c.tool_call_id) for c in cfg.calls] == [
+        ((1, 0), "call_0"), ((1, 1), "call_1"), ((6, 0), "call_0"), ((6, 1), ""), ((6, 2), "")]
+    assert len(set(cfg.exec_ids.values())) == 5  # reused ids, five executions
+    result_, seconds = validate(cfg, [run])
+    print(f"\ntwo turns: {result_.steps} steps validated by TLC in {seconds:.1f} s")
+    assert result_.ok, result_.describe() + "\n" + result_.tlc.output[-2000:]
+    actions = run.actions(cfg)
+    for action in ("Crash", "HumanResolveApplied", "HumanReject", "EngineRecordDenied",
+                   "EngineInvokeReadonly", "EngineTimeout"):
+        assert action in actions, action
+
+
+@pytest.fixture
+def manual_retries(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Broken on purpose: recovery retries a ``manual`` call found in ``dispatched``."""
+    original = decide_recovery
+
+    def broken(i: RecoveryInputs) -> RecoveryDecision:
+        if (i.status is LedgerStatus.DISPATCHED and i.policy is RecoveryPolicy.MANUAL
+                and not i.has_result and i.attempt < i.max_attempts):
+            return RecoveryDecision(Decision.RETRY_SAME_ID, i)
+        return original(i)
+
+    # the core decides; the Ledger and the engine recompute it for the audit and the log
+    for module in (toolledger.protocol, toolledger.ledger, toolledger.engine):
+        monkeypatch.setattr(module, "decide_recovery", broken)
+    yield
+
+
+def test_trace_validation_catches_a_broken_engine(manual_retries: None, tmp_path: Path) -> None:
+    run = simulate_row("after_external_success", "manual", tmp_path)
+    assert run.world.effects() == 2  # the broken engine really sent the email twice
+    cfg = kt.kit_config([run.recording])
+    actions = run.actions(cfg)  # the model follows the broken core
+    result, _ = validate(cfg, [run])
+    assert not result.ok
+    assert result.failure is not None
+    assert result.failure.action == "Recover"
+    assert actions[result.failure.step] == "Recover"
+    assert actions[result.failure.step + 1] == "EnginePersistDispatched"
+    assert "(Recover) is not a step the spec allows" in result.describe()
