@@ -192,6 +192,9 @@ def check_graph(
                      "an initial spec state the reference lacks", graph.states[spec_init[k]])
         )
     report.mismatch_count = len(report.mismatches)
+    if fail_fast and report.mismatch_count:
+        report.seconds = time.perf_counter() - started
+        return report
     nodes = sorted(graph.states)
     _JOB = (cfg, graph, keys, successors_fn, max_mismatches, fail_fast)
     graph._successor_index()  # build before forking, so workers share it
