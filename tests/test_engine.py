@@ -840,3 +840,15 @@ def test_the_provider_never_sees_engine_metadata(world: World) -> None:
     [tool] = [m for m in seen[-1] if m["role"] == "tool"]
     assert set(tool) == {"role", "tool_call_id", "content"}
     assert "execution_id" in tool_messages(engine)[0]  # the engine keeps it
+
+
+@pytest.mark.parametrize("policy", ["readonly", "manual", "idempotent", "reconcile"])
+def test_adopted_legacy_session_whose_calls_are_answered_resumes(policy: str) -> None:
+    """Regression (found by notebook 03): a legacy session whose trailing calls
+    all had their results when it was adopted used to make resume() raise
+    'no call at (1, 0)'; those calls are answered and must be left alone."""
+    from toolledger.figures_matrix import run_cell
+
+    cell = run_cell("ledger", "legacy", policy, "after EngineCheckpoint")
+    assert cell.status != "error", cell.error
+    assert cell.effects == 1 and cell.decisions == ()

@@ -853,6 +853,9 @@ class TurnEngine:
         # EngineCheckpointCall) is made durable now, before anything else.
         positions = self._trailing_positions()
         self._register_missing(positions)
+        # A legacy call (before the marker) that already had its result when
+        # the session was adopted is not in the ledger: it is answered.
+        positions = [p for p in positions if self.ledger.state.call(p) is not None]
         for pos in positions:
             c = self.ledger.state.call(pos)
             if c is not None and c.result is not None and not self._has_tool_message(c):
