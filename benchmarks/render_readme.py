@@ -1,0 +1,218 @@
+"""Rewrite the benchmark figures in README.md from ``benchmarks/results.json``.
+
+Only the text between the ``<!-- bench:begin -->`` and ``<!-- bench:end -->``
+lines of ``README.md`` is replaced; nothing else in the file is touched.  If
+the markers are missing (or out of order, or repeated), the script says so
+and exits with status 2 without writing anything.  ``--check`` writes
+nothing and exits 1 if the block is not what the results file renders to.
+
+``python benchmarks/render_readme.py [--results FILE] [--readme FILE] [--check]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import ROOT
+
+BEGIN = "<!-- bench:begin -->"
+END = "<!-- bench:end -->"
+
+
+def _md(head: Sequence[str], rows: Sequence[Sequence[object]], right: Sequence[int] = ()) -> str:
+    align = ["---:" if i in right else "---" for i in range(len(head))]
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _n(x: Any) -> str:
+    return "-" if x is None else f"{x:,}"
+
+
+def _yes(met: Any) -> str:
+    return "-" if met is None else ("yes" if met else "**no**")
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The README block (without the markers) for a results document."""
+    m = doc["machine"]
+    b = doc["benchmarks"]
+    out = [
+        f"Produced by `make bench` (`python benchmarks/run_all.py`, "
+        f"{doc['seconds']['total'] / 60:.0f} min) on {m['date'][:10]}, commit "
+        f"`{m['git_commit']}`: {m['nproc']} cores "
+        f"({m['cpu']}), {m['memory']}, Python {m['python']}, {m['java']}, SQLite "
+        f"{m['sqlite']}, scratch files on {m['scratch_fs']}.  The machine is shared: times are "
+        "medians of repeated runs, and every ratio compares two things measured side by side "
+        "in the same run.  All figures, per run, are in `benchmarks/results.json`; each comes "
+        "from one script in `benchmarks/` that can be rerun alone "
+        "(`python benchmarks/bench_sqlite.py`).",
+        "",
+        _md(("goal", "target", "measured", "met"),
+            [(g["goal"], g["target"], g["measured"] or "-", _yes(g["met"]))
+             for g in doc["goals"]]),
+    ]
+    models = b.get("models") or {}
+    if "models" in models:
+        out += ["", "**Model checking** (`bench_models.py`; one TLC worker per model, wall time "
+                "includes the JVM's start):", ""]
+        out.append(_md(
+            ("model", "CI", "expected", "distinct states", "wall s", "states/s"),
+            [(x["name"], "yes" if x["ci"] else "no", x["expect"], _n(x["distinct_states"]),
+              f"{x['seconds']:.1f}", _n(x["states_per_second"])) for x in models["models"]],
+            right=(3, 4, 5)))
+        ci = models["ci_set"]
+        check = ci.get("toolledger_check_seconds")
+        out += ["", f"CI set ({ci['models']} models): {ci['sequential_sum_seconds']:.1f} s "
+                f"one after the other, {ci['parallel_seconds']:.1f} s {ci['parallel_jobs']} at "
+                "a time" + (f"; a complete `toolledger check` (TLC with state-graph dumps, "
+                            f"then the conformance checks) took {check:.0f} s"
+                            if check is not None else "") + "."]
+        grid: dict[tuple[int, int], str] = {}
+        for g in models["growth"]:
+            grid[(g["calls"], g["crashes"])] = (
+                f"{_n(g['distinct_states'])} ({g['seconds']:.0f} s)" if g["complete"]
+                else f"> {_n(g['distinct_states_seen'])} (stopped at {g['time_limit']:.0f} s)")
+        calls = sorted({c for c, _ in grid})
+        crashes = sorted({k for _, k in grid})
+        out += ["", "Growth of the state space (distinct states, wall time), generated models: "
+                "manual and idempotent calls in turn 1, a reconcile call reusing `call_0` in "
+                "turn 2, all approved, `MaxAttempts` 2:", ""]
+        out.append(_md(("calls", *(f"{k} crash{'es' if k != 1 else ''}" for k in crashes)),
+                       [(c, *(grid.get((c, k), "-") for k in crashes)) for c in calls],
+                       right=tuple(range(1, len(crashes) + 1))))
+    c = b.get("conformance") or {}
+    if "ratio_vs_tlc" in c:
+        out += ["", f"**Conformance** (`bench_conformance.py`, {c['model']}, {_n(c['states'])} "
+                f"states, {_n(c['edges'])} edges, {c['mismatches']} mismatches): TLC "
+                f"{c['tlc_seconds']:.1f} s without dump, {c['tlc_with_dump_seconds']:.1f} s with "
+                f"the {c['dump_megabytes']:.0f} MB dump; loading it {c['load_seconds']:.1f} s, "
+                f"checking every state and edge {c['check_seconds']:.1f} s "
+                f"({c['conformance_workers']} processes): {c['ratio_vs_tlc']:.2f}x TLC's time "
+                f"({c['ratio_vs_tlc_with_dump']:.2f}x TLC-with-dump's)."]
+    s = b.get("sqlite") or {}
+    if "commits" in s:
+        out += ["", f"**SQLite durability** (`bench_sqlite.py`, WAL + `synchronous=FULL`, "
+                f"{s['filesystem']}): commits per call, counted by the store, by SQLite's "
+                "statement trace and by `strace` (sync system calls):", ""]
+        rows = []
+        for kind, x in s["commits"].items():
+            st = x.get("strace_syncs") or {}
+            syncs = st.get("total_per_call")
+            rows.append((kind, f"{x['ledger_commits_per_call']:g}", f"{x['commits_per_call']:g}",
+                         f"{x['traced_commit_statements_per_call']:g}",
+                         "-" if syncs is None else f"{syncs:g}"))
+        out.append(_md(("call", "ledger commits", "all commits", "COMMITs traced",
+                        "syncs (strace)"), rows, right=(1, 2, 3, 4)))
+        r = s["rates_per_second"]
+        q = s["ratios"]
+        out += ["", f"Throughput, same directory, {s['rounds']} interleaved rounds (medians): "
+                f"{r['ledger_calls']:.0f} protected calls/s on the ledger path (2 commits each), "
+                f"{r['full_calls']:.0f}/s with the call's own persist commit (3 each); raw "
+                f"`write`+`fsync` {r['fsync']:.0f}/s, `write`+`fdatasync` {r['fdatasync']:.0f}/s, "
+                f"in-place `fdatasync` {r['fdatasync_in_place']:.0f}/s, raw SQLite commits "
+                f"{r['sqlite']:.0f}/s.  Ratio calls/s x 2 / syncs/s: {q['vs_fsync']:.2f} vs "
+                f"fsync, {q['vs_fdatasync']:.2f} vs fdatasync, {q['vs_fdatasync_in_place']:.2f} "
+                f"vs in-place fdatasync, {q['vs_sqlite_commit']:.2f} vs raw SQLite commits; the "
+                f"goal is judged against the fastest ({s['goal_ratio_against']})."]
+    r2 = b.get("recovery") or {}
+    if "by_history" in r2:
+        out += ["", "**Recovery vs history** (`bench_recovery.py`): one call pending after "
+                "`dispatched`, H completed calls before it; open the store, load the session, "
+                "`Recover` the call (medians, warm cache):", ""]
+        out.append(_md(
+            ("past calls", "file MB", "open s", "load s", "Recover s", "total s"),
+            [(_n(int(h)), x["file_megabytes"], f"{x['open_seconds']:.3f}",
+              f"{x['load_seconds']:.3f}", f"{x['recover_seconds']:.3f}",
+              f"{x['total_seconds']:.3f}") for h, x in r2["by_history"].items()],
+            right=(0, 1, 2, 3, 4, 5)))
+        parts = r2["ratio_parts"]
+        out += ["", f"t(largest) / t(smallest) = {r2['ratio_largest_to_smallest']:.1f} (open "
+                f"{parts['open']:.1f}, load {parts['load']:.1f}, Recover {parts['recover']:.1f})"
+                + ("." if r2["goal_met"] else
+                   ": opening validates every row of the file, loading decodes the whole "
+                   "session, and each transition of the in-memory session state is linear in "
+                   "its calls, so recovery time grows with the history.")]
+    h = b.get("bugfinding") or {}
+    if "hypothesis" in h:
+        hy, tl, ctl = h["hypothesis"], h["tlc"], h["control_ledger_engine"]
+        out += ["", f"**Bug finding** (`bench_bugfinding.py`): Hypothesis finds the legacy "
+                f"engine's duplicate delivery with {hy['found_with_seeds']}/{hy['seeds']} seeds, "
+                f"median {hy['median_seconds']:.3f} s and {hy['median_examples']:g} examples "
+                f"(max {hy['max_seconds']:.3f} s); the same property finds nothing in "
+                f"{ctl['examples']} examples against the ledger engine.  TLC reports "
+                f"`{tl['violated']}` on `{tl['model']}` in {tl['median_seconds']:.1f} s "
+                f"({tl['counterexample_states']}-state counterexample)."]
+    k = b.get("crash_campaign") or {}
+    if "totals" in k:
+        t = k["totals"]
+        by = k["kills_by_kind"]
+        lc = k["legacy_control"]
+        cr = k["corruption"]
+        fz = k.get("fuzz") or {}
+        out += ["", f"**Crash campaign** (`crash_campaign.py`): {k['runs']} runs of a two-turn "
+                f"session in real processes on SqliteStore, policies "
+                f"{', '.join(k.get('policies') or [])}, {k['kills']} "
+                f"SIGKILLs ({by['point']} at the enumerated crash points, {by['io']} at I/O "
+                f"boundaries, {by['timer']} by timer, {by['multi']} in runs killed 2-3 times, "
+                "recovery included), checked against the external system's own log:", ""]
+        out.append(_md(("duplicate effects", "results lost", "results fabricated",
+                        "contradicted", "unsettled calls", "store unusable", "child errors"),
+                       [(t["duplicates"], t["lost"], t["fabricated"], t["contradicted"],
+                         t["unsettled"], t["store_unusable"], t["child_errors"])]))
+        for counter, f in (k.get("findings") or {}).items():
+            for cause, n in f["causes"].items():
+                out += ["", f"Found, `{counter}` in {n} of {k['runs']} runs: {cause}."]
+        out += ["", f"Control: the legacy engine through the same harness: {lc['duplicates_found']}"
+                f" duplicate effects, at {', '.join(lc['points_with_duplicates'])}.  Store "
+                f"damaged at a random byte ({cr['trials']} trials, truncated or changed): "
+                f"{cr['detected']} failed closed with nothing executed, {cr['harmless']} hit "
+                f"unused bytes (same data read back), {cr['silent']} silent.  Fuzz of the public "
+                f"API: {_n(fz.get('examples'))} calls, {_n(fz.get('unhandled'))} exceptions "
+                "other than the documented typed errors"
+                + (": " + "; ".join(f"{n} x {kind}" for kind, n in
+                                    (fz.get("unhandled_kinds") or {}).items())
+                   if fz.get("unhandled") else "") + "."]
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="rewrite README.md's benchmark block")
+    p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results.json")
+    p.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    p.add_argument("--check", action="store_true", help="only check that the block is current")
+    a = p.parse_args(argv)
+    text = a.readme.read_text(encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    begins = [i for i, ln in enumerate(lines) if ln.strip() == BEGIN]
+    ends = [i for i, ln in enumerate(lines) if ln.strip() == END]
+    if len(begins) != 1 or len(ends) != 1 or begins[0] >= ends[0]:
+        print(f"render_readme: {a.readme} needs exactly one line '{BEGIN}' followed later by "
+              f"one line '{END}' (found {len(begins)} and {len(ends)}); add them where the "
+              "benchmark figures belong. Nothing was written.", file=sys.stderr)
+        return 2
+    doc = json.loads(a.results.read_text(encoding="utf-8"))
+    block = render(doc).rstrip("\n") + "\n"
+    new = "".join([*lines[: begins[0] + 1], block, *lines[ends[0]:]])
+    if a.check:
+        if new != text:
+            print(f"render_readme: the block in {a.readme} is not current: run "
+                  "python benchmarks/render_readme.py", file=sys.stderr)
+            return 1
+        return 0
+    if new != text:
+        a.readme.write_text(new, encoding="utf-8")
+    print(f"render_readme: {a.readme} block rewritten from {a.results}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

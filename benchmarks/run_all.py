@@ -1,0 +1,164 @@
+"""Run every benchmark, write ``benchmarks/results.json``, then the README's figures.
+
+``make bench`` runs ``python benchmarks/run_all.py``: each script of
+``benchmarks/`` in full mode, one after the other (the crash campaign runs 2
+processes at a time itself), then ``benchmarks/render_readme.py``, which
+rewrites the block between ``<!-- bench:begin -->`` and ``<!-- bench:end -->``
+in ``README.md`` from the results file.  Every figure in that block comes
+from ``results.json``, and every figure in ``results.json`` from a script
+that anyone can rerun.
+
+Options: ``--only NAME`` (repeatable) runs some benchmarks and keeps the
+others' figures from the existing results file; ``--smoke`` runs everything
+in its tiny mode and writes nothing (unless ``--out`` is given);
+``--no-readme`` skips the README.  Exit status: 0 if every script ran and
+the README was rewritten, 1 otherwise (a goal that is not met is a figure,
+not a failure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import (
+    bench_bugfinding,
+    bench_conformance,
+    bench_models,
+    bench_recovery,
+    bench_sqlite,
+    crash_campaign,
+    render_readme,
+)
+from benchmarks.common import ROOT, machine_info, table
+
+RESULTS = ROOT / "benchmarks" / "results.json"
+
+BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
+    "bugfinding": bench_bugfinding.run,
+    "sqlite": bench_sqlite.run,
+    "recovery": bench_recovery.run,
+    "conformance": bench_conformance.run,
+    "models": bench_models.run,
+    "crash_campaign": crash_campaign.run,
+}
+
+
+def _get(d: dict[str, Any] | None, *path: str) -> Any:
+    cur: Any = d
+    for p in path:
+        if not isinstance(cur, dict) or p not in cur:
+            return None
+        cur = cur[p]
+    return cur
+
+
+def goals(b: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every goal of the issue, with what was measured and whether it was met."""
+    m, c, s, r, h, k = (b.get(n) for n in ("models", "conformance", "sqlite", "recovery",
+                                           "bugfinding", "crash_campaign"))
+    out = []
+
+    def goal(name: str, target: str, measured: str | None, met: Any) -> None:
+        out.append({"goal": name, "target": target, "measured": measured,
+                    "met": None if met is None else bool(met)})
+
+    par, seq = _get(m, "ci_set", "parallel_seconds"), _get(m, "ci_set", "sequential_sum_seconds")
+    goal("CI model set, wall time", "<= 60 s",
+         None if par is None else f"{par:.1f} s two at a time ({seq:.1f} s sequential sum)",
+         _get(m, "ci_set", "goal_met"))
+    ratio = _get(c, "ratio_vs_tlc")
+    goal("exhaustive conformance / TLC (TwoCalls)", "<= 3x",
+         None if ratio is None else f"{ratio:.2f}x vs TLC ({_get(c, 'ratio_vs_tlc_with_dump'):.2f}x"
+         " vs TLC with dump)", _get(c, "goal_met"))
+    lp = _get(s, "ledger_commits_per_protected_call")
+    lr = _get(s, "ledger_commits_per_readonly_call")
+    goal("ledger commits per protected / readonly call", "2 / 0",
+         None if lp is None else f"{lp:g} / {lr:g}", _get(s, "commits_goal_met"))
+    gv, against = _get(s, "goal_ratio_value"), _get(s, "goal_ratio_against")
+    goal("protected calls/s x 2 / raw syncs/s", ">= 0.8",
+         None if gv is None else f"{gv:.2f} (against raw {against})", _get(s, "ratio_goal_met"))
+    rr = _get(r, "ratio_largest_to_smallest")
+    sizes = _get(r, "history_sizes") or []
+    goal("recovery t(100k) / t(1k)", "<= 1.5",
+         None if rr is None else f"{rr:.1f} (t({sizes[-1]:,}) / t({sizes[0]:,}))",
+         _get(r, "goal_met"))
+    hs = _get(h, "hypothesis", "median_seconds")
+    goal("Hypothesis finds the duplicate delivery (median of 20 seeds)", "<= 1 s",
+         None if hs is None else f"{hs:.3f} s, {_get(h, 'hypothesis', 'median_examples'):g} "
+         "examples", _get(h, "hypothesis", "goal_met"))
+    ts = _get(h, "tlc", "median_seconds")
+    goal("TLC finds the LegacyResume counterexample", "<= 5 s",
+         None if ts is None else f"{ts:.2f} s", _get(h, "tlc", "goal_met"))
+    kills, zero = _get(k, "kills"), _get(k, "all_zero")
+    goal("crash campaign: all counts zero, >= 200 SIGKILLs", "0 and >= 200",
+         None if kills is None else f"{kills} kills, all zero: {'yes' if zero else 'no'}",
+         _get(k, "goal_met"))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="run every benchmark; write results.json")
+    p.add_argument("--only", action="append", choices=list(BENCHMARKS), default=[])
+    p.add_argument("--smoke", action="store_true", help="tiny runs; writes nothing by default")
+    p.add_argument("--out", type=Path, help=f"results file (default {RESULTS.relative_to(ROOT)})")
+    p.add_argument("--no-readme", action="store_true", help="do not rewrite README.md")
+    a = p.parse_args(argv)
+    out_path: Path | None = a.out or (None if a.smoke else RESULTS)
+
+    previous: dict[str, Any] = {}
+    if a.only and out_path is not None and out_path.exists():
+        previous = json.loads(out_path.read_text()).get("benchmarks", {})
+    names = a.only or list(BENCHMARKS)
+    started = time.perf_counter()
+    results: dict[str, Any] = dict(previous)
+    seconds: dict[str, float] = {}
+    failed: list[str] = []
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            results[name] = BENCHMARKS[name](smoke=a.smoke)
+        except Exception:
+            failed.append(name)
+            results[name] = {"error": traceback.format_exc(limit=8)}
+            print(f"\n!! {name} failed:\n{results[name]['error']}", flush=True)
+        seconds[name] = round(time.perf_counter() - t0, 1)
+
+    doc: dict[str, Any] = {
+        "generated_by": "python benchmarks/run_all.py" + (" --smoke" if a.smoke else ""),
+        "machine": machine_info(),
+        "seconds": {**seconds, "total": round(time.perf_counter() - started, 1)},
+        "goals": goals(results),
+        "benchmarks": results,
+    }
+    print("\n== summary")
+    print(f"machine: {doc['machine']['nproc']} cores ({doc['machine']['cpu']}), "
+          f"Python {doc['machine']['python']}, {doc['machine']['java']}, "
+          f"SQLite {doc['machine']['sqlite']}, scratch on {doc['machine']['scratch_fs']}; "
+          f"{doc['machine']['date']}")
+    print(table(("goal", "target", "measured", "met"),
+                [(g["goal"], g["target"], g["measured"] or "-",
+                  "-" if g["met"] is None else ("yes" if g["met"] else "NO"))
+                 for g in doc["goals"]]))
+    print("time per benchmark: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()))
+    if failed:
+        print(f"FAILED to run: {', '.join(failed)}")
+    status = 1 if failed else 0
+    if out_path is not None:
+        out_path.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+        print(f"wrote {out_path}")
+        if not a.no_readme:
+            status = max(status, render_readme.main(["--results", str(out_path)]))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""The benchmark scripts still run, and say what they measured.
+
+Under test: ``benchmarks/run_all.py`` in ``--smoke`` mode (every script of
+``benchmarks/`` in its tiny mode, results written to a temporary file) and
+``benchmarks/render_readme.py``.  The oracle is the structure of the
+results, never a time: absolute times on a shared machine prove nothing.
+The counts that do not depend on the machine (ledger commits per call,
+distinct states, crash-campaign counts) are checked exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import render_readme, run_all
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench") / "results.json"
+    status = run_all.main(["--smoke", "--out", str(out), "--no-readme"])
+    assert status == 0, "a benchmark script failed in smoke mode (see the captured output)"
+    doc: dict[str, Any] = json.loads(out.read_text())
+    return doc
+
+
+def test_every_benchmark_ran_and_the_machine_is_recorded(smoke: dict[str, Any]) -> None:
+    assert set(smoke["benchmarks"]) == set(run_all.BENCHMARKS)
+    assert not [n for n, b in smoke["benchmarks"].items() if "error" in b]
+    machine = smoke["machine"]
+    for key in ("date", "nproc", "python", "java", "sqlite", "scratch_fs", "git_commit"):
+        assert machine[key], key
+    goals = smoke["goals"]
+    assert len(goals) == 8
+    assert all(set(g) == {"goal", "target", "measured", "met"} for g in goals)
+    assert all(g["measured"] is not None for g in goals)
+
+
+def test_models_figures(smoke: dict[str, Any]) -> None:
+    m = smoke["benchmarks"]["models"]
+    by_name = {x["name"]: x for x in m["models"]}
+    assert by_name["LegacyResume"]["distinct_states"] == 27
+    assert by_name["LegacyResume"]["got"] == "AtMostOnceEffect"
+    assert all(x["as_expected"] for x in m["models"])
+    assert m["ci_set"]["sequential_sum_seconds"] > 0 and m["ci_set"]["parallel_seconds"] > 0
+    [cell] = m["growth"]
+    assert (cell["calls"], cell["crashes"], cell["complete"]) == (1, 0, True)
+    assert cell["distinct_states"] > 0
+
+
+def test_conformance_figures(smoke: dict[str, Any]) -> None:
+    c = smoke["benchmarks"]["conformance"]
+    assert c["mismatches"] == 0 and c["states"] > 0 and c["edges"] >= c["states"]
+    for key in ("tlc_seconds", "tlc_with_dump_seconds", "load_seconds", "check_seconds",
+                "ratio_vs_tlc", "ratio_vs_tlc_with_dump"):
+        assert c[key] >= 0, key
+
+
+def test_sqlite_commit_counts_are_exact(smoke: dict[str, Any]) -> None:
+    s = smoke["benchmarks"]["sqlite"]
+    assert s["ledger_commits_per_protected_call"] == 2
+    assert s["ledger_commits_per_readonly_call"] == 0
+    assert s["counters_agree_with_sql_trace"] is True
+    for kind, c in s["commits"].items():
+        assert c["commits_per_call"] == c["traced_commit_statements_per_call"], kind
+        if c["strace_syncs"] is not None and "per_call" in c["strace_syncs"]:
+            # one sync per commit (WAL, synchronous=FULL), nothing else
+            assert c["strace_syncs"]["total_per_call"] == c["commits_per_call"], kind
+    assert set(s["ratios"]) >= {"vs_fsync", "vs_fdatasync", "vs_sqlite_commit"}
+    assert all(v > 0 for v in s["rates_per_second"].values())
+
+
+def test_recovery_figures(smoke: dict[str, Any]) -> None:
+    r = smoke["benchmarks"]["recovery"]
+    assert [int(h) for h in r["by_history"]] == r["history_sizes"]
+    for row in r["by_history"].values():
+        assert row["total_seconds"] >= row["recover_seconds"] > 0
+
+
+def test_bugfinding_figures(smoke: dict[str, Any]) -> None:
+    h = smoke["benchmarks"]["bugfinding"]
+    assert h["hypothesis"]["found_with_seeds"] == h["hypothesis"]["seeds"]
+    assert h["control_ledger_engine"]["duplicates_found"] is False
+    assert h["tlc"]["violated"] == "AtMostOnceEffect"
+    assert h["tlc"]["counterexample_states"] > 1
+
+
+def test_crash_campaign_smoke_counts(smoke: dict[str, Any]) -> None:
+    k = smoke["benchmarks"]["crash_campaign"]
+    assert k["kills"] == 5
+    assert k["totals"] == dict.fromkeys(k["totals"], 0)
+    assert k["corruption"]["silent"] == 0 and k["corruption"]["wrote_anyway"] == 0
+
+
+def test_render_readme_rewrites_only_the_block(smoke: dict[str, Any], tmp_path: Path) -> None:
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps(smoke))
+    readme = tmp_path / "README.md"
+    before = "# title\n\ntext\n\n<!-- bench:begin -->\nold figures\n<!-- bench:end -->\n\ntail\n"
+    readme.write_text(before)
+    assert render_readme.main(["--results", str(results), "--readme", str(readme)]) == 0
+    after = readme.read_text()
+    head, _, rest = after.partition("<!-- bench:begin -->\n")
+    block, _, tail = rest.partition("<!-- bench:end -->\n")
+    assert head == "# title\n\ntext\n\n" and tail == "\ntail\n"
+    assert "old figures" not in block and "| goal | target | measured | met |" in block
+    assert render_readme.main(["--results", str(results), "--readme", str(readme),
+                               "--check"]) == 0
+
+
+def test_render_readme_without_markers_writes_nothing(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# no markers here\n")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "render_readme.py"), "--readme", str(readme),
+         "--results", str(tmp_path / "missing.json")],
+        capture_output=True, text=True, check=False, timeout=60,
+    )
+    assert done.returncode == 2
+    assert "<!-- bench:begin -->" in done.stderr and "Nothing was written" in done.stderr
+    assert readme.read_text() == "# no markers here\n"
+
+
+def test_a_script_runs_stand_alone() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_recovery.py"), "--smoke", "--json"],
+        capture_output=True, text=True, check=False, timeout=300, cwd=ROOT / "tests",
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout[done.stdout.index("\n{") + 1:])
+    assert data["history_sizes"] == [50, 500]
