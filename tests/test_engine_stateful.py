@@ -483,6 +483,19 @@ class EngineMachine(RuleBasedStateMachine):
         text = f"a human checked: {pos} was applied" if resolution == "applied" else None
         self._drive(proc, lambda eng: eng.resolve_recovery(pos, resolution, result_text=text))
 
+    @rule()
+    def process_dies_idle(self) -> None:
+        """The engine process dies between two requests (the next one starts a new one)."""
+        self.step_no += 1
+        note(f"step {self.step_no}: "
+             + (f"process {self.live.number} dies while idle" if self.live else "(no process)"))
+        self._kill_live()
+
+    def faults_queued(self) -> int:
+        # (the external system's own script; no public count: read it, never write it)
+        return len(self.system._faults) + len(self.system._reconcile_faults)
+
+    @precondition(lambda self: self.faults_queued() < 2)
     @rule(fault=st.sampled_from(FAULTS))
     def external_fault(self, fault: Fault) -> None:
         """The outside world: the next request (or reconcile question) goes wrong."""
