@@ -338,3 +338,23 @@ def test_trace_validation_catches_a_broken_engine(manual_retries: None, tmp_path
     assert actions[result.failure.step] == "Recover"
     assert actions[result.failure.step + 1] == "EnginePersistDispatched"
     assert "(Recover) is not a step the spec allows" in result.describe()
+
+
+def test_a_fence_the_spec_does_not_have_is_reported(tmp_path: Path) -> None:
+    """Pins a kit/spec divergence (reported, not fixed here).  A reconcile call that
+    timed out three times: on the third reconcile the connector fences attempt 3 and
+    answers "not applied", but the retry budget is spent, so the engine records
+    EngineReconcileUnknown, which in the spec fences nothing.  The late attempt 3 is then
+    dropped by a fence the spec's state does not have: no spec step explains it."""
+    run = fault_run(tmp_path, "fence", "reconcile", [Fault.TIME_OUT] * 3, late=True,
+                    expect=TurnStatus.RECOVERY_REQUIRED)
+    [e] = {r.execution_id for r in run.world.requests}
+    assert run.world.fenced_up_to(e) == 3
+    assert [r.status.value for r in run.world.requests] == ["dropped_fenced"] * 3
+    cfg = kt.kit_config([run.recording])
+    with pytest.raises(kt.ReplayError, match=r"request 3 .* says dropped_fenced"):
+        kt.replay(cfg, run.recording, run.world)
+    # without the external system's word, the engine's own steps are spec steps
+    actions = [a for a, _ in kt.replay(cfg, run.recording)]
+    assert actions.count("EngineReconcileNotApplied") == 2
+    assert actions[-1] == "EngineReconcileUnknown"
