@@ -53,6 +53,9 @@ class _Tables:
             self.spec_eid.setdefault(py, spec)
             self.py_eid.setdefault(spec, py)
         self.spec_eids = sorted(set(cfg.spec_exec_ids.values()))
+        # Equal reference values map to one shared (hash-cached) spec value.
+        self.results: dict[p.ToolResult | None, FnValue] = {None: _NO_RESULT}
+        self.records: dict[p.ExecutionRecord, FnValue] = {}
 
     def arg(self, digest: str | None) -> str:
         if digest is None:
@@ -60,10 +63,33 @@ class _Tables:
         return self.cfg.arg_of_digest.get(digest, f"<unknown digest {digest[:15]}>")
 
     def result(self, r: p.ToolResult | None) -> FnValue:
-        if r is None:
-            return _NO_RESULT
-        exec_id: Value = self.spec_eid.get(r.execution_id, ("<unknown id>",))
-        return FnValue({"kind": r.kind.value, "exec": exec_id, "args": self.arg(r.args_digest)})
+        v = self.results.get(r)
+        if v is None:
+            assert r is not None
+            exec_id: Value = self.spec_eid.get(r.execution_id, ("<unknown id>",))
+            v = FnValue({"kind": r.kind.value, "exec": exec_id, "args": self.arg(r.args_digest)})
+            self.results[r] = v
+        return v
+
+    def record(self, rec: p.ExecutionRecord) -> FnValue:
+        v = self.records.get(rec)
+        if v is None:
+            call_name: str = NONE
+            if rec.position is not None:
+                owner = self.cfg.by_position.get(rec.position)
+                call_name = owner.name if owner is not None else f"<position {rec.position}>"
+            v = FnValue(
+                {
+                    "status": rec.status.value,
+                    "attempt": rec.attempt,
+                    "args": self.arg(rec.args_digest),
+                    "auth": rec.authorization.value,
+                    "result": self.result(rec.result),
+                    "call": call_name,
+                }
+            )
+            self.records[rec] = v
+        return v
 
 
 _TABLES: dict[int, _Tables] = {}
@@ -72,6 +98,8 @@ _TABLES: dict[int, _Tables] = {}
 def _tables(cfg: ModelConfig) -> _Tables:
     t = _TABLES.get(id(cfg))
     if t is None or t.cfg is not cfg:
+        if len(_TABLES) > 64:  # many short-lived configs (Hypothesis): stay bounded
+            _TABLES.clear()
         t = _Tables(cfg)
         _TABLES[id(cfg)] = t
     return t
@@ -110,21 +138,7 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
     for se in t.spec_eids:
         e = t.py_eid[se]
         approval[se] = session.approval(e).value
-        rec = session.record(e)
-        call_name: str = NONE
-        if rec.position is not None:
-            owner = cfg.by_position.get(rec.position)
-            call_name = owner.name if owner is not None else f"<position {rec.position}>"
-        ledger[se] = FnValue(
-            {
-                "status": rec.status.value,
-                "attempt": rec.attempt,
-                "args": t.arg(rec.args_digest),
-                "auth": rec.authorization.value,
-                "result": t.result(rec.result),
-                "call": call_name,
-            }
-        )
+        ledger[se] = t.record(session.record(e))
         audit[se] = frozenset((k, n) for (ae, k, n) in session.audit if ae == e)
         inflight[se] = ext.requests(e)
         fenced[se] = ext.fence(e)

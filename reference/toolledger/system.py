@@ -17,6 +17,7 @@ except :meth:`ModelConfig.from_mc_module`, which reads one file.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -50,7 +51,12 @@ class CallConfig:
     arg_choices: tuple[str, ...]
 
     def digest(self, arg: str) -> str:
-        return p.args_digest(self.tool.name, {"arg": arg})
+        return _digest(self.tool.name, arg)
+
+
+@functools.lru_cache(maxsize=4096)
+def _digest(tool_name: str, arg: str) -> str:
+    return p.args_digest(tool_name, {"arg": arg})
 
 
 @dataclass(frozen=True)
