@@ -6,8 +6,9 @@ The oracle is the external system's own durable log and what survived on
 disk (see the campaign's module doc).  Here: the manual policy at the five
 crash points of the seed issue's fault-injection matrix, the legacy engine
 as a control (the checks must see its duplicate), one damaged store, and a
-short fuzz of the public API.  Two known gaps are pinned as strict xfails:
-they fail here until the code is fixed, then these tests must be updated.
+short fuzz of the public API.  Two gaps the campaign found (a malformed
+position raised TypeError; a kill while a store file was created left it
+empty) are fixed, and their tests stay here as regressions.
 """
 
 from __future__ import annotations
@@ -78,10 +79,6 @@ def test_fuzz_of_provider_and_config_inputs_raises_only_typed_errors(tmp_path: P
         out["unhandled_kinds"]
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="Ledger.step documents InvalidInput for bad input, but a "
-                          "ProviderEmitCall (also ExternalApplyLoseAnswer, ExternalDropFenced) "
-                          "whose position is not a (turn, slot) tuple raises TypeError")
 def test_ledger_step_with_a_malformed_position_raises_a_typed_error() -> None:
     ledger = Ledger.create(MemoryStore(), "s")
     tool = ToolProfile("send_email", RecoveryPolicy.MANUAL, True)
@@ -90,9 +87,6 @@ def test_ledger_step_with_a_malformed_position_raises_a_typed_error() -> None:
                           "digest"))
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="a SIGKILL while SqliteStore creates a new file leaves it empty "
-                          "(0 bytes), and an empty file is refused as corrupt from then on")
 def test_a_kill_while_the_store_is_created_leaves_a_usable_store(tmp_path: Path) -> None:
     killed = 0
     for k in range(1, 7):  # the statements before the file gets its SQLite header

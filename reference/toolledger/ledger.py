@@ -288,6 +288,8 @@ class Ledger:
                 raise InvalidInput(
                     "a Crash cannot be part of a batch: commit the batch, then call crash()"
                 )
+            if ev.position is not None:
+                _position(ev.position, f"{ev.action} events")
         for key, text in contents.items():
             _position(key, "result_content")
             if not isinstance(text, str):

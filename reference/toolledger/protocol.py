@@ -1002,6 +1002,16 @@ def apply(state: SessionState, event: Event) -> SessionState:
     """The state after ``event``; raises :class:`ProtocolError` if not allowed."""
     if not isinstance(event, Event):
         raise InvalidInput(f"expected an Event, got {type(event).__name__}")
+    pos: object = event.position
+    if pos is not None and not (
+        isinstance(pos, tuple)
+        and len(pos) == 2
+        and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in pos)
+    ):
+        raise InvalidInput(
+            f"{event.action}: position must be a (turn, slot) tuple of non-negative ints, "
+            f"got {pos!r}"
+        )
     if event.action in _ENGINE_SILENT:
         return state
     handler = _HANDLERS.get(event.action)

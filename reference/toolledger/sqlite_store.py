@@ -368,15 +368,16 @@ class SqliteStore:
         self._lock = threading.RLock()
         self._broken: str | None = None
         self._conn: sqlite3.Connection | None = None
-        if self.path.exists():
-            if not self.path.is_file():
-                raise StoreError(f"{self.path} exists but is not a regular file: pass a file path")
-            _check_file(self.path)
-        elif not self.path.parent.is_dir():
-            raise StoreError(
-                f"cannot create the store {self.path}: directory {self.path.parent} does not "
-                "exist; create it first"
-            )
+        if not self.path.exists():
+            if not self.path.parent.is_dir():
+                raise StoreError(
+                    f"cannot create the store {self.path}: directory {self.path.parent} does "
+                    "not exist; create it first"
+                )
+            self._create_atomically()
+        if not self.path.is_file():
+            raise StoreError(f"{self.path} exists but is not a regular file: pass a file path")
+        _check_file(self.path)
         try:
             conn = sqlite3.connect(
                 self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
@@ -396,6 +397,48 @@ class SqliteStore:
         self._conn = conn
 
     # -- opening ----------------------------------------------------------------
+
+    def _create_atomically(self) -> None:
+        """Create the file with its schema so that no crash can leave it half made.
+
+        The schema is written to a temporary file beside it, fsynced, and
+        linked into place (``os.link`` fails if the path appeared meanwhile:
+        a concurrent creator wins, nothing is overwritten), then the directory
+        is fsynced.  A SIGKILL at any point leaves either no store (and a
+        stray temporary file, removed by the next creator) or a complete one:
+        never the empty file that an in-place creation leaves behind, which
+        is refused as corrupt.
+        """
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.creating")
+        for stray in self.path.parent.glob(f".{self.path.name}.*.creating*"):
+            stray.unlink(missing_ok=True)
+        try:
+            conn = sqlite3.connect(tmp, isolation_level=None)
+            try:
+                self._configure(conn)
+                self._create_schema(conn)
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:
+                conn.close()  # the last connection: the WAL is folded into the file
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError:
+                pass  # another process created it first: use theirs
+            dfd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot create the store {self.path} ({exc})") from exc
+        finally:
+            for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+                leftover.unlink(missing_ok=True)
 
     def _corrupt(self, what: str) -> StoreCorrupt:
         return StoreCorrupt(
