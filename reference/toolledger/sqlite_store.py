@@ -85,6 +85,7 @@ or return from a commit before SQLite has made it durable.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -425,10 +426,9 @@ class SqliteStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            try:
+            # another process may have created it first: then use theirs
+            with contextlib.suppress(FileExistsError):
                 os.link(tmp, self.path)
-            except FileExistsError:
-                pass  # another process created it first: use theirs
             dfd = os.open(self.path.parent, os.O_RDONLY)
             try:
                 os.fsync(dfd)
