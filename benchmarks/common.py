@@ -154,6 +154,19 @@ def _git_commit() -> str:
     return out.stdout.strip() or "?"
 
 
+def code_state() -> Result:
+    """The commit checked out and the uncommitted changes of the code being measured."""
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--", "reference", "spec", "model"], cwd=ROOT,
+            capture_output=True, text=True, timeout=30, check=False,
+        )
+        dirty = [line[3:] for line in out.stdout.splitlines() if line.strip()]
+    except (OSError, subprocess.TimeoutExpired):
+        dirty = ["? (git status failed)"]
+    return {"commit": _git_commit(), "uncommitted": dirty}
+
+
 def _tlc_version() -> str:
     try:
         from toolledger.tlc import find_jar

@@ -45,10 +45,17 @@ def render(doc: dict[str, Any]) -> str:
     """The README block (without the markers) for a results document."""
     m = doc["machine"]
     b = doc["benchmarks"]
+    code = doc.get("code") or {}
+    start = code.get("at_start") or {}
+    commit = f"`{start.get('commit', m['git_commit'])}`"
+    if code.get("changed_during_run"):
+        commit += " (the code changed during the run)"
+    elif start.get("uncommitted"):
+        commit += f" (with uncommitted changes in {', '.join(start['uncommitted'])})"
     out = [
         f"Produced by `make bench` (`python benchmarks/run_all.py`, "
         f"{doc['seconds']['total'] / 60:.0f} min) on {m['date'][:10]}, commit "
-        f"`{m['git_commit']}`: {m['nproc']} cores "
+        f"{commit}: {m['nproc']} cores "
         f"({m['cpu']}), {m['memory']}, Python {m['python']}, {m['java']}, SQLite "
         f"{m['sqlite']}, scratch files on {m['scratch_fs']}.  The machine is shared: times are "
         "medians of repeated runs, and every ratio compares two things measured side by side "
@@ -115,14 +122,20 @@ def render(doc: dict[str, Any]) -> str:
         r = s["rates_per_second"]
         q = s["ratios"]
         out += ["", f"Throughput, same directory, {s['rounds']} interleaved rounds (medians): "
-                f"{r['ledger_calls']:.0f} protected calls/s on the ledger path (2 commits each), "
-                f"{r['full_calls']:.0f}/s with the call's own persist commit (3 each); raw "
+                f"{r['ledger_calls']:.0f} protected calls/s on the ledger path (2 commits each, "
+                f"sessions of 5 calls), {r['full_calls']:.0f}/s with the call's own persist "
+                f"commit in one growing session (3 each); raw "
                 f"`write`+`fsync` {r['fsync']:.0f}/s, `write`+`fdatasync` {r['fdatasync']:.0f}/s, "
                 f"in-place `fdatasync` {r['fdatasync_in_place']:.0f}/s, raw SQLite commits "
                 f"{r['sqlite']:.0f}/s.  Ratio calls/s x 2 / syncs/s: {q['vs_fsync']:.2f} vs "
                 f"fsync, {q['vs_fdatasync']:.2f} vs fdatasync, {q['vs_fdatasync_in_place']:.2f} "
                 f"vs in-place fdatasync, {q['vs_sqlite_commit']:.2f} vs raw SQLite commits; the "
-                f"goal is judged against the fastest ({s['goal_ratio_against']})."]
+                f"goal is judged against the fastest ({s['goal_ratio_against']}).  The same "
+                f"calls with `synchronous=OFF` run at {r['ledger_calls_no_sync']:.0f}/s: a call "
+                f"costs {s['call_cost_without_syncs_ms']:.2f} ms besides its two syncs, a raw "
+                f"sync here {s['raw_sync_ms']:.2f} ms; the ratio, about 2s / (2s + "
+                f"{s['call_cost_without_syncs_ms']:.2f} ms) for a sync time s, reaches 0.8 when "
+                f"a sync takes >= {s['sync_ms_needed_for_goal']:.2f} ms."]
     r2 = b.get("recovery") or {}
     if "by_history" in r2:
         out += ["", "**Recovery vs history** (`bench_recovery.py`): one call pending after "

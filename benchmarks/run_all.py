@@ -38,7 +38,7 @@ from benchmarks import (
     crash_campaign,
     render_readme,
 )
-from benchmarks.common import ROOT, machine_info, table
+from benchmarks.common import ROOT, code_state, machine_info, table
 
 RESULTS = ROOT / "benchmarks" / "results.json"
 
@@ -118,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.only and out_path is not None and out_path.exists():
         previous = json.loads(out_path.read_text()).get("benchmarks", {})
     names = a.only or list(BENCHMARKS)
+    code_before = code_state()
     started = time.perf_counter()
     results: dict[str, Any] = dict(previous)
     seconds: dict[str, float] = {}
@@ -132,9 +133,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"\n!! {name} failed:\n{results[name]['error']}", flush=True)
         seconds[name] = round(time.perf_counter() - t0, 1)
 
+    code_after = code_state()
     doc: dict[str, Any] = {
         "generated_by": "python benchmarks/run_all.py" + (" --smoke" if a.smoke else ""),
         "machine": machine_info(),
+        # The in-process benchmarks run the code imported at the start; child
+        # processes import it again: if it changed during the run, say so.
+        "code": {"at_start": code_before, "at_end": code_after,
+                 "changed_during_run": code_before != code_after},
         "seconds": {**seconds, "total": round(time.perf_counter() - started, 1)},
         "goals": goals(results),
         "benchmarks": results,
@@ -149,6 +155,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "-" if g["met"] is None else ("yes" if g["met"] else "NO"))
                  for g in doc["goals"]]))
     print("time per benchmark: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()))
+    if doc["code"]["changed_during_run"]:
+        print(f"WARNING: the code changed during the run ({code_before} -> {code_after}): "
+              "rerun for figures of one version")
+    elif code_before["uncommitted"]:
+        print(f"note: measured with uncommitted changes in {code_before['uncommitted']}")
     if failed:
         print(f"FAILED to run: {', '.join(failed)}")
     status = 1 if failed else 0
