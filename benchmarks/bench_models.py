@@ -221,7 +221,8 @@ def run(smoke: bool = False) -> Result:
         print(f"one complete `toolledger check` (TLC with dumps + conformance): {check_s:.1f} s, "
               f"exit {check_rc}")
 
-    heading("growth of the state space: the calls of ThreeCalls, 1-3 calls x 0-2 crashes")
+    heading("growth of the state space: manual + idempotent (turn 1), reconcile (turn 2); "
+            "1-3 calls x 0-2 crashes")
     cells = [(1, 0)] if smoke else [(n, k) for n in (1, 2, 3) for k in (0, 1, 2)]
     limit = 60.0 if smoke else 120.0
     growth: list[dict[str, Any]] = []

@@ -160,8 +160,8 @@ def render(doc: dict[str, Any]) -> str:
         out += ["", f"**Bug finding** (`bench_bugfinding.py`): Hypothesis finds the legacy "
                 f"engine's duplicate delivery with {hy['found_with_seeds']}/{hy['seeds']} seeds, "
                 f"median {hy['median_seconds']:.3f} s and {hy['median_examples']:g} examples "
-                f"(max {hy['max_seconds']:.3f} s); the same property finds nothing in "
-                f"{ctl['examples']} examples against the ledger engine.  TLC reports "
+                f"(max {hy['max_seconds']:.3f} s); against the ledger engine the same property "
+                f"finds nothing in the {ctl['examples']} examples it generates.  TLC reports "
                 f"`{tl['violated']}` on `{tl['model']}` in {tl['median_seconds']:.1f} s "
                 f"({tl['counterexample_states']}-state counterexample)."]
     k = b.get("crash_campaign") or {}
@@ -187,7 +187,8 @@ def render(doc: dict[str, Any]) -> str:
         out += ["", f"Control: the legacy engine through the same harness: {lc['duplicates_found']}"
                 f" duplicate effects, at {', '.join(lc['points_with_duplicates'])}.  Store "
                 f"damaged at a random byte ({cr['trials']} trials, truncated or changed): "
-                f"{cr['detected']} failed closed with nothing executed, {cr['harmless']} hit "
+                f"{cr['detected']} failed closed (`StoreCorrupt` naming the file, exit 3, store "
+                f"and external log byte for byte unchanged), {cr['harmless']} hit "
                 f"unused bytes (same data read back), {cr['silent']} silent.  Fuzz of the public "
                 f"API: {_n(fz.get('examples'))} calls, {_n(fz.get('unhandled'))} exceptions "
                 "other than the documented typed errors"
