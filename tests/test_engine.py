@@ -426,7 +426,8 @@ def test_reused_call_id_gets_its_own_execution_and_approval(world: World) -> Non
     sent, denied = tool_messages(engine)
     assert (sent["execution_id"], sent["status"]) == (first, "ok")
     assert (denied["execution_id"], denied["status"]) == (second, "denied")
-    st = engine.ledger.state
+    st = engine.ledger.full_state()  # the first turn is settled: in the store only
+    assert first not in {c.execution_id for c in engine.ledger.state.calls}
     assert st.approval(first) is ApprovalState.APPROVED
     assert st.approval(second) is ApprovalState.REJECTED
 

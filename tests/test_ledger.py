@@ -30,6 +30,7 @@ from toolledger.stores import (
     Store,
     UnknownSession,
     durable_projection,
+    working_set,
 )
 
 A = p.Action
@@ -123,7 +124,11 @@ def dispatch_protected(ledger: Ledger, pos: p.CallPosition, tool: p.ToolProfile)
 
 
 def assert_durable_agrees(h: Harness, ledger: Ledger) -> None:
-    expected = durable_projection(ledger.state)
+    full = ledger.full_state()
+    # The ledger keeps exactly the working set in memory, and a restart loads it back.
+    assert ledger.state == working_set(full)
+    assert h.store.load_working_set(SID) == durable_projection(ledger.state)
+    expected = durable_projection(full)
     assert h.store.load(SID) == expected
     assert h.fresh_view() == expected
     rows = ledger.audit()
@@ -578,7 +583,22 @@ def run_random_behaviour(h: Harness, data: st.DataObject) -> None:
             assert ledger.state == durable_projection(ledger.state)
             assert_durable_agrees(h, ledger)
             continue
-        state = ledger.state
+        state = ledger.full_state()  # events are drawn from the whole session's core
+        settled = [
+            pos
+            for turn in range(marker, marker + 2)
+            for slot in range(2)
+            if (pos := (turn, slot)) in {c.position for c in state.calls}
+            and ledger.state.call(pos) is None
+        ]
+        if settled and data.draw(st.integers(0, 4), label="emit over a settled call?") == 0:
+            # Outside the working set, but taken: refused as the core refuses it.
+            event("emit over a settled call: refused")
+            kept, before = ledger.state, counts(h.store)
+            with pytest.raises(p.ProtocolError, match="a call is already at that position"):
+                ledger.step(emit(settled[0], MANUAL, {"x": 0}), arguments={"x": 0})
+            assert ledger.state is kept and counts(h.store) == before
+            continue
         # Emit candidates carry a placeholder tool; the real one is drawn below.
         emits = [
             emit((turn, slot), MANUAL, {"x": turn})
@@ -627,7 +647,7 @@ def run_random_behaviour(h: Harness, data: st.DataObject) -> None:
         else:
             ledger.step(ev)
         assert_durable_agrees(h, ledger)
-    assert h.reopened_view() == durable_projection(ledger.state)
+    assert h.reopened_view() == durable_projection(ledger.full_state())
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)

@@ -29,7 +29,13 @@ import pytest
 
 from toolledger import protocol as p
 from toolledger.ledger import Ledger
-from toolledger.sqlite_store import APPLICATION_ID, SCHEMA_VERSION, SqliteStore, _checksum
+from toolledger.sqlite_store import (
+    _SCHEMA,
+    APPLICATION_ID,
+    SCHEMA_VERSION,
+    SqliteStore,
+    _checksum,
+)
 from toolledger.stores import (
     AuditRow,
     MemoryStore,
@@ -559,9 +565,19 @@ def test_a_hand_written_result_must_be_json(tmp_path: Path) -> None:
         "UPDATE audit SET inputs = ?, row_checksum = ? WHERE id = ?",
         (row["inputs"], _checksum("audit", row), row["id"]),
     )
+    raw.execute(_SCHEMA[-2])  # and puts the trigger back
     raw.commit()
     raw.close()
     refuse(path, StoreCorrupt, r"audit\[1\]\.inputs is JSON but not an object")
+
+
+def test_a_dropped_append_only_trigger_fails_closed(tmp_path: Path) -> None:
+    path = populated(tmp_path / "x.db")
+    raw = sqlite3.connect(path)
+    raw.execute("DROP TRIGGER audit_no_delete")
+    raw.commit()
+    raw.close()
+    refuse(path, StoreCorrupt, "its indexes or triggers audit_no_delete are missing")
 
 
 def test_a_commit_survives_the_process_being_killed(tmp_path: Path) -> None:

@@ -199,9 +199,10 @@ class RecordingLedger(Ledger):
         arguments: dict[p.CallPosition, Mapping[str, Any]],
         human_note: str | None,
     ) -> p.SessionState:
-        before = self.state
+        before = self.full_state()
         commits, ledger_commits = self.store.commits, self.store.ledger_commits
-        after = super()._advance(events, contents, arguments, human_note)
+        kept = super()._advance(events, contents, arguments, human_note)
+        after = self.full_state()
         self.tape.entries.append(
             TapeEntry(
                 "commit",
@@ -213,7 +214,7 @@ class RecordingLedger(Ledger):
                 ", ".join(ev.action.value for ev in events),
             )
         )
-        return after
+        return kept
 
 
 class RecordingTurnEngine(TurnEngine):
@@ -236,7 +237,7 @@ class RecordingTurnEngine(TurnEngine):
         recording = RecordingLedger(self.store, self.session_id, self.tape)
         if recording.state != opened.state:
             raise AssertionError("the reloaded ledger differs from the one the engine opened")
-        self.tape.opened(recording.state, self.store.commits - commits,
+        self.tape.opened(recording.full_state(), self.store.commits - commits,
                          self.store.ledger_commits - ledger_commits)
         return recording
 

@@ -48,6 +48,7 @@ from typing import Any, Final
 from . import protocol as p
 from .adapters import CountingExternalSystem, RequestStatus
 from .ledger import Ledger
+from .stores import working_set
 from .system import CallConfig, ModelConfig, SystemState, initial_states, successors
 
 __all__ = [
@@ -119,7 +120,8 @@ class Logged:
 
     session_id: str
     events: tuple[p.Event, ...]
-    state: p.SessionState  # the ledger's state after the batch (or as loaded at the start)
+    state: p.SessionState  # the whole session after the batch (or as loaded at the start)
+    working: p.SessionState  # what the ledger kept in memory: its working set
 
     @property
     def start(self) -> bool:
@@ -149,19 +151,19 @@ class KitRecorder:
 
         def recording_init(ledger: Ledger, store: Any, session_id: str) -> None:
             init(ledger, store, session_id)
-            entries.append(Logged(session_id, (), ledger.state))
+            entries.append(Logged(session_id, (), ledger.full_state(), ledger.state))
 
         def recording_advance(
             ledger: Ledger, events: list[p.Event], *args: Any, **kwargs: Any
         ) -> p.SessionState:
             batch = tuple(events)  # the caller's list, as given
             after = advance(ledger, events, *args, **kwargs)
-            entries.append(Logged(ledger.session_id, batch, after))
+            entries.append(Logged(ledger.session_id, batch, ledger.full_state(), after))
             return after
 
         def recording_crash(ledger: Ledger) -> p.SessionState:
             after = crash(ledger)
-            entries.append(Logged(ledger.session_id, (), after))
+            entries.append(Logged(ledger.session_id, (), ledger.full_state(), after))
             return after
 
         Ledger.__init__ = recording_init  # type: ignore[method-assign,assignment]
@@ -261,6 +263,16 @@ def _no_contents(state: p.SessionState) -> p.SessionState:
         calls=tuple(replace(c, result=bare(c.result)) for c in state.calls),
         ledger={e: replace(r, result=bare(r.result)) for e, r in state.ledger.items()},
     )
+
+
+def _same_working_set(i: int, s: SystemState, entry: Logged) -> None:
+    """The ledger kept exactly the working set of the model's session in memory."""
+    expected = _no_contents(working_set(s.session))
+    if expected != _no_contents(entry.working):
+        raise ReplayError(
+            f"entry {i}: the ledger kept {entry.working} in memory, the working set of the "
+            f"model's session is {expected}"
+        )
 
 
 def _call_of(state: p.SessionState, ev: p.Event) -> p.CallState | None:
@@ -384,6 +396,7 @@ def replay(
                 s = crashed
                 run.append((p.Action.Crash.value, s))
             started = True
+            _same_working_set(i, s, entry)
             if _no_contents(s.session) != _no_contents(entry.state):
                 raise ReplayError(f"entry {i}: the new process loaded {entry.state}, "
                                   f"the model has {s.session}")
@@ -397,6 +410,7 @@ def replay(
                 )
             run.extend(steps)
             s = steps[-1][1]
+        _same_working_set(i, s, entry)
         if _no_contents(s.session) != _no_contents(entry.state):
             raise ReplayError(
                 f"entry {i} ({', '.join(ev.action.value for ev in entry.events)}): the model's "

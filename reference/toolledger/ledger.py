@@ -34,6 +34,20 @@ when it becomes durable, so a retry after a crash can use them.
 :meth:`Ledger.crash` forgets everything in memory and reloads the session
 from the store: exactly what a restarted process sees.
 
+A Ledger keeps only the session's working set in memory
+(:func:`~toolledger.stores.working_set`: the calls without a result and the
+calls of the last durable turn, with their approvals, records and audit
+keys): after every commit the calls that are settled and behind the last
+turn leave :attr:`Ledger.state`, and loading (at start and on
+:meth:`Ledger.crash`) reads only the working set
+(:meth:`~toolledger.stores.Store.load_working_set`).  A session's past can
+grow without making transitions or recoveries slower.  The one guard of the
+core that looks at other calls, "no call is at that position yet" of
+``ProviderEmitCall``, is completed by :meth:`~toolledger.stores.Store.call_exists`
+for a position behind the last durable turn.  :meth:`Ledger.full_state` is
+the whole session (the store's settled calls plus the working set in
+memory), for checkers and tools.
+
 What it must never do: act on a state before it is durable, write anything
 when ``apply`` refuses an event (``ProtocolError``) or the input is bad
 (``InvalidInput``), decide recovery itself (the core does), or keep going on
@@ -57,6 +71,7 @@ from .protocol import (
     Event,
     InvalidInput,
     MessageState,
+    ProtocolError,
     SessionState,
     Stage,
     apply,
@@ -65,7 +80,7 @@ from .protocol import (
     durable_changes,
     recovery_inputs,
 )
-from .stores import AuditRow, Store, arguments_json
+from .stores import AuditRow, Store, arguments_json, last_durable_turn, working_set
 
 __all__ = ["RESOLUTIONS", "Ledger"]
 
@@ -119,7 +134,7 @@ class Ledger:
     def __init__(self, store: Store, session_id: str) -> None:
         self._store = store
         self._session_id = session_id
-        self._state = store.load(session_id)
+        self._state = store.load_working_set(session_id)
         # Volatile, like the stages: lost by crash().
         self._arguments: dict[CallPosition, str] = {}
         self._decisions: dict[CallPosition, str] = {}
@@ -147,8 +162,37 @@ class Ledger:
 
     @property
     def state(self) -> SessionState:
-        """The current state, including the volatile stages held in memory."""
+        """The working set, including the volatile stages held in memory.
+
+        Every call without a result and every call of the last durable turn;
+        settled calls of earlier turns are in the store only (see
+        :meth:`full_state`).
+        """
         return self._state
+
+    def full_state(self) -> SessionState:
+        """The whole session: the store's settled calls and the working set in memory.
+
+        Reads the session's history from the store (its cost grows with it):
+        for checkers, tests and tools, not for the engine's hot path.  Settled
+        calls outside the working set sit at stage ``NONE``, as they would in
+        memory.
+        """
+        stored = self._store.load(self._session_id)
+        mine = {c.position: c for c in self._state.calls}
+        calls = tuple(
+            sorted(
+                [mine.pop(c.position, c) for c in stored.calls] + list(mine.values()),
+                key=lambda c: c.position,
+            )
+        )
+        return replace(
+            stored,
+            calls=calls,
+            approvals={**stored.approvals, **self._state.approvals},
+            ledger={**stored.ledger, **self._state.ledger},
+            audit=stored.audit | self._state.audit,
+        )
 
     # -- transitions ------------------------------------------------------------
 
@@ -203,7 +247,7 @@ class Ledger:
 
     def crash(self) -> SessionState:
         """Forget everything in memory and reload the session: what a restart sees."""
-        self._state = self._store.load(self._session_id)
+        self._state = self._store.load_working_set(self._session_id)
         self._arguments.clear()
         self._decisions.clear()
         return self._state
@@ -268,7 +312,7 @@ class Ledger:
             value: dict[str, Any] = json.loads(text)
             return value
         call = self._state.call(position)
-        if call is None or call.message is not MessageState.DURABLE:
+        if call is not None and call.message is not MessageState.DURABLE:
             return None
         return self._store.call_arguments(self._session_id, position)
 
@@ -307,8 +351,19 @@ class Ledger:
         pending = dict(self._arguments)
         decisions = dict(self._decisions)
         unused = dict(contents)
+        last_turn = last_durable_turn(start)
         for ev in events:
             before = state
+            if (
+                ev.action is Action.ProviderEmitCall
+                and ev.position is not None
+                and last_turn is not None
+                and ev.position[0] < last_turn
+                and before.call(ev.position) is None
+                and self._store.call_exists(self._session_id, ev.position)
+            ):
+                # The core's own guard, for a settled call outside the working set.
+                raise ProtocolError(ev.action, ev.position, "a call is already at that position")
             decision: Decision | None = None
             if ev.action is Action.Recover and ev.position is not None:
                 call = before.call(ev.position)
@@ -350,10 +405,15 @@ class Ledger:
                 and c.position in pending
             }
             self._store.commit(self._session_id, start, state, rows, arguments=new_args)
-        self._state = state
+        kept = working_set(state)
+        if kept is not state:
+            positions = {c.position for c in kept.calls}
+            pending = {k: v for k, v in pending.items() if k in positions}
+            decisions = {k: v for k, v in decisions.items() if k in positions}
+        self._state = kept
         self._arguments = pending
         self._decisions = decisions
-        return state
+        return kept
 
     @staticmethod
     def _checked_arguments(ev: Event, given: Mapping[str, Any]) -> str:

@@ -44,15 +44,24 @@ calls       session_id, turn, slot (PK together), tool_call_id, tool_name,
             policy, requires_approval, execution_id UNIQUE, args_digest,
             arguments, message_state, result_kind, result_content,
             result_execution_id, result_args_digest
-approvals   execution_id PK, session_id, state
+approvals   execution_id PK, session_id, state (WITHOUT ROWID)
 ledger      execution_id PK, session_id, status, attempt, args_digest,
             authorization, result_kind, result_content,
             result_execution_id, result_args_digest, turn, slot
-audit       id AUTOINCREMENT, session_id, execution_id, tool_call_id, turn,
-            slot, kind, attempt, authorization, recovery_decision,
-            inputs (JSON), note, recorded_at; append-only (triggers refuse
-            UPDATE and DELETE)
+            (WITHOUT ROWID)
+audit       id (rowid: increasing, rows are never deleted), session_id,
+            execution_id, tool_call_id, turn, slot, kind, attempt,
+            authorization, recovery_decision, inputs (JSON), note,
+            recorded_at; append-only (triggers refuse UPDATE and DELETE)
 ==========  ===============================================================
+
+Indexes: ``calls_open`` (the calls without a result, partial), ``audit_by_session``
+and ``audit_by_execution``.  They are what keeps a recovery independent of
+the history: :meth:`SqliteStore.load_working_set` reads the open calls and
+the last turn through them, and the approvals, records and audit keys of
+those calls by execution id.  A protected call's two commits touch a handful
+of pages (ledger row; audit row and its two index entries; the call's row and
+its ``calls_open`` entry), which is what each fsync carries.
 
 ``calls.arguments`` keeps the JSON arguments the model emitted (NULL if the
 engine did not give them): only their digest is protocol-relevant, but a
@@ -67,16 +76,21 @@ Opening fails closed
 --------------------
 Opening a missing path creates the schema.  Opening an existing file first
 checks, without writing anything: the SQLite header and the file size (a
-file truncated to less than the pages its header announces), ``PRAGMA
-quick_check``, the application id, the schema version, every table's
-columns, every row's checksum, and that every session decodes into a valid
-state (enum values, execution ids re-derived from their position, argument
-digests).  A damaged, truncated, empty or foreign file raises
+file truncated to less than the pages its header announces), the
+application id, the schema version, every table's columns and the named
+indexes and triggers.  That costs the same for any size of file.  Then
+every row read, by any operation, is checked against its checksum and
+decoded strictly (enum values, execution ids re-derived from their
+position, argument digests) before anything acts on it, and SQLite reports
+a damaged page it has to read ("malformed").  So a recovery reads, and
+checks, exactly the rows its decision depends on: the open calls and their
+records, never the settled history.  :meth:`SqliteStore.verify` checks the
+whole file (``PRAGMA quick_check``, every row, ownership of every record),
+for operators and backups.  A damaged, truncated, empty or foreign file raises
 :class:`~toolledger.stores.StoreCorrupt`; a file from a newer (or unknown)
 schema raises :class:`~toolledger.stores.UnsupportedSchema`.  Both name the
 file, say what was found and what to do; the file is left byte for byte as
-it was.  Opening therefore reads the whole file: fine for a store of agent
-sessions, and the price of never acting on a damaged ledger.
+it was, and nothing was executed.
 
 What it must never do: decide anything, write while opening a file it has
 not validated, write outside one transaction, update or delete an audit row,
@@ -129,13 +143,14 @@ from .stores import (
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteStore"]
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 """The schema this version writes and reads; a file with another one is refused."""
 
 APPLICATION_ID: Final = 0x544C4752
 """``PRAGMA application_id`` of a toolledger store ("TLGR")."""
 
 _SQLITE_MAGIC: Final = b"SQLite format 3\x00"
+_IN_CHUNK: Final = 500  # execution ids per ``IN (...)`` query
 
 Row = dict[str, Any]
 _E = TypeVar("_E", bound=StrEnum)
@@ -219,7 +234,7 @@ _SCHEMA: Final[tuple[str, ...]] = (
         execution_id TEXT PRIMARY KEY,
         session_id TEXT NOT NULL REFERENCES sessions (session_id),
         state TEXT NOT NULL CHECK (state IN ({_one_of(ApprovalState)})),
-        row_checksum TEXT NOT NULL)""",
+        row_checksum TEXT NOT NULL) WITHOUT ROWID""",
     f"""CREATE TABLE ledger (
         execution_id TEXT PRIMARY KEY,
         session_id TEXT NOT NULL REFERENCES sessions (session_id),
@@ -230,9 +245,9 @@ _SCHEMA: Final[tuple[str, ...]] = (
         {_RESULT_DDL},
         turn INTEGER,
         slot INTEGER,
-        row_checksum TEXT NOT NULL)""",
+        row_checksum TEXT NOT NULL) WITHOUT ROWID""",
     """CREATE TABLE audit (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        id INTEGER PRIMARY KEY,
         session_id TEXT NOT NULL REFERENCES sessions (session_id),
         execution_id TEXT NOT NULL,
         tool_call_id TEXT NOT NULL,
@@ -246,13 +261,19 @@ _SCHEMA: Final[tuple[str, ...]] = (
         note TEXT NOT NULL,
         recorded_at TEXT NOT NULL,
         row_checksum TEXT NOT NULL)""",
-    "CREATE INDEX approvals_by_session ON approvals (session_id)",
-    "CREATE INDEX ledger_by_session ON ledger (session_id)",
+    "CREATE INDEX calls_open ON calls (session_id, turn, slot) WHERE result_kind IS NULL",
     "CREATE INDEX audit_by_session ON audit (session_id, id)",
+    "CREATE INDEX audit_by_execution ON audit (execution_id)",
     """CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
         BEGIN SELECT RAISE(ABORT, 'audit rows are append-only'); END""",
     """CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
         BEGIN SELECT RAISE(ABORT, 'audit rows are append-only'); END""",
+)
+
+
+# The named indexes and triggers of the schema; opening checks they exist.
+_OBJECTS: Final = frozenset(
+    {"calls_open", "audit_by_session", "audit_by_execution", "audit_no_update", "audit_no_delete"}
 )
 
 
@@ -460,9 +481,6 @@ class SqliteStore:
         """Check an opened file without writing; True if it is an empty database."""
         try:
             conn.execute("PRAGMA query_only = ON")
-            problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check(5)")]
-            if problems != ["ok"]:
-                raise self._corrupt("PRAGMA quick_check found: " + "; ".join(problems))
             app_id = conn.execute("PRAGMA application_id").fetchone()[0]
             tables = {
                 str(r[0])
@@ -510,10 +528,15 @@ class SqliteStore:
                         f"table {table} has columns {found or '(none: it is missing)'}, "
                         f"schema version {SCHEMA_VERSION} has {expected}"
                     )
-            for table in _DATA:
-                self._select(conn, table, "", ())  # verifies every row's checksum
-            for (session_id,) in conn.execute("SELECT session_id FROM sessions").fetchall():
-                self._load(conn, session_id)  # every session decodes into a valid state
+            objects = {
+                str(r[0])
+                for r in conn.execute(
+                    "SELECT name FROM sqlite_master WHERE type IN ('index', 'trigger')"
+                )
+            }
+            missing = sorted(_OBJECTS - objects)
+            if missing:
+                raise self._corrupt(f"its indexes or triggers {', '.join(missing)} are missing")
             conn.execute("PRAGMA query_only = OFF")
         except sqlite3.DatabaseError as exc:
             raise self._corrupt(f"SQLite cannot read it ({exc})") from exc
@@ -737,27 +760,77 @@ class SqliteStore:
         )
 
     def load(self, session_id: str) -> SessionState:
-        """The durable state of the session, as a restarted engine sees it."""
+        """The durable state of the session, as a restarted engine sees it (all of it)."""
         return self._read(lambda conn: self._load(conn, session_id))
+
+    def load_working_set(self, session_id: str) -> SessionState:
+        """The calls without a result and those of the last turn, with what belongs to them.
+
+        Read through indexes (``calls_open`` and the primary keys): the cost
+        does not grow with the settled history.  Every row read is checked
+        against its checksum.
+        """
+        return self._read(lambda conn: self._load_working_set(conn, session_id))
+
+    def call_exists(self, session_id: str, position: CallPosition) -> bool:
+        """Whether a durable call is at ``position`` (one primary-key lookup)."""
+
+        def body(conn: sqlite3.Connection) -> bool:
+            self._session_row(conn, session_id)
+            found = conn.execute(
+                "SELECT 1 FROM calls WHERE session_id = ? AND turn = ? AND slot = ?",
+                (session_id, position[0], position[1]),
+            ).fetchone()
+            return found is not None
+
+        return self._read(body)
 
     def _load(self, conn: sqlite3.Connection, session_id: str) -> SessionState:
         marker, max_attempts = self._session_row(conn, session_id)
-        by_session = ("WHERE session_id = ?", (session_id,))
-        calls = tuple(
-            self._decode_call(session_id, r) for r in self._select(conn, "calls", *by_session)
+        rows = self._select(conn, "calls", "WHERE session_id = ?", (session_id,))
+        return self._state(conn, session_id, marker, max_attempts, rows)
+
+    def _load_working_set(self, conn: sqlite3.Connection, session_id: str) -> SessionState:
+        marker, max_attempts = self._session_row(conn, session_id)
+        (last,) = conn.execute(
+            "SELECT max(turn) FROM calls WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        rows = self._select(
+            conn, "calls", "WHERE session_id = ? AND result_kind IS NULL", (session_id,)
         )
-        approvals = {
-            _text(r["execution_id"], "approvals.execution_id", self): _enum(
+        if last is not None:
+            rows += self._select(
+                conn,
+                "calls",
+                "WHERE session_id = ? AND turn = ? AND result_kind IS NOT NULL",
+                (session_id, last),
+            )
+            rows.sort(key=lambda r: (r["turn"], r["slot"]))
+        return self._state(conn, session_id, marker, max_attempts, rows)
+
+    def _state(
+        self,
+        conn: sqlite3.Connection,
+        session_id: str,
+        marker: int,
+        max_attempts: int,
+        call_rows: list[Row],
+    ) -> SessionState:
+        """The state made of these calls and the approvals, records, audit keys they own."""
+        calls = tuple(self._decode_call(session_id, r) for r in call_rows)
+        eids = [c.execution_id for c in calls]
+        approvals = {}
+        for r in self._owned(conn, session_id, "approvals", eids):
+            approvals[r["execution_id"]] = _enum(
                 ApprovalState, r["state"], f"approvals[{r['execution_id']!r}].state", self
             )
-            for r in self._select(conn, "approvals", *by_session)
-        }
         ledger = {}
-        for r in self._select(conn, "ledger", *by_session):
+        for r in self._owned(conn, session_id, "ledger", eids):
             rec = self._decode_record(r)
             ledger[rec.execution_id] = rec
         audit = frozenset(
-            self._decode_audit(session_id, r).key for r in self._select(conn, "audit", *by_session)
+            self._decode_audit(session_id, r).key
+            for r in self._owned(conn, session_id, "audit", eids)
         )
         return SessionState(
             session_id=session_id,
@@ -768,6 +841,54 @@ class SqliteStore:
             ledger=ledger,
             audit=audit,
         )
+
+    def _owned(
+        self, conn: sqlite3.Connection, session_id: str, table: str, eids: Sequence[str]
+    ) -> list[Row]:
+        """The rows of ``table`` for these execution ids (by index), all of this session."""
+        rows: list[Row] = []
+        for i in range(0, len(eids), _IN_CHUNK):
+            chunk = eids[i : i + _IN_CHUNK]
+            rows += self._select(
+                conn, table, f"WHERE execution_id IN ({', '.join('?' * len(chunk))})", chunk
+            )
+        for r in rows:
+            if r["session_id"] != session_id:
+                raise self._corrupt(
+                    f"the {table} row of execution {r['execution_id']!r} names session "
+                    f"{r['session_id']!r}, but that execution is a call of {session_id!r}"
+                )
+        return rows
+
+    def verify(self) -> None:
+        """Read and check the whole file; raise ``StoreCorrupt`` on the first problem.
+
+        Opening checks only what every use needs (header, size, schema), and
+        every later read checks the rows it reads, so a recovery never reads
+        the settled history.  ``verify`` is the full check, for backups,
+        audits and operators (``toolledger verify-store PATH``): SQLite's
+        ``PRAGMA quick_check``, every row's checksum, that every approval,
+        ledger record and audit row belongs to a call of its session, and
+        that every session decodes into a valid state.  Writes nothing.
+        """
+
+        def body(conn: sqlite3.Connection) -> None:
+            problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check(5)")]
+            if problems != ["ok"]:
+                raise self._corrupt("PRAGMA quick_check found: " + "; ".join(problems))
+            rows = {table: self._select(conn, table, "", ()) for table in _DATA}  # checksums
+            owner = {r["execution_id"]: r["session_id"] for r in rows["calls"]}
+            for table in ("approvals", "ledger", "audit"):
+                for r in rows[table]:
+                    if owner.get(r["execution_id"]) != r["session_id"]:
+                        raise self._corrupt(
+                            f"the {table} row of execution {r['execution_id']!r} belongs to "
+                            f"no call of session {r['session_id']!r}"
+                        )
+            for r in rows["sessions"]:
+                self._load(conn, r["session_id"])  # every session decodes into a valid state
+
+        self._read(body)
 
     def audit(self, session_id: str) -> list[AuditRow]:
         """Every audit row of the session, in the order they were written."""
@@ -878,7 +999,7 @@ class SqliteStore:
             "WHERE session_id = ? AND turn = ? AND slot = ?",
             (session_id, *new.position),
         )
-        if not rows or self._decode_call(session_id, rows[0]).result != old.result:
+        if not rows or any(rows[0][k] != v for k, v in _result_values(old.result).items()):
             raise StaleState(
                 f"the result of call {new.position} of session {session_id!r} is not the one "
                 "this engine saw: another engine wrote it; reload the session"
@@ -916,8 +1037,8 @@ class SqliteStore:
         new: ExecutionRecord,
     ) -> None:
         rows = self._select(conn, "ledger", "WHERE execution_id = ?", (new.execution_id,))
-        found = self._decode_record(rows[0]) if rows else None
-        if found != old or (rows and rows[0]["session_id"] != session_id):
+        found = {k: rows[0][k] for k in _DATA["ledger"]} if rows else None
+        if found != (None if old is None else _record_values(session_id, old)):
             raise StaleState(
                 f"the ledger record of {new.execution_id} in session {session_id!r} is not the "
                 "one this engine saw: another engine wrote it; reload the session"

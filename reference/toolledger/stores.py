@@ -19,6 +19,16 @@ records, audit keys and the protocol marker.  Calls whose message never became
 durable do not exist.  That is exactly :func:`durable_projection` of the
 engine's in-memory state, which is what the tests check after every step.
 
+A recovering engine does not need the whole past of a session:
+:meth:`Store.load_working_set` returns only :func:`working_set` of it, every
+call without a result and every call of the last durable turn, with their
+approvals, records and audit keys.  No transition of the core reads a call
+outside that set except ``ProviderEmitCall``'s "is the position free"
+guard, which :meth:`Store.call_exists` answers; so the
+:class:`~toolledger.ledger.Ledger` keeps only the working set in memory and a
+restart reads only that, whatever the length of the history (``bench_recovery``
+measures it).
+
 Two implementations: :class:`MemoryStore` here (for tests and the checkers;
 it has nothing volatile, so its :meth:`MemoryStore.crash` loses nothing) and
 :class:`toolledger.sqlite_store.SqliteStore` (real durability).  Both plan a
@@ -78,6 +88,7 @@ __all__ = [
     "arguments_json",
     "durable_projection",
     "plan_commit",
+    "working_set",
 ]
 
 
@@ -286,8 +297,22 @@ class Store(Protocol):
     def load(self, session_id: str) -> SessionState:
         """The durable state of the session, as a restarted engine sees it.
 
-        Raises :class:`UnknownSession` if there is no such session.
+        Reads the whole session (every call ever made): for audits, tools and
+        checkers.  Raises :class:`UnknownSession` if there is no such session.
         """
+        ...
+
+    def load_working_set(self, session_id: str) -> SessionState:
+        """``working_set(load(session_id))``, without reading the rest of the history.
+
+        What a :class:`~toolledger.ledger.Ledger` loads on start and restart;
+        its cost must not grow with the number of settled calls.  Raises
+        :class:`UnknownSession` if there is no such session.
+        """
+        ...
+
+    def call_exists(self, session_id: str, position: CallPosition) -> bool:
+        """Whether a durable call is at ``position`` (settled or not)."""
         ...
 
     def commit(
@@ -341,6 +366,37 @@ def durable_projection(state: SessionState) -> SessionState:
     ``NONE``; approvals, ledger, audit keys and marker stay.
     """
     return apply(state, _CRASH)
+
+
+def last_durable_turn(state: SessionState) -> int | None:
+    """The highest turn holding a durable call (``None``: no durable call)."""
+    turns = [c.position[0] for c in state.calls if c.message is MessageState.DURABLE]
+    return max(turns) if turns else None
+
+
+def working_set(state: SessionState) -> SessionState:
+    """The part of a session an engine needs to go on: what a Ledger keeps in memory.
+
+    Every call without a result (volatile or durable), every call of the last
+    durable turn (the engine's resume reconciles that turn with the
+    conversation), and the approvals, ledger records and audit keys of those
+    calls; marker and max_attempts.  Every other call is settled: it has its
+    result and, being answered, sits at stage ``NONE``; no transition of the
+    core reads it except ``ProviderEmitCall``'s check that its position is
+    free.  ``working_set`` commutes with :func:`durable_projection`.
+    """
+    last = last_durable_turn(state)
+    calls = tuple(c for c in state.calls if c.result is None or c.position[0] == last)
+    if len(calls) == len(state.calls):
+        return state
+    eids = {c.execution_id for c in calls}
+    return replace(
+        state,
+        calls=calls,
+        approvals={k: v for k, v in state.approvals.items() if k in eids},
+        ledger={k: v for k, v in state.ledger.items() if k in eids},
+        audit=frozenset(k for k in state.audit if k[0] in eids),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,6 +521,15 @@ def plan_commit(
             "this commit: give them with the transition that persists the call"
         )
 
+    durable_eids = {c.execution_id for c in after.calls if c.message is MessageState.DURABLE}
+    orphans = sorted(
+        ({r.execution_id for r in records} | {k for k, _ in approvals}) - durable_eids
+    )
+    if orphans:
+        raise InvalidInput(
+            f"the new state has approvals or ledger records for {orphans}, which are not "
+            "durable calls of the session: records and approvals belong to a persisted call"
+        )
     planned_approvals = tuple((k, before.approvals.get(k), v) for k, v in approvals)
     planned_records = tuple((before.ledger.get(r.execution_id), r) for r in records)
 
@@ -620,6 +685,14 @@ class MemoryStore:
             ledger=dict(s.ledger),
             audit=frozenset(row.key for row in s.audit),
         )
+
+    def load_working_set(self, session_id: str) -> SessionState:
+        """The working set of the session (see :func:`working_set`)."""
+        return working_set(self.load(session_id))
+
+    def call_exists(self, session_id: str, position: CallPosition) -> bool:
+        """Whether a durable call is at ``position``."""
+        return (position[0], position[1]) in self._session(session_id).calls
 
     def commit(
         self,
