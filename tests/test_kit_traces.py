@@ -263,11 +263,9 @@ def test_replay_refuses_a_recording_it_cannot_follow(tmp_path: Path) -> None:
         kt.replay(cfg, run.recording, other.world)
 
 
-def test_two_turns_with_reused_ids_and_every_policy_are_spec_behaviours(
-    tmp_path: Path,
-) -> None:
+def two_turn_run(tmp_path: Path) -> KitRun:
     """call_0 reused across turns, two "" ids in one message, every policy, a crash, a
-    rejection and a human resolution: one kit run, validated by TLC."""
+    rejection and a human resolution: one kit run."""
     tools = {"send_email": ("manual", True), "read_file": ("readonly", False),
              "charge_card": ("idempotent", True), "create_ticket": ("reconcile", False)}
     script: list[Sequence[dict[str, Any]] | str] = [
@@ -296,6 +294,14 @@ def test_two_turns_with_reused_ids_and_every_policy_are_spec_behaviours(
     kit.system.deliver_in_flight()
     kit.close()
     run = KitRun("two turns", recorder.of(SESSION_ID), CountingExternalSystem(kit.system.path))
+    return run
+
+
+def test_two_turns_with_reused_ids_and_every_policy_are_spec_behaviours(
+    tmp_path: Path,
+) -> None:
+    """The two-turn run, validated by TLC."""
+    run = two_turn_run(tmp_path)
     cfg = kt.kit_config([run.recording])
     assert [(c.position, c.tool_call_id) for c in cfg.calls] == [
         ((1, 0), "call_0"), ((1, 1), "call_1"), ((6, 0), "call_0"), ((6, 1), ""), ((6, 2), "")]
@@ -307,6 +313,16 @@ def test_two_turns_with_reused_ids_and_every_policy_are_spec_behaviours(
     for action in ("Crash", "HumanResolveApplied", "HumanReject", "EngineRecordDenied",
                    "EngineInvokeReadonly", "EngineTimeout"):
         assert action in actions, action
+
+
+def test_replay_catches_a_ledger_that_keeps_settled_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Broken on purpose: the ledger never prunes its memory to the working set."""
+    monkeypatch.setattr(toolledger.ledger, "working_set", lambda state: state)
+    run = two_turn_run(tmp_path)
+    with pytest.raises(kt.ReplayError, match=r"the ledger kept .* in memory, the working set"):
+        kt.replay(kt.kit_config([run.recording]), run.recording, run.world)
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from toolledger import protocol as p
+from toolledger.cli import main as cli_main
 from toolledger.ledger import Ledger
 from toolledger.sqlite_store import (
     _SCHEMA,
@@ -44,6 +45,7 @@ from toolledger.stores import (
     StoreError,
     UnsupportedSchema,
     durable_projection,
+    working_set,
 )
 
 A = p.Action
@@ -605,3 +607,104 @@ os.kill(os.getpid(), signal.SIGKILL)  # no close(), no checkpoint: the WAL holds
         assert call.stage is p.Stage.RESUME
         assert loaded.ledger[call.execution_id].status is p.LedgerStatus.DISPATCHED
         assert [r.kind for r in store.audit(SID)] == ["dispatch"]
+
+
+# --------------------------------------------------------------------------
+# The working set: recovery reads the open calls, verify() reads everything
+# --------------------------------------------------------------------------
+
+SETTLED_TEXT = "SETTLED-RESULT-9876543210"
+
+
+def with_history(path: Path) -> Path:
+    """Turns 0 and 1 settled (protected calls), turn 2: an idempotent call dispatched."""
+    with SqliteStore(path) as store:
+        ledger = Ledger.create(store, SID)
+        protected_call(ledger, (0, 0), SETTLED_TEXT)
+        protected_call(ledger, (1, 0), RESULT_TEXT)
+        ledger.step(emit((2, 0), IDEMPOTENT, {}), arguments={})
+        ledger.step(E(A.EnginePersistCall, (2, 0)))
+        ledger.step(E(A.EnginePersistDispatched, (2, 0)))
+        assert [c.position for c in ledger.state.calls] == [(2, 0)]  # turns 0, 1 left memory
+    return path
+
+
+def test_the_working_set_is_loaded_through_indexes_only(tmp_path: Path) -> None:
+    with SqliteStore(with_history(tmp_path / "x.db")) as store:
+        full = store.load(SID)
+        assert [c.position for c in full.calls] == [(0, 0), (1, 0), (2, 0)]
+        assert store.load_working_set(SID) == working_set(full)
+        assert [c.position for c in store.load_working_set(SID).calls] == [(2, 0)]
+        assert store.call_exists(SID, (0, 0)) and not store.call_exists(SID, (0, 1))
+        plans: list[str] = []
+        conn = store.connection
+        for sql, params in [
+            ("SELECT * FROM calls WHERE session_id = ? AND result_kind IS NULL", (SID,)),
+            ("SELECT max(turn) FROM calls WHERE session_id = ?", (SID,)),
+            ("SELECT * FROM audit WHERE execution_id IN (?)", ("x",)),
+        ]:
+            plans += [str(r[-1]) for r in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params)]
+        assert not [plan for plan in plans if plan.startswith("SCAN")], plans
+
+
+def test_recovery_does_not_read_a_damaged_settled_call_but_verify_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = with_history(tmp_path / "x.db")
+    data = path.read_bytes()
+    assert data.count(SETTLED_TEXT.encode()) >= 1
+    path.write_bytes(data.replace(SETTLED_TEXT.encode(), SETTLED_TEXT.lower().encode()))
+    invoked: list[p.CallPosition] = []
+    store = SqliteStore(path)
+    try:
+        ledger = Ledger(store, SID)  # reads turn 2 only: the damage is not in its way
+        ledger.step(E(A.Recover, (2, 0)))
+        assert ledger.state.call((2, 0)).stage is p.Stage.RETRY  # type: ignore[union-attr]
+        invoked.append((2, 0))
+        with pytest.raises(StoreCorrupt, match=r"the calls row .* does not match its checksum"):
+            store.verify()
+        with pytest.raises(StoreCorrupt, match="does not match its checksum"):
+            store.load(SID)  # reading the whole session reads the damage
+    finally:
+        store.close()
+    assert invoked == [(2, 0)]
+    assert cli_main(["verify-store", str(path)]) == 1
+    assert "does not match its checksum" in capsys.readouterr().err
+
+
+def test_verify_passes_a_healthy_store_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = with_history(tmp_path / "x.db")
+    before = listing(tmp_path)
+    with SqliteStore(path) as store:
+        store.verify()
+    assert cli_main(["verify-store", str(path)]) == 0
+    assert "ok (1 sessions" in capsys.readouterr().out
+    assert listing(tmp_path) == before
+    assert cli_main(["verify-store", str(tmp_path / "missing.db")]) == 2
+
+
+def test_verify_finds_a_record_that_belongs_to_no_call(tmp_path: Path) -> None:
+    path = with_history(tmp_path / "x.db")
+    raw = sqlite3.connect(path)
+    raw.row_factory = sqlite3.Row
+    row = dict(raw.execute("SELECT * FROM ledger LIMIT 1").fetchone())
+    row["execution_id"] = "tlx1-" + "0" * 32
+    row["row_checksum"] = _checksum("ledger", row)
+    raw.execute(
+        f"INSERT INTO ledger ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+        tuple(row.values()),
+    )
+    raw.commit()
+    raw.close()
+    with SqliteStore(path) as store, pytest.raises(StoreCorrupt, match="belongs to no call"):
+        store.verify()
+
+
+def test_arguments_of_a_settled_call_come_from_the_store(tmp_path: Path) -> None:
+    with SqliteStore(with_history(tmp_path / "x.db")) as store:
+        ledger = Ledger(store, SID)
+        assert ledger.state.call((0, 0)) is None
+        assert ledger.call_arguments((0, 0)) == {"to": "a@example.com", "body": ARGUMENT_TEXT}
+        assert ledger.call_arguments((0, 5)) is None

@@ -491,6 +491,32 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _configure_verify_store(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="the SqliteStore file to check (it is never written)")
+
+
+def _cmd_verify_store(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .sqlite_store import SqliteStore
+    from .stores import StoreError
+
+    path = Path(args.path)
+    if not path.is_file():
+        print(f"toolledger verify-store: {path} is not a file: give the path of a store",
+              file=sys.stderr)
+        return 2
+    try:
+        with SqliteStore(path) as store:
+            store.verify()
+            sessions = store.sessions()
+    except StoreError as e:
+        print(f"toolledger verify-store: {e}", file=sys.stderr)
+        return 1
+    print(f"{path}: ok ({len(sessions)} sessions; every page, row checksum and record checked)")
+    return 0
+
+
 SUBCOMMANDS: list[Subcommand] = [
     Subcommand(
         "check",
@@ -509,6 +535,12 @@ SUBCOMMANDS: list[Subcommand] = [
         "run one approved side-effecting call through the engine kit, crash, resume, report",
         _configure_simulate,
         _cmd_simulate,
+    ),
+    Subcommand(
+        "verify-store",
+        "check a whole SqliteStore file (SQLite pages, every row's checksum, every session)",
+        _configure_verify_store,
+        _cmd_verify_store,
     ),
 ]
 
