@@ -585,11 +585,9 @@ def run_random_behaviour(h: Harness, data: st.DataObject) -> None:
             continue
         state = ledger.full_state()  # events are drawn from the whole session's core
         settled = [
-            pos
-            for turn in range(marker, marker + 2)
-            for slot in range(2)
-            if (pos := (turn, slot)) in {c.position for c in state.calls}
-            and ledger.state.call(pos) is None
+            c.position
+            for c in state.calls
+            if c.position[0] < marker + 2 and ledger.state.call(c.position) is None
         ]
         if settled and data.draw(st.integers(0, 4), label="emit over a settled call?") == 0:
             # Outside the working set, but taken: refused as the core refuses it.
