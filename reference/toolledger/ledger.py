@@ -77,7 +77,6 @@ from .protocol import (
     apply,
     args_digest,
     decide_recovery,
-    durable_changes,
     recovery_inputs,
 )
 from .stores import AuditRow, Store, arguments_json, last_durable_turn, working_set
@@ -395,7 +394,7 @@ class Ledger:
                 "tools) or EngineAppendResult (readonly tools)"
             )
 
-        if rows or any(durable_changes(start, state)):
+        if rows or state is not start:  # the store writes nothing for an empty plan
             was_durable = {c.position for c in start.calls if c.message is MessageState.DURABLE}
             new_args = {
                 c.position: json.loads(pending[c.position])

@@ -1036,18 +1036,36 @@ class SqliteStore:
         old: ExecutionRecord | None,
         new: ExecutionRecord,
     ) -> None:
-        rows = self._select(conn, "ledger", "WHERE execution_id = ?", (new.execution_id,))
-        found = {k: rows[0][k] for k in _DATA["ledger"]} if rows else None
-        if found != (None if old is None else _record_values(session_id, old)):
-            raise StaleState(
-                f"the ledger record of {new.execution_id} in session {session_id!r} is not the "
-                "one this engine saw: another engine wrote it; reload the session"
-            )
+        """Insert or replace a ledger row, only if it still is ``old``: one statement.
+
+        A ledger row holds nothing but the record, so the checksum of the row
+        this engine saw is known without reading it: the UPDATE matches only
+        that row (same key, same checksum), and the INSERT only an absent one.
+        """
         values = _record_values(session_id, new)
-        if rows:
-            self._update(conn, "ledger", rows[0], values)
-        else:
-            self._insert(conn, "ledger", values)
+        stale = StaleState(
+            f"the ledger record of {new.execution_id} in session {session_id!r} is not the "
+            "one this engine saw: another engine wrote it; reload the session"
+        )
+        if old is None:
+            try:
+                self._insert(conn, "ledger", values)
+            except sqlite3.IntegrityError as exc:
+                raise stale from exc
+            return
+        columns = _DATA["ledger"]
+        cursor = conn.execute(
+            f"UPDATE ledger SET {', '.join(f'{c} = ?' for c in columns)}, row_checksum = ? "
+            "WHERE execution_id = ? AND row_checksum = ?",
+            (
+                *(values[c] for c in columns),
+                _checksum("ledger", values),
+                new.execution_id,
+                _checksum("ledger", _record_values(session_id, old)),
+            ),
+        )
+        if cursor.rowcount != 1:
+            raise stale
 
     def _write_audit(self, conn: sqlite3.Connection, row: AuditRow) -> None:
         self._insert(
