@@ -18,8 +18,8 @@ What it measures
    the distinct states and wall time of each; a cell that exceeds the time
    limit is stopped and reported with the states seen so far.  The calls:
    manual + idempotent in turn 1, reconcile reusing ``call_0`` in turn 2,
-   all approved; unlike ``MCThreeCalls``, which puts c1 and c2 both at
-   slot 0 of turn 1, c2 is at slot 1 here, as in a real assistant message.
+   all approved, as in ``MCThreeCalls`` (c2 at slot 1 of turn 1, as in a
+   real assistant message).
 
 Goal: the CI set in <= 60 s.  ``python benchmarks/bench_models.py [--smoke]``.
 """

@@ -8,7 +8,7 @@ EXTENDS DurableToolExecution
 
 MCCalls == {"c1", "c2", "c3"}
 MCTurn == [c1 |-> 1, c2 |-> 1, c3 |-> 2]
-MCSlot == [c1 |-> 0, c2 |-> 0, c3 |-> 0]
+MCSlot == [c1 |-> 0, c2 |-> 1, c3 |-> 0]
 MCToolCallId == [c1 |-> "call_0", c2 |-> "call_1", c3 |-> "call_0"]
 MCPolicy == [c1 |-> "manual", c2 |-> "idempotent", c3 |-> "reconcile"]
 MCNeedsApproval == [c1 |-> TRUE, c2 |-> TRUE, c3 |-> TRUE]
