@@ -295,7 +295,14 @@ def child_main(argv: Sequence[str]) -> int:
         system.fault(Fault(f))
     point = parse_crash_point(mode, a.crash_at) if a.crash_at else None
     crash = CrashInjector(point, how="sigkill")
-    status = _drive(mode, policy, store, conversations, system, crash, a.final)
+    try:
+        status = _drive(mode, policy, store, conversations, system, crash, a.final)
+    except (StoreCorrupt, UnsupportedSchema) as exc:
+        # The store checks what it reads when it reads it: damage in the rows
+        # a recovery needs is found on the first read of them, before any
+        # decision.  The parent checks that nothing was executed or written.
+        print(f"fail closed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAIL_CLOSED
     if store is not None:
         store.close()
     print(json.dumps({"status": status, "boundaries": killer.count,

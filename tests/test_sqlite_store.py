@@ -708,3 +708,14 @@ def test_arguments_of_a_settled_call_come_from_the_store(tmp_path: Path) -> None
         assert ledger.state.call((0, 0)) is None
         assert ledger.call_arguments((0, 0)) == {"to": "a@example.com", "body": ARGUMENT_TEXT}
         assert ledger.call_arguments((0, 5)) is None
+
+
+def test_text_that_is_not_utf8_fails_closed(tmp_path: Path) -> None:
+    """SQLite hands back bytes Python cannot decode: damage, found on the first read."""
+    path = populated(tmp_path / "x.db")
+    raw = sqlite3.connect(path)
+    raw.execute("UPDATE calls SET tool_call_id = CAST(x'ff00fe' AS TEXT) WHERE slot = 0")
+    raw.commit()
+    raw.close()
+    error = refuse(path, StoreCorrupt, "Could not decode to UTF-8")
+    assert "reading failed" in str(error)

@@ -621,15 +621,25 @@ class SqliteStore:
             raise StoreError(f"{self.path}: this store is closed; open a new SqliteStore")
         return self._conn
 
-    def _sql_error(self, what: str, exc: sqlite3.Error) -> StoreError:
+    def _sql_error(self, what: str, exc: sqlite3.Error, *, reading: bool = False) -> StoreError:
+        """The typed error for a SQLite error.
+
+        Locked or busy: a plain :class:`StoreError` (try again).  Damage SQLite
+        reports (a malformed page, text that is not UTF-8, ...) is
+        :class:`StoreCorrupt`; so is any other database error while reading
+        a file whose schema was checked on open (``reading``): a read that
+        fails there has met a damaged file.  Other write errors (a full disk,
+        a read-only file) stay plain :class:`StoreError`.
+        """
         text = str(exc)
         if isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
             return StoreError(
                 f"{self.path}: {what} failed: the database stayed locked by another "
                 f"connection beyond the busy timeout ({text}); nothing was written, try again"
             )
+        damaged = ("malformed", "not a database", "corrupt", "could not decode")
         if isinstance(exc, sqlite3.DatabaseError) and (
-            "malformed" in text or "not a database" in text or "corrupt" in text
+            reading or any(word in text.lower() for word in damaged)
         ):
             return self._corrupt(f"{what} failed: {text}")
         return StoreError(f"{self.path}: {what} failed ({text}); nothing was written")
@@ -674,7 +684,7 @@ class SqliteStore:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
             except sqlite3.Error as exc:
-                raise self._sql_error("reading", exc) from exc
+                raise self._sql_error("reading", exc, reading=True) from exc
 
     # -- rows: every read verifies the checksum, every write sets it ----------------
 
