@@ -148,7 +148,8 @@ def render(doc: dict[str, Any]) -> str:
     if "by_history" in r2:
         out += ["", "**Recovery vs history** (`bench_recovery.py`): one call pending after "
                 "`dispatched`, H completed calls before it; open the store, load the session, "
-                "`Recover` the call (medians, warm cache, file fsynced before each run):", ""]
+                "`Recover` the call (medians of interleaved rounds, one pending call each, "
+                "warm cache):", ""]
         out.append(_md(
             ("past calls", "file MB", "open ms", "load ms", "Recover ms", "total ms"),
             [(_n(int(h)), x["file_megabytes"], f"{x['open_seconds'] * 1000:.2f}",
@@ -158,7 +159,7 @@ def render(doc: dict[str, Any]) -> str:
         parts = r2["ratio_parts"]
         out += ["", f"t(largest) / t(smallest) = {r2['ratio_largest_to_smallest']:.1f} (open "
                 f"{parts['open']:.1f}, load {parts['load']:.1f}, Recover {parts['recover']:.1f})"
-                + ("; opening checks the header and schema only, loading reads the open call "
+                + ("; opening checks the header and schema only, loading reads the open calls "
                    "and the last turn by index, so recovery does not read the history."
                    if r2["goal_met"] else
                    ": NOT within the goal; the parts say which step grows with the history.")]
