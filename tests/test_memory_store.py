@@ -274,6 +274,22 @@ def test_nothing_durable_disappears() -> None:
         plan_commit(SID, after, replace(after, ledger={}, audit=frozenset()), [])
 
 
+def test_records_and_approvals_belong_to_a_durable_call() -> None:
+    store = MemoryStore()
+    before, after = dispatched(store)
+    (call,) = after.calls
+    stray = "tlx1-" + "0" * 32
+    record = replace(after.ledger[call.execution_id], execution_id=stray)
+    with pytest.raises(p.InvalidInput, match=r"records for \['tlx1-0+'\], which are not durable"):
+        plan_commit(SID, before, replace(before, ledger={stray: record}), [])
+    volatile = p.apply(p.new_session(SID), emit())
+    (fresh,) = volatile.calls
+    approved = replace(volatile, approvals={fresh.execution_id: p.ApprovalState.APPROVED})
+    with pytest.raises(p.InvalidInput, match="not durable calls of the session"):
+        plan_commit(SID, volatile, approved, [])
+    assert store.load(SID) == p.apply(before, E(A.Crash))  # nothing was written
+
+
 def test_arguments_only_with_the_commit_that_persists_the_call() -> None:
     store = MemoryStore()
     before, after = dispatched(store)
