@@ -114,6 +114,15 @@ def restart_and_recover(path: Path, invoked: list[p.CallPosition]) -> None:
         store.close()
 
 
+def by_hand(path: Path, *statements: str) -> None:
+    """Edit the file with plain SQLite, as a person with a shell would."""
+    raw = sqlite3.connect(path)
+    for sql in statements:
+        raw.execute(sql)
+    raw.commit()
+    raw.close()
+
+
 def listing(directory: Path) -> dict[str, bytes]:
     return {f.name: f.read_bytes() for f in sorted(directory.iterdir())}
 
@@ -511,10 +520,7 @@ def test_an_empty_file(tmp_path: Path) -> None:
 
 def test_a_future_schema_version(tmp_path: Path) -> None:
     path = populated(tmp_path / "x.db")
-    raw = sqlite3.connect(path)
-    raw.execute("UPDATE meta SET schema_version = ?", (SCHEMA_VERSION + 1,))
-    raw.commit()
-    raw.close()
+    by_hand(path, f"UPDATE meta SET schema_version = {SCHEMA_VERSION + 1}")
     error = refuse(path, UnsupportedSchema, "written by a newer toolledger")
     assert isinstance(error, UnsupportedSchema)
     assert (error.found, error.supported) == (SCHEMA_VERSION + 1, SCHEMA_VERSION)
@@ -522,21 +528,16 @@ def test_a_future_schema_version(tmp_path: Path) -> None:
 
 def test_another_applications_database(tmp_path: Path) -> None:
     path = tmp_path / "app.db"
-    raw = sqlite3.connect(path)
-    raw.execute("CREATE TABLE notes (text)")
-    raw.execute("INSERT INTO notes VALUES ('hello')")
-    raw.commit()
-    raw.close()
+    by_hand(path, "CREATE TABLE notes (text)", "INSERT INTO notes VALUES ('hello')")
     error = refuse(path, UnsupportedSchema, r"not a toolledger store \(its tables: notes\)")
     assert isinstance(error, UnsupportedSchema) and error.found is None
 
 
 def test_a_row_altered_by_hand(tmp_path: Path) -> None:
     path = populated(tmp_path / "x.db")
-    raw = sqlite3.connect(path)
-    raw.execute("UPDATE ledger SET status = 'succeeded' WHERE attempt = 1 AND result_kind IS NULL")
-    raw.commit()
-    raw.close()
+    by_hand(
+        path, "UPDATE ledger SET status = 'succeeded' WHERE attempt = 1 AND result_kind IS NULL"
+    )
     refuse(path, StoreCorrupt, r"the ledger row \(execution_id='tlx1-.*'\) does not match")
 
 
@@ -575,10 +576,7 @@ def test_a_hand_written_result_must_be_json(tmp_path: Path) -> None:
 
 def test_a_dropped_append_only_trigger_fails_closed(tmp_path: Path) -> None:
     path = populated(tmp_path / "x.db")
-    raw = sqlite3.connect(path)
-    raw.execute("DROP TRIGGER audit_no_delete")
-    raw.commit()
-    raw.close()
+    by_hand(path, "DROP TRIGGER audit_no_delete")
     refuse(path, StoreCorrupt, "its indexes or triggers audit_no_delete are missing")
 
 
@@ -716,9 +714,6 @@ def test_arguments_of_a_settled_call_come_from_the_store(tmp_path: Path) -> None
 def test_text_that_is_not_utf8_fails_closed(tmp_path: Path) -> None:
     """SQLite hands back bytes Python cannot decode: damage, found on the first read."""
     path = populated(tmp_path / "x.db")
-    raw = sqlite3.connect(path)
-    raw.execute("UPDATE calls SET tool_call_id = CAST(x'ff00fe' AS TEXT) WHERE slot = 0")
-    raw.commit()
-    raw.close()
+    by_hand(path, "UPDATE calls SET tool_call_id = CAST(x'ff00fe' AS TEXT) WHERE slot = 0")
     error = refuse(path, StoreCorrupt, "Could not decode to UTF-8")
     assert "reading failed" in str(error)

@@ -950,23 +950,16 @@ class SqliteStore:
             return
 
         def body(conn: sqlite3.Connection) -> None:
-            stored = self._session_row(conn, session_id)
-            if stored != (after.marker, after.max_attempts):
-                raise StaleState(
-                    f"session {session_id!r} is stored with marker/max_attempts "
-                    f"{stored[0]}/{stored[1]}, the state committed has "
-                    f"{after.marker}/{after.max_attempts}: reload the session"
-                )
-            for call, text in plan.new_calls:
-                self._write_call(conn, session_id, call, text)
-            for old, new in plan.results:
-                self._write_result(conn, session_id, old, new)
-            for eid, was, now in plan.approvals:
-                self._write_approval(conn, session_id, eid, was, now)
-            for old_rec, rec in plan.records:
-                self._write_record(conn, session_id, old_rec, rec)
-            for row in plan.audit_rows:
-                self._write_audit(conn, row)
+            plan.check_session(session_id, self._session_row(conn, session_id), after)
+            plan.write(
+                call=lambda c, text: self._write_call(conn, session_id, c, text),
+                result=lambda old, new: self._write_result(conn, session_id, old, new),
+                approval=lambda eid, was, now: self._write_approval(
+                    conn, session_id, eid, was, now
+                ),
+                record=lambda old, new: self._write_record(conn, session_id, old, new),
+                audit=lambda row: self._write_audit(conn, row),
+            )
 
         self._write_transaction(f"committing to session {session_id!r}", body)
         self.commits += 1

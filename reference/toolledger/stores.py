@@ -49,7 +49,7 @@ audit row, or report a commit as done before it is durable.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol, runtime_checkable
 
@@ -428,6 +428,42 @@ class CommitPlan:
         """Whether the commit writes a ledger record (counted in ``ledger_commits``)."""
         return bool(self.records)
 
+    def check_session(self, session_id: str, stored: tuple[int, int], after: SessionState) -> None:
+        """Raise :class:`StaleState` unless the session is stored with ``after``'s
+        marker and max_attempts (``stored``: what the store holds)."""
+        if stored != (after.marker, after.max_attempts):
+            raise StaleState(
+                f"session {session_id!r} is stored with marker/max_attempts "
+                f"{stored[0]}/{stored[1]}, the state committed has "
+                f"{after.marker}/{after.max_attempts}: reload the session"
+            )
+
+    def write(
+        self,
+        *,
+        call: Callable[[CallState, str | None], None],
+        result: Callable[[CallState, CallState], None],
+        approval: Callable[[str, ApprovalState | None, ApprovalState], None],
+        record: Callable[[ExecutionRecord | None, ExecutionRecord], None],
+        audit: Callable[[AuditRow], None],
+    ) -> None:
+        """Hand every write of the plan, in write order, to a store's writers.
+
+        Each writer checks that what it replaces is what the plan says was
+        there (else :class:`StaleState`) and writes; the store makes the whole
+        sequence one transaction.
+        """
+        for c, text in self.new_calls:
+            call(c, text)
+        for old, new in self.results:
+            result(old, new)
+        for eid, was, now in self.approvals:
+            approval(eid, was, now)
+        for old_rec, rec in self.records:
+            record(old_rec, rec)
+        for row in self.audit_rows:
+            audit(row)
+
 
 def plan_commit(
     session_id: str,
@@ -708,23 +744,17 @@ class MemoryStore:
         plan = plan_commit(session_id, before, after, audit_rows, arguments)
         if plan.empty:
             return
-        if (s.marker, s.max_attempts) != (after.marker, after.max_attempts):
-            raise StaleState(
-                f"session {session_id!r} is stored with marker/max_attempts "
-                f"{s.marker}/{s.max_attempts}, the state committed has "
-                f"{after.marker}/{after.max_attempts}: reload the session"
-            )
+        plan.check_session(session_id, (s.marker, s.max_attempts), after)
         staged = s.copy()
-        for call, text in plan.new_calls:
-            self._write_call(session_id, staged, call, text)
-        for old, new in plan.results:
-            self._write_result(session_id, staged, old, new)
-        for eid, was, now in plan.approvals:
-            self._write_approval(session_id, staged, eid, was, now)
-        for old_rec, rec in plan.records:
-            self._write_record(session_id, staged, old_rec, rec)
-        for row in plan.audit_rows:
-            self._write_audit(staged, row)
+        plan.write(
+            call=lambda c, text: self._write_call(session_id, staged, c, text),
+            result=lambda old, new: self._write_result(session_id, staged, old, new),
+            approval=lambda eid, was, now: self._write_approval(
+                session_id, staged, eid, was, now
+            ),
+            record=lambda old, new: self._write_record(session_id, staged, old, new),
+            audit=lambda row: self._write_audit(staged, row),
+        )
         self._sessions[session_id] = staged  # the commit point
         self.commits += 1
         if plan.writes_ledger:
