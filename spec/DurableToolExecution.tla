@@ -93,6 +93,11 @@ Decisions == {"execute", "reconstruct", "retry_same_id", "reconcile",
 AuditKinds == {"dispatch", "reconcile_applied", "reconcile_not_applied",
                "reconcile_unknown", "human_applied", "human_retry",
                "human_abandon"} \cup Decisions
+\* The inputs column of an audit row that records no recovery decision.
+NoInputs ==
+    [status |-> "none", attempt |-> 0, digestMatches |-> TRUE, approval |-> "none",
+     hasResult |-> FALSE, policy |-> "none", legacy |-> FALSE,
+     requiresApproval |-> FALSE]
 
 (***************************************************************************)
 (* Engine stages (volatile).  "resume" marks a call whose in-memory state  *)
@@ -108,7 +113,7 @@ VARIABLES
     result,       \* result[c]: the role="tool" result in the conversation
     approval,     \* approval[e]: "none" | "pending" | "approved" | "rejected"
     ledger,       \* ledger[e]: the execution record
-    audit,        \* audit[e]: set of <<kind, attempt>> rows
+    audit,        \* audit[e]: set of <<kind, attempt, inputs>> rows
     marker,       \* the session's protocol marker (first governed turn)
     \* --- volatile: the engine's memory ----------------------------------
     stage,        \* stage[c] \in Stages
@@ -120,14 +125,19 @@ VARIABLES
     invocations,  \* invocations[c]: set of <<exec id, attempt, authorization>>
     humanApproved,\* calls a human approved (by position)
     humanRetries, \* humanRetries[e]: retries a human authorized
-    crashes
+    crashes,
+    sent,         \* sent[c][n]: requests sent for attempt n of CALL c
+    knownOutcome, \* calls whose succeeded/failed outcome was ever durable
+    sentAfterOutcome, \* sentAfterOutcome[c]: requests of c sent after that
+    decided       \* decided[c]: <<kind, attempt>> of every decision taken on c
 
 durable  == <<msg, args, result, approval, ledger, audit, marker>>
 external == <<inflight, fenced>>
-ghosts   == <<applied, invocations, humanApproved, humanRetries, crashes>>
+ghosts   == <<applied, invocations, humanApproved, humanRetries, crashes,
+             sent, knownOutcome, sentAfterOutcome, decided>>
 vars == <<msg, args, result, approval, ledger, audit, marker, stage,
           inflight, fenced, applied, invocations, humanApproved,
-          humanRetries, crashes>>
+          humanRetries, crashes, sent, knownOutcome, sentAfterOutcome, decided>>
 
 (***************************************************************************)
 (* TypeOK: every variable has the shape described above.                   *)
@@ -135,13 +145,17 @@ vars == <<msg, args, result, approval, ledger, audit, marker, stage,
 Records == [status : Statuses, attempt : 0..MaxAttempts, args : Args \cup {"none"},
             auth : Auths, result : Results \cup {NoResult},
             call : Calls \cup {"none"}]
+Inputs == [status : Statuses, attempt : 0..MaxAttempts, digestMatches : BOOLEAN,
+           approval : {"none", "pending", "approved", "rejected"},
+           hasResult : BOOLEAN, policy : Policies \cup {"none"},
+           legacy : BOOLEAN, requiresApproval : BOOLEAN]
 TypeOK ==
     /\ msg \in [Calls -> {"absent", "volatile", "durable"}]
     /\ args \in [Calls -> Args \cup {"none"}]
     /\ result \in [Calls -> Results \cup {NoResult}]
     /\ approval \in [ExecIds -> {"none", "pending", "approved", "rejected"}]
     /\ ledger \in [ExecIds -> Records]
-    /\ audit \in [ExecIds -> SUBSET (AuditKinds \X (0..MaxAttempts))]
+    /\ audit \in [ExecIds -> SUBSET (AuditKinds \X (0..MaxAttempts) \X Inputs)]
     /\ marker = MarkerTurn
     /\ stage \in [Calls -> Stages]
     /\ inflight \in [ExecIds -> SUBSET (1..MaxAttempts)]
@@ -151,6 +165,10 @@ TypeOK ==
     /\ humanApproved \subseteq Calls
     /\ humanRetries \in [ExecIds -> 0..MaxAttempts]
     /\ crashes \in 0..MaxCrashes
+    /\ sent \in [Calls -> [1..MaxAttempts -> Nat]]
+    /\ knownOutcome \subseteq Calls
+    /\ sentAfterOutcome \in [Calls -> Nat]
+    /\ decided \in [Calls -> SUBSET (AuditKinds \X (0..MaxAttempts))]
 
 (***************************************************************************)
 (* Init.  Calls of the protocol's turns are not emitted yet.  A legacy     *)
@@ -180,6 +198,10 @@ Init ==
     /\ humanApproved = {c \in LegacyCalls : NeedsApproval[c]}
     /\ humanRetries = [e \in ExecIds |-> 0]
     /\ crashes = 0
+    /\ sent = [c \in Calls |-> [n \in 1..MaxAttempts |-> 0]]
+    /\ knownOutcome = {}
+    /\ sentAfterOutcome = [c \in Calls |-> 0]
+    /\ decided = [c \in Calls |-> {}]
 
 (***************************************************************************)
 (* Helpers.                                                                *)
@@ -188,34 +210,50 @@ Rec(c) == ledger[ExecId(c)]
 ApprovalOK(c) == ~NeedsApproval[c] \/ approval[ExecId(c)] = "approved"
 PriorTurnsAnswered(c) ==
     \A d \in Calls : Turn[d] < Turn[c] => result[d] # NoResult
-Audited(e, kind, n) == audit' = [audit EXCEPT ![e] = @ \cup {<<kind, n>>}]
+\* An audit row: <<kind, attempt, inputs>>; only a recovery decision's row
+\* carries inputs (DecisionInputs), every other row NoInputs.
+Audited(e, kind, n) == audit' = [audit EXCEPT ![e] = @ \cup {<<kind, n, NoInputs>>}]
+HasRow(e, kind, n) == \E row \in audit[e] : row[1] = kind /\ row[2] = n
+\* A decision taken on call c (the history AuditComplete checks against).
+Decided(c, kind, n) == decided' = [decided EXCEPT ![c] = @ \cup {<<kind, n>>}]
+\* A succeeded or failed outcome of c becomes durable (NoReinvokeAfterKnownOutcome).
+OutcomeKnown(c) == knownOutcome' = knownOutcome \cup {c}
 
 (***************************************************************************)
-(* The recovery decision: a total function of (ledger record, approval     *)
-(* state, conversation has a result, policy, legacy per the marker).      *)
-(* A record whose argument digest disagrees with the call found at its    *)
-(* position is a contradiction and fails closed.  The engine applies the   *)
-(* same function on resume and after a live time-out.                      *)
+(* The recovery decision: a total function of its inputs, the record      *)
+(* DecisionInputs(c) (ledger record, approval state, conversation has a    *)
+(* result, policy, legacy per the marker).  The same record is written     *)
+(* into the decision's audit row, so anyone can recompute the decision     *)
+(* from the row alone (AuditRecomputable).  A record whose argument digest *)
+(* disagrees with the call found at its position is a contradiction and    *)
+(* fails closed.  The engine applies the same function on resume and after *)
+(* a live time-out.                                                        *)
 (***************************************************************************)
-Decide(rec, appr, hasResult, pol, legacy, needsApproval, callArgs) ==
-    IF hasResult THEN "skip"
-    ELSE IF pol = "readonly" THEN "execute"
-    ELSE IF rec.status # "none" /\ rec.args # callArgs THEN "recovery_required"
-    ELSE IF rec.status \in {"succeeded", "failed", "abandoned"} THEN "reconstruct"
-    ELSE IF rec.status = "recovery_required" THEN "recovery_required"
-    ELSE IF rec.status = "dispatched" THEN
-            CASE pol = "idempotent" ->
-                   IF rec.attempt < MaxAttempts THEN "retry_same_id"
-                                                ELSE "recovery_required"
-              [] pol = "reconcile" -> "reconcile"
+DecisionInputs(c) ==
+    [status |-> Rec(c).status, attempt |-> Rec(c).attempt,
+     digestMatches |-> Rec(c).args = args[c],
+     approval |-> approval[ExecId(c)], hasResult |-> result[c] # NoResult,
+     policy |-> Policy[c], legacy |-> IsLegacy(c),
+     requiresApproval |-> NeedsApproval[c]]
+
+Decide(i) ==
+    IF i.hasResult THEN "skip"
+    ELSE IF i.policy = "readonly" THEN "execute"
+    ELSE IF i.status # "none" /\ ~i.digestMatches THEN "recovery_required"
+    ELSE IF i.status \in {"succeeded", "failed", "abandoned"} THEN "reconstruct"
+    ELSE IF i.status = "recovery_required" THEN "recovery_required"
+    ELSE IF i.status = "dispatched" THEN
+            CASE i.policy = "idempotent" ->
+                   IF i.attempt < MaxAttempts THEN "retry_same_id"
+                                              ELSE "recovery_required"
+              [] i.policy = "reconcile" -> "reconcile"
               [] OTHER -> "recovery_required"
     \* no record from here on
-    ELSE IF legacy /\ (appr = "approved" \/ ~needsApproval) THEN "recovery_required"
+    ELSE IF i.legacy /\ (i.approval = "approved" \/ ~i.requiresApproval)
+         THEN "recovery_required"
     ELSE "execute"
 
-DecisionFor(c) ==
-    Decide(Rec(c), approval[ExecId(c)], result[c] # NoResult, Policy[c],
-           IsLegacy(c), NeedsApproval[c], args[c])
+DecisionFor(c) == Decide(DecisionInputs(c))
 
 (***************************************************************************)
 (* ACTIONS.  Each is its own operator and a disjunct of Next, so that TLC  *)
@@ -254,6 +292,7 @@ HumanApprove(c) ==
     /\ UNCHANGED <<msg, args, result, ledger, audit, marker, stage>>
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanRetries, crashes>>
+    /\ UNCHANGED <<sent, knownOutcome, sentAfterOutcome, decided>>
 
 HumanReject(c) ==
     /\ msg[c] = "durable" /\ approval[ExecId(c)] = "pending"
@@ -272,11 +311,14 @@ EngineRecordDenied(c) ==
 \* dispatched(attempt n) is made durable, with its audit row, BEFORE the
 \* adapter is invoked.  Attempt 1 is authorized by the approval (or needs
 \* none); a later attempt by the recovery policy ("retry" stage).
+\* Who authorizes the attempt about to be dispatched.
+AttemptAuth(c) == IF stage[c] = "retry" THEN "policy"
+                  ELSE IF NeedsApproval[c] THEN "approval" ELSE "auto"
+
 EnginePersistDispatched(c) ==
     LET e == ExecId(c)
         n == Rec(c).attempt + 1
-        auth == IF stage[c] = "retry" THEN "policy"
-                ELSE IF NeedsApproval[c] THEN "approval" ELSE "auto"
+        auth == AttemptAuth(c)
     IN
     /\ Policy[c] # "readonly" /\ msg[c] = "durable"
     /\ \/ stage[c] = "live" /\ ApprovalOK(c)
@@ -296,9 +338,13 @@ EngineInvokeAdapter(c) ==
     /\ inflight' = [inflight EXCEPT ![e] = @ \cup {Rec(c).attempt}]
     /\ invocations' = [invocations EXCEPT ![c] =
                          @ \cup {<<e, Rec(c).attempt, Rec(c).auth>>}]
+    /\ sent' = [sent EXCEPT ![c][Rec(c).attempt] = @ + 1]
+    /\ sentAfterOutcome' = [sentAfterOutcome EXCEPT ![c] =
+                              IF c \in knownOutcome THEN @ + 1 ELSE @]
     /\ stage' = [stage EXCEPT ![c] = "waiting"]
     /\ UNCHANGED durable /\ UNCHANGED fenced
     /\ UNCHANGED <<applied, humanApproved, humanRetries, crashes>>
+    /\ UNCHANGED <<knownOutcome, decided>>
 
 \* A readonly tool bypasses the ledger: replaying it is safe.
 EngineInvokeReadonly(c) ==
@@ -326,6 +372,7 @@ ExternalApply(e) ==
       /\ Answer(e, n, "got_ok")
       /\ UNCHANGED durable /\ UNCHANGED fenced
       /\ UNCHANGED <<invocations, humanApproved, humanRetries, crashes>>
+      /\ UNCHANGED <<sent, knownOutcome, sentAfterOutcome, decided>>
 
 \* Applied, but the answer is lost (time-out, connection reset).
 ExternalApplyLoseAnswer(e) ==
@@ -335,6 +382,7 @@ ExternalApplyLoseAnswer(e) ==
       /\ Apply(e)
       /\ UNCHANGED durable /\ UNCHANGED stage /\ UNCHANGED fenced
       /\ UNCHANGED <<invocations, humanApproved, humanRetries, crashes>>
+      /\ UNCHANGED <<sent, knownOutcome, sentAfterOutcome, decided>>
 
 \* A definite failure: known not applied (e.g. rejected before sending).
 \* An idempotent system that already applied e answers with that result.
@@ -361,8 +409,11 @@ EngineRecordSucceeded(c) ==
     /\ ledger' = [ledger EXCEPT ![e].status = "succeeded",
                                 ![e].result = Result("ok", e, Rec(c).args)]
     /\ stage' = [stage EXCEPT ![c] = "recorded"]
+    /\ OutcomeKnown(c)
     /\ UNCHANGED <<msg, args, result, approval, audit, marker>>
-    /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED external
+    /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
+                   sent, sentAfterOutcome, decided>>
 
 \* failed(error) is made durable for a definite, known-not-applied failure.
 EngineRecordFailed(c) ==
@@ -371,8 +422,11 @@ EngineRecordFailed(c) ==
     /\ ledger' = [ledger EXCEPT ![e].status = "failed",
                                 ![e].result = Result("error", e, Rec(c).args)]
     /\ stage' = [stage EXCEPT ![c] = "recorded"]
+    /\ OutcomeKnown(c)
     /\ UNCHANGED <<msg, args, result, approval, audit, marker>>
-    /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED external
+    /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
+                   sent, sentAfterOutcome, decided>>
 
 \* The role="tool" result is appended to the conversation and checkpointed:
 \* from the ledger record, or (readonly) from the answer in memory.
@@ -408,6 +462,13 @@ StageAfter(d) ==
 Halt(c) ==
     [Rec(c) EXCEPT !.status = "recovery_required", !.args = args[c], !.call = c]
 
+\* The decision's row, with its inputs.  The store's audit key is
+\* (execution, kind, attempt): a decision taken again for the same attempt
+\* (after another crash) is covered by the first row and keeps its inputs.
+AuditDecision(e, d, n, i) ==
+    audit' = IF HasRow(e, d, n) THEN audit
+             ELSE [audit EXCEPT ![e] = @ \cup {<<d, n, i>>}]
+
 Recover(c) ==
     LET e == ExecId(c)
         d == DecisionFor(c)
@@ -417,9 +478,13 @@ Recover(c) ==
     /\ ledger' = IF d = "recovery_required" /\ Rec(c).status # "recovery_required"
                  THEN [ledger EXCEPT ![e] = Halt(c)] ELSE ledger
     /\ IF Policy[c] = "readonly" \/ d = "skip"
-       THEN UNCHANGED audit ELSE Audited(e, d, Rec(c).attempt)
+       THEN UNCHANGED <<audit, decided>>
+       ELSE /\ AuditDecision(e, d, Rec(c).attempt, DecisionInputs(c))
+            /\ Decided(c, d, Rec(c).attempt)
     /\ UNCHANGED <<msg, args, result, approval, marker>>
-    /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED external
+    /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
+                   sent, knownOutcome, sentAfterOutcome>>
 
 (***************************************************************************)
 (* Reconcile: ask the connector whether execution e was applied.  "Not    *)
@@ -427,15 +492,22 @@ Recover(c) ==
 (* made so far (a late original must not land afterwards); the fence is   *)
 (* per attempt, so the retry (attempt n+1) is not rejected by it.         *)
 (***************************************************************************)
+\* The connector's answer comes from the external system's own state.
+ConnectorSaysApplied(e) == applied[e] >= 1
+
 EngineReconcileApplied(c) ==
     LET e == ExecId(c) IN
-    /\ stage[c] = "reconciling" /\ applied[e] >= 1
+    /\ stage[c] = "reconciling" /\ ConnectorSaysApplied(e)
     /\ ledger' = [ledger EXCEPT ![e].status = "succeeded",
                                 ![e].result = Result("ok", e, Rec(c).args)]
     /\ Audited(e, "reconcile_applied", Rec(c).attempt)
+    /\ Decided(c, "reconcile_applied", Rec(c).attempt)
+    /\ OutcomeKnown(c)
     /\ stage' = [stage EXCEPT ![c] = "recorded"]
     /\ UNCHANGED <<msg, args, result, approval, marker>>
-    /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED external
+    /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
+                   sent, sentAfterOutcome>>
 
 EngineReconcileNotApplied(c) ==
     LET e == ExecId(c) IN
@@ -444,9 +516,12 @@ EngineReconcileNotApplied(c) ==
     /\ fenced' = IF FenceOnReconcile
                  THEN [fenced EXCEPT ![e] = Rec(c).attempt] ELSE fenced
     /\ Audited(e, "reconcile_not_applied", Rec(c).attempt)
+    /\ Decided(c, "reconcile_not_applied", Rec(c).attempt)
     /\ stage' = [stage EXCEPT ![c] = "retry"]
     /\ UNCHANGED <<msg, args, result, approval, ledger, marker>>
-    /\ UNCHANGED inflight /\ UNCHANGED ghosts
+    /\ UNCHANGED inflight
+    /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
+                   sent, knownOutcome, sentAfterOutcome>>
 
 \* The connector cannot tell (unreachable, or the retry budget is spent).
 EngineReconcileUnknown(c) ==
@@ -454,9 +529,12 @@ EngineReconcileUnknown(c) ==
     /\ stage[c] = "reconciling"
     /\ ledger' = [ledger EXCEPT ![e] = Halt(c)]
     /\ Audited(e, "reconcile_unknown", Rec(c).attempt)
+    /\ Decided(c, "reconcile_unknown", Rec(c).attempt)
     /\ stage' = [stage EXCEPT ![c] = "none"]
     /\ UNCHANGED <<msg, args, result, approval, marker>>
-    /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED external
+    /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
+                   sent, knownOutcome, sentAfterOutcome>>
 
 (***************************************************************************)
 (* A human resolves a recovery_required item.  Resolving it resumes the    *)
@@ -469,9 +547,13 @@ HumanResolveApplied(c) ==
     /\ ledger' = [ledger EXCEPT ![e].status = "succeeded",
                                 ![e].result = Result("human", e, args[c])]
     /\ Audited(e, "human_applied", Rec(c).attempt)
+    /\ Decided(c, "human_applied", Rec(c).attempt)
+    /\ OutcomeKnown(c)
     /\ stage' = [stage EXCEPT ![c] = "resume"]
     /\ UNCHANGED <<msg, args, result, approval, marker>>
-    /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED external
+    /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
+                   sent, sentAfterOutcome>>
 
 HumanResolveRetry(c) ==
     LET e == ExecId(c)
@@ -482,12 +564,15 @@ HumanResolveRetry(c) ==
     /\ ledger' = [ledger EXCEPT ![e] = [status |-> "dispatched", attempt |-> n,
                       args |-> args[c], auth |-> "human", result |-> NoResult,
                       call |-> c]]
-    /\ audit' = [audit EXCEPT ![e] = @ \cup {<<"human_retry", n>>, <<"dispatch", n>>}]
+    /\ audit' = [audit EXCEPT ![e] = @ \cup {<<"human_retry", n, NoInputs>>,
+                                             <<"dispatch", n, NoInputs>>}]
+    /\ Decided(c, "human_retry", n)
     /\ humanRetries' = [humanRetries EXCEPT ![e] = @ + 1]
     /\ stage' = [stage EXCEPT ![c] = "dispatched"]
     /\ UNCHANGED <<msg, args, result, approval, marker>>
     /\ UNCHANGED external
-    /\ UNCHANGED <<applied, invocations, humanApproved, crashes>>
+    /\ UNCHANGED <<applied, invocations, humanApproved, crashes,
+                   sent, knownOutcome, sentAfterOutcome>>
 
 HumanResolveAbandon(c) ==
     LET e == ExecId(c) IN
@@ -496,9 +581,12 @@ HumanResolveAbandon(c) ==
     /\ ledger' = [ledger EXCEPT ![e].status = "abandoned",
                                 ![e].result = Result("abandoned", e, args[c])]
     /\ Audited(e, "human_abandon", Rec(c).attempt)
+    /\ Decided(c, "human_abandon", Rec(c).attempt)
     /\ stage' = [stage EXCEPT ![c] = "resume"]
     /\ UNCHANGED <<msg, args, result, approval, marker>>
-    /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED external
+    /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
+                   sent, knownOutcome, sentAfterOutcome>>
 
 (***************************************************************************)
 (* Crash: the engine process dies and restarts.  Only volatile state is   *)
@@ -516,6 +604,7 @@ Crash ==
     /\ UNCHANGED <<result, approval, ledger, audit, marker>>
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries>>
+    /\ UNCHANGED <<sent, knownOutcome, sentAfterOutcome, decided>>
 
 Next ==
     \/ \E c \in Calls, a \in Args : ProviderEmitCall(c, a)
@@ -588,15 +677,21 @@ AtMostOnceEffect ==
     \A c \in Calls : Protected(c) =>
         applied[ExecId(c)] <= 1 + humanRetries[ExecId(c)]
 
-(* NoReinvokeAfterKnownOutcome: once succeeded or failed is durable, the   *)
-(* adapter is never called again for that execution: every invocation has *)
-(* an attempt no later than the one whose outcome was recorded, and no     *)
-(* request of it is still waiting to be sent.                              *)
+(* NoReinvokeAfterKnownOutcome: once a succeeded or failed outcome of a   *)
+(* call was durable (at any time in the past: the ghost knownOutcome), the *)
+(* adapter is never invoked again for that call, and the engine holds no   *)
+(* request of it that is about to be sent.                                 *)
 NoReinvokeAfterKnownOutcome ==
-    \A c \in Calls :
-        Rec(c).status \in {"succeeded", "failed"} /\ Rec(c).call = c =>
-            /\ \A i \in invocations[c] : i[2] <= Rec(c).attempt
-            /\ stage[c] \notin {"dispatched", "retry"}
+    \A c \in knownOutcome :
+        /\ sentAfterOutcome[c] = 0
+        /\ stage[c] \notin {"dispatched", "retry"}
+
+(* AttemptSentOnce: each attempt of a call is sent at most once.  A        *)
+(* re-sent attempt changes none of the sets the other invariants read      *)
+(* (invocations, inflight); the count per attempt, keyed by the call (the  *)
+(* real-world identity, not the execution id), does.                       *)
+AttemptSentOnce ==
+    \A c \in Calls : \A n \in 1..MaxAttempts : sent[c][n] <= 1
 
 (* NoBlindReplay: every invocation after the first is authorized by the    *)
 (* policy (idempotent with the same id; reconcile said not applied and     *)
@@ -608,14 +703,34 @@ NoBlindReplay ==
             \/ i[3] = "policy" /\ Policy[c] = "idempotent"
             \/ i[3] = "policy" /\ Policy[c] = "reconcile" /\ fenced[i[1]] >= i[2] - 1
 
-(* ResultFidelity: a successful tool result in the conversation is what    *)
-(* the external system returned for THIS call's execution and arguments:   *)
-(* never fabricated, never another call's.                                 *)
+(* ResultFidelity: every tool result in the conversation belongs to THIS *)
+(* call's execution and arguments, and says what happened:                 *)
+(*  - ok: the external system returned it, so a protected call's effect   *)
+(*    was applied (never fabricated, never another call's);               *)
+(*  - denied: the call was never sent;                                    *)
+(*  - error: the LAST attempt definitely failed.  An effect may stand     *)
+(*    beside it only from an earlier attempt whose outcome was unknown:   *)
+(*    one that a HUMAN chose to retry (HumanResolveRetry; at most one     *)
+(*    effect per human retry), or, for an idempotent tool only, the one   *)
+(*    attempt still in flight when the policy retry (retry_same_id) was   *)
+(*    rejected: the external system deduplicates applied requests but    *)
+(*    does not remember a definite rejection of the key, so the earlier   *)
+(*    request may land after it.  A manual call is retried only by a      *)
+(*    human, and a reconcile retry follows "not applied" with the earlier *)
+(*    attempts fenced, so neither policy leaves one;                      *)
+(*  - human and abandoned: a human's word on an unknown outcome           *)
+(*    (HumanResolveApplied: "it was applied", HumanResolveAbandon: "give  *)
+(*    up"); the protocol cannot check either against the external         *)
+(*    system, which is why only a human may choose them.                  *)
 ResultFidelity ==
-    \A c \in Calls : result[c].kind = "ok" =>
+    \A c \in Calls : result[c] # NoResult =>
         /\ result[c].exec = ExecId(c)
         /\ result[c].args = args[c]
-        /\ Protected(c) => applied[ExecId(c)] >= 1
+        /\ result[c].kind = "ok" /\ Protected(c) => applied[ExecId(c)] >= 1
+        /\ result[c].kind = "denied" => invocations[c] = {}
+        /\ result[c].kind = "error" /\ Protected(c) =>
+              applied[ExecId(c)] <= humanRetries[ExecId(c)]
+                                    + (IF Policy[c] = "idempotent" THEN 1 ELSE 0)
 
 (* ApprovalGate: no invocation of a call that needs approval unless a      *)
 (* human approved THIS call (by position) or authorized a retry.           *)
@@ -656,17 +771,96 @@ ExecutionIdStable ==
 ExecutionIdUnique ==
     \A c, d \in Calls : c # d => ExecId(c) # ExecId(d)
 
-(* AuditComplete: every invocation and every recovery decision that       *)
-(* changed durable state has its audit row (tool_call_id, execution id,   *)
-(* attempt, decision are all recoverable from <<e, kind, attempt>>).      *)
+(* AuditComplete: every invocation has its dispatch row, and every        *)
+(* decision the engine or a human took on a call (the ghost decided: each  *)
+(* recovery decision of Recover but skip, each connector answer, each      *)
+(* human resolution) has its row, of that kind for that attempt, in the   *)
+(* call's execution audit.  Approvals are recorded in approval itself.    *)
 AuditComplete ==
     \A c \in Calls :
-        /\ \A i \in invocations[c] : <<"dispatch", i[2]>> \in audit[i[1]]
-        /\ Rec(c).status = "recovery_required" =>
-              \E row \in audit[ExecId(c)] :
-                  row[1] \in {"recovery_required", "reconcile_unknown"}
-        /\ humanRetries[ExecId(c)] <=
-              Cardinality({row \in audit[ExecId(c)] : row[1] = "human_retry"})
+        /\ \A i \in invocations[c] : HasRow(i[1], "dispatch", i[2])
+        /\ \A d \in decided[c] : HasRow(ExecId(c), d[1], d[2])
+
+(* AuditRecomputable: every recovery-decision row carries the inputs the   *)
+(* decision was computed from, and recomputing Decide on them gives the   *)
+(* row's decision: anyone can check the engine's choice from the audit.   *)
+AuditRecomputable ==
+    \A e \in ExecIds : \A row \in audit[e] :
+        row[1] \in Decisions => Decide(row[3]) = row[1]
+
+(***************************************************************************)
+(* WITNESSES.  An invariant whose antecedent is never reached proves       *)
+(* nothing.  Each Witness_X below is the NEGATION of a situation that some *)
+(* safety invariant is about; model/manifest.toml runs each on a must-pass *)
+(* model and expects TLC to report it violated, i.e. the situation is      *)
+(* reached.  A refactor that makes one unreachable fails `make check`.     *)
+(* The manifest's antecedent_of field names the invariants each serves.    *)
+(***************************************************************************)
+\* An effect was applied and a later attempt of the same call was sent
+\* (AtMostOnceEffect, NoBlindReplay: the retry that could apply it twice).
+Witness_RetryAfterApplied ==
+    ~\E c \in Calls : Protected(c) /\ applied[ExecId(c)] >= 1
+                      /\ \E n \in 2..MaxAttempts : sent[c][n] >= 1
+
+\* A crash left an applied, unanswered call to Recover (AtMostOnceEffect).
+Witness_RecoverAfterApplied ==
+    ~\E c \in Calls : Protected(c) /\ applied[ExecId(c)] >= 1 /\ crashes >= 1
+                      /\ stage[c] = "resume" /\ Rec(c).status = "dispatched"
+
+\* A call whose outcome is known is resumed (NoReinvokeAfterKnownOutcome).
+Witness_ResumeAfterKnownOutcome ==
+    ~\E c \in knownOutcome : stage[c] = "resume"
+
+\* A call is resumed while its sent attempt is still in flight: the moment
+\* an engine could send that attempt again (AttemptSentOnce).
+Witness_ResumeWithAttemptInFlight ==
+    ~\E c \in Calls : stage[c] = "resume" /\ Rec(c).status = "dispatched"
+                      /\ Rec(c).attempt \in inflight[ExecId(c)]
+
+\* A reconcile attempt was fenced and the call retried (NoBlindReplay's
+\* reconcile case: the fence is what makes "not applied" definite).
+Witness_FencedRetry ==
+    ~\E c \in Calls : Policy[c] = "reconcile" /\ fenced[ExecId(c)] >= 1
+                      /\ \E i \in invocations[c] : i[2] >= 2
+
+\* A protected call shows an ok result after a crash (ResultFidelity).
+Witness_OkAfterCrash ==
+    ~\E c \in Calls : Protected(c) /\ result[c].kind = "ok" /\ crashes >= 1
+
+\* An error result stands beside an applied effect (ResultFidelity's
+\* error clause: a human retried, or an idempotent late original landed).
+Witness_ErrorBesideEffect ==
+    ~\E c \in Calls : Protected(c) /\ result[c].kind = "error"
+                      /\ applied[ExecId(c)] >= 1
+
+\* A call that needs approval is invoked again after a crash
+\* (ApprovalGate, ApprovalSingleUse).
+Witness_ApprovedCallRetried ==
+    ~\E c \in Calls : NeedsApproval[c] /\ crashes >= 1
+                      /\ \E i \in invocations[c] : i[2] >= 2
+
+\* A call in recovery_required is resumed by a restart (RecoveryRequiredHalts).
+Witness_HaltedCallResumed ==
+    ~\E c \in Calls : Rec(c).status = "recovery_required" /\ stage[c] = "resume"
+
+\* A legacy call was invoked (LegacyConservative).
+Witness_LegacyInvoked ==
+    ~\E c \in LegacyCalls : invocations[c] # {}
+
+\* Two calls that share a tool_call_id were both invoked, one after a
+\* crash (ExecutionIdStable, ExecutionIdUnique).
+Witness_ReusedIdsInvoked ==
+    ~\E c, d \in Calls :
+        /\ c # d /\ ToolCallId[c] = ToolCallId[d] /\ crashes >= 1
+        /\ invocations[c] # {} /\ invocations[d] # {}
+
+\* A human retried (AuditComplete: a human decision to audit).
+Witness_HumanRetried ==
+    ~\E c \in Calls : \E d \in decided[c] : d[1] = "human_retry"
+
+\* A policy retry was decided and audited with its inputs (AuditRecomputable).
+Witness_RetryDecisionAudited ==
+    ~\E e \in ExecIds : \E row \in audit[e] : row[1] = "retry_same_id"
 
 (***************************************************************************)
 (* LIVENESS.                                                               *)

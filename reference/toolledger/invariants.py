@@ -73,16 +73,28 @@ def AtMostOnceEffect(cfg: ModelConfig, s: SystemState) -> list[str]:
 
 
 def NoReinvokeAfterKnownOutcome(cfg: ModelConfig, s: SystemState) -> list[str]:
+    """Once a succeeded/failed outcome of a call was durable (ever), it is never sent again."""
     out = []
-    for name, c in _present(cfg, s):
-        rec = s.session.record(c.execution_id)
-        if rec.status in _KNOWN and rec.position == c.position:
-            late = [n for (_, n, _) in s.ghosts.invoked(name) if n > rec.attempt]
-            if late:
-                out.append(f"{name}: invoked at attempt(s) {late} after {rec.status.value}")
-            if c.stage in (p.Stage.DISPATCHED, p.Stage.RETRY):
-                out.append(f"{name}: about to invoke again ({c.stage.value}) after {rec.status}")
+    by_pos = {c.position: c for c in s.session.calls}
+    for cc in cfg.calls:
+        if cc.name not in s.ghosts.known_outcome:
+            continue
+        late = s.ghosts.sent_after_outcome.get(cc.name, 0)
+        if late:
+            out.append(f"{cc.name}: {late} request(s) sent after its outcome was durable")
+        c = by_pos.get(cc.position)
+        if c is not None and c.stage in (p.Stage.DISPATCHED, p.Stage.RETRY):
+            out.append(f"{cc.name}: about to invoke again ({c.stage.value}) after its outcome")
     return out
+
+
+def AttemptSentOnce(cfg: ModelConfig, s: SystemState) -> list[str]:
+    """Each attempt of a call (keyed by the call, not the execution id) is sent at most once."""
+    return [
+        f"{name}: attempt {n} sent {k} times"
+        for (name, n), k in sorted(s.ghosts.sent.items())
+        if k > 1
+    ]
 
 
 def NoBlindReplay(cfg: ModelConfig, s: SystemState) -> list[str]:
@@ -105,17 +117,29 @@ def NoBlindReplay(cfg: ModelConfig, s: SystemState) -> list[str]:
 
 
 def ResultFidelity(cfg: ModelConfig, s: SystemState) -> list[str]:
+    """Every result belongs to this call and says what happened (see the spec's box:
+    which result kinds may stand beside an applied effect, and why)."""
     out = []
     for name, c in _present(cfg, s):
         r = c.result
-        if r is None or r.kind is not p.ResultKind.OK:
+        if r is None:
             continue
         if r.execution_id != c.execution_id:
             out.append(f"{name}: shows the result of execution {r.execution_id}")
         if r.args_digest != c.args_digest:
             out.append(f"{name}: shows a result computed from other arguments")
-        if c.tool.protected and s.external.count(c.execution_id) < 1:
+        applied = s.external.count(c.execution_id)
+        if r.kind is p.ResultKind.OK and c.tool.protected and applied < 1:
             out.append(f"{name}: shows a successful result that was never applied")
+        if r.kind is p.ResultKind.DENIED and s.ghosts.invoked(name):
+            out.append(f"{name}: shows denied, yet it was sent")
+        if r.kind is p.ResultKind.ERROR and c.tool.protected:
+            allowed = s.ghosts.human_retries.get(c.execution_id, 0) + (
+                1 if c.tool.policy is p.RecoveryPolicy.IDEMPOTENT else 0
+            )
+            if applied > allowed:
+                out.append(f"{name}: shows an error beside {applied} applied effect(s), "
+                           f"{allowed} explained by human retries and the policy")
     return out
 
 
@@ -188,6 +212,7 @@ def ExecutionIdUnique(cfg: ModelConfig, s: SystemState) -> list[str]:
 
 
 def AuditComplete(cfg: ModelConfig, s: SystemState) -> list[str]:
+    """Every invocation has its dispatch row; every decision taken on a call has its row."""
     out = []
     audit = s.session.audit
     for c in cfg.calls:
@@ -195,14 +220,29 @@ def AuditComplete(cfg: ModelConfig, s: SystemState) -> list[str]:
         for ie, n, _ in s.ghosts.invoked(c.name):
             if (ie, "dispatch", n) not in audit:
                 out.append(f"{c.name}: attempt {n} invoked with no dispatch row")
-        if s.session.record(e).status is p.LedgerStatus.RECOVERY_REQUIRED and not any(
-            ae == e and k in ("recovery_required", "reconcile_unknown") for ae, k, _ in audit
-        ):
-            out.append(f"{c.name}: recovery_required with no decision row")
-        retries = s.ghosts.human_retries.get(e, 0)
-        rows = sum(1 for ae, k, _ in audit if ae == e and k == "human_retry")
-        if retries > rows:
-            out.append(f"{c.name}: {retries} human retries, {rows} audit rows")
+        for kind, n in sorted(s.ghosts.decisions(c.name)):
+            if (e, kind, n) not in audit:
+                out.append(f"{c.name}: decision {kind} (attempt {n}) has no audit row")
+    return out
+
+
+_DECISIONS = frozenset(d.value for d in p.Decision)
+
+
+def AuditRecomputable(cfg: ModelConfig, s: SystemState) -> list[str]:
+    """Every recovery-decision row carries its inputs, and they recompute to its decision."""
+    out = []
+    for key in sorted(s.session.audit):
+        e, kind, n = key
+        if kind not in _DECISIONS:
+            continue
+        inputs = s.audit_inputs.get(key)
+        if inputs is None:
+            out.append(f"audit row {kind} (attempt {n}) of {e} has no inputs")
+            continue
+        got = p.decide_recovery(inputs).decision.value
+        if got != kind:
+            out.append(f"audit row {kind} (attempt {n}) of {e} recomputes to {got}")
     return out
 
 
@@ -212,6 +252,7 @@ INVARIANTS: Final[Mapping[str, Check]] = {
         TypeOK,
         AtMostOnceEffect,
         NoReinvokeAfterKnownOutcome,
+        AttemptSentOnce,
         NoBlindReplay,
         ResultFidelity,
         ApprovalGate,
@@ -221,6 +262,7 @@ INVARIANTS: Final[Mapping[str, Check]] = {
         ExecutionIdStable,
         ExecutionIdUnique,
         AuditComplete,
+        AuditRecomputable,
     )
 }
 

@@ -13,6 +13,18 @@
     question = "one line: what this model asks"
     conformance = false               # optional (default false)
     workers = 1                       # optional (default 1)
+    witnesses = ["AtMostOnceEffect"]  # optional: a broken twin; the invariants
+                                      # it shows can fail (expect is one of them)
+    antecedent_of = ["LegacyConservative"]  # optional: a reachability probe;
+                                      # expect is the Witness_* invariant (the
+                                      # negated antecedent) TLC must violate on
+                                      # a must-pass model's module
+
+A twin (``witnesses``) proves an invariant can fail: weakening it fails
+``make check``.  A probe (``antecedent_of``) proves the situation an
+invariant is about is reached: its cfg checks only the ``Witness_*``
+invariant, and its module is one a ``ci`` must-pass model runs, so a refactor
+that makes the situation unreachable fails ``make check``.
 
 :func:`load_manifest` validates all of it against the files on disk (the
 module and cfg exist, ``expect`` names an INVARIANT or PROPERTY of the cfg,
@@ -61,7 +73,10 @@ _FIELDS: dict[str, tuple[type, bool]] = {
     "question": (str, True),
     "conformance": (bool, False),
     "workers": (int, False),
+    "witnesses": (list, False),
+    "antecedent_of": (list, False),
 }
+WITNESS_PREFIX = "Witness_"
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+\Z")
 _MODULE_RE = re.compile(r"[A-Za-z0-9_]+\Z")
 
@@ -86,6 +101,8 @@ class ModelEntry:
     workers: int
     cfg_path: Path
     expected_outcome: Outcome
+    witnesses: tuple[str, ...] = ()
+    antecedent_of: tuple[str, ...] = ()
 
     @property
     def expected_violation(self) -> str | None:
@@ -143,7 +160,8 @@ def _suggest(key: str, valid: Iterable[str]) -> str:
 
 
 def _type_name(t: type) -> str:
-    return {str: "a string", bool: "true or false", int: "an integer"}[t]
+    return {str: "a string", bool: "true or false", int: "an integer",
+            list: "a list of invariant names"}[t]
 
 
 def load_manifest(root: Path) -> Manifest:
@@ -189,11 +207,35 @@ def load_manifest(root: Path) -> Manifest:
         seen[entry.name] = number
         models.append(entry)
 
+    _check_probes(models, problems)
     if problems:
         raise ManifestError(
             f"{path} has {len(problems)} problem(s):\n  - " + "\n  - ".join(problems)
         )
     return Manifest(root=root, models=tuple(models))
+
+
+def _constants(cfg_path: Path) -> str:
+    """The CONSTANTS part of a cfg (everything before SPECIFICATION/INIT), comments dropped."""
+    lines = [ln.split("\\*", 1)[0].rstrip() for ln in cfg_path.read_text().splitlines()]
+    text = "\n".join(ln for ln in lines if ln.strip())
+    return re.split(r"^(?:SPECIFICATION|INIT)\b", text, maxsplit=1, flags=re.MULTILINE)[0]
+
+
+def _check_probes(models: list[ModelEntry], problems: list[str]) -> None:
+    """A probe runs on the module and the constants of a ci must-pass model."""
+    passing = [m for m in models if m.ci and m.expect == "pass"]
+    for m in models:
+        if not m.antecedent_of:
+            continue
+        same = [p for p in passing if p.module == m.module
+                and _constants(p.cfg_path) == _constants(m.cfg_path)]
+        if not same:
+            problems.append(
+                f"model {m.name!r}: a probe must run on a ci must-pass model: no ci model "
+                f"with expect = \"pass\" runs module {m.module} with the constants of "
+                f"model/{m.cfg}"
+            )
 
 
 def _validate(
@@ -274,6 +316,32 @@ def _validate(
                 f"PROPERTY of model/{cfg}{_suggest(expect, names)}; "
                 f"the cfg checks: {', '.join(names) or 'nothing'}"
             )
+    witnesses = table.get("witnesses", [])
+    antecedents = table.get("antecedent_of", [])
+    for key, names in (("witnesses", witnesses), ("antecedent_of", antecedents)):
+        if key in table and (not names or not all(isinstance(n, str) and n for n in names)):
+            problems.append(f"{where}: {key} must be a non-empty list of invariant names")
+    if witnesses and antecedents:
+        problems.append(f"{where}: a model is a twin (witnesses) or a probe (antecedent_of), "
+                        "not both: split it in two")
+    if outcome is not None and witnesses:
+        info = parse_cfg(cfg_path)
+        for n in witnesses:
+            if n not in info.invariants or n.startswith(WITNESS_PREFIX):
+                problems.append(f"{where}: witnesses names {n!r}, which is not a safety "
+                                f"INVARIANT of model/{cfg}: list only invariants the cfg checks")
+        if expect not in witnesses:
+            problems.append(f"{where}: a twin must be expected to violate one of its witnesses "
+                            f"{witnesses}, not {expect!r}")
+    if outcome is not None and antecedents:
+        info = parse_cfg(cfg_path)
+        if not expect.startswith(WITNESS_PREFIX) or list(info.invariants) != [expect]:
+            problems.append(f"{where}: a probe's cfg checks exactly one {WITNESS_PREFIX}* "
+                            f"invariant and expects it violated; model/{cfg} checks "
+                            f"{', '.join(info.invariants) or 'nothing'}, expect = {expect!r}")
+        bad = [n for n in antecedents if n.startswith(WITNESS_PREFIX)]
+        if bad:
+            problems.append(f"{where}: antecedent_of lists safety invariants, not {bad}")
     if len(problems) > before or outcome is None:
         return None
     return ModelEntry(
@@ -289,6 +357,8 @@ def _validate(
         workers=workers,
         cfg_path=cfg_path,
         expected_outcome=outcome,
+        witnesses=tuple(witnesses),
+        antecedent_of=tuple(antecedents),
     )
 
 

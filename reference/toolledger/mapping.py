@@ -15,6 +15,7 @@ spec and filled with neutral values on the way back.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Final
 
@@ -27,11 +28,52 @@ __all__ = ["SPEC_VARIABLES", "from_spec", "spec_key", "to_spec"]
 SPEC_VARIABLES: Final = (
     "msg", "args", "result", "approval", "ledger", "audit", "marker", "stage",
     "inflight", "fenced", "applied", "invocations", "humanApproved",
-    "humanRetries", "crashes",
+    "humanRetries", "crashes", "sent", "knownOutcome", "sentAfterOutcome",
+    "decided",
 )  # fmt: skip
 
 NONE: Final = "none"
 _NO_RESULT: Final = FnValue({"kind": NONE, "exec": (), "args": NONE})
+# The spec's NoInputs: the inputs column of an audit row that records no
+# recovery decision.
+_NO_INPUTS: Final = FnValue(
+    {
+        "status": NONE, "attempt": 0, "digestMatches": True, "approval": NONE,
+        "hasResult": False, "policy": NONE, "legacy": False, "requiresApproval": False,
+    }
+)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4096)
+def _inputs(i: p.RecoveryInputs | None) -> FnValue:
+    """The spec's ``DecisionInputs`` record of a decision's inputs."""
+    if i is None:
+        return _NO_INPUTS
+    return FnValue(
+        {
+            "status": i.status.value, "attempt": i.attempt, "digestMatches": i.digest_matches,
+            "approval": i.approval.value, "hasResult": i.has_result, "policy": i.policy.value,
+            "legacy": i.legacy, "requiresApproval": i.requires_approval,
+        }
+    )  # fmt: skip
+
+
+def _inputs_back(v: Value, max_attempts: int) -> p.RecoveryInputs | None:
+    if not isinstance(v, FnValue):
+        raise ValueError(f"expected an inputs record, got {v!r}")
+    if v == _NO_INPUTS:
+        return None
+    return p.RecoveryInputs(
+        status=p.LedgerStatus(str(v["status"])),
+        attempt=_int(v["attempt"]),
+        digest_matches=bool(v["digestMatches"]),
+        approval=p.ApprovalState(str(v["approval"])),
+        has_result=bool(v["hasResult"]),
+        policy=p.RecoveryPolicy(str(v["policy"])),
+        legacy=bool(v["legacy"]),
+        requires_approval=bool(v["requiresApproval"]),
+        max_attempts=max_attempts,
+    )
 
 
 def spec_key(state: Mapping[str, Value]) -> tuple[Value, ...]:
@@ -115,6 +157,9 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
     result: dict[Value, Value] = {}
     stage: dict[Value, Value] = {}
     invocations: dict[Value, Value] = {}
+    sent: dict[Value, Value] = {}
+    after_outcome: dict[Value, Value] = {}
+    decided: dict[Value, Value] = {}
     for cc in cfg.calls:
         call = by_pos.get(cc.position)
         if call is None:
@@ -128,6 +173,11 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
         invocations[cc.name] = frozenset(
             (t.spec_eid.get(e, ("<unknown id>",)), n, a.value) for e, n, a in gh.invoked(cc.name)
         )
+        sent[cc.name] = tuple(
+            gh.sent_count(cc.name, n) for n in range(1, cfg.max_attempts + 1)
+        )
+        after_outcome[cc.name] = gh.sent_after_outcome.get(cc.name, 0)
+        decided[cc.name] = frozenset(gh.decisions(cc.name))
     approval: dict[Value, Value] = {}
     ledger: dict[Value, Value] = {}
     audit: dict[Value, Value] = {}
@@ -139,7 +189,11 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
         e = t.py_eid[se]
         approval[se] = session.approval(e).value
         ledger[se] = t.record(session.record(e))
-        audit[se] = frozenset((k, n) for (ae, k, n) in session.audit if ae == e)
+        audit[se] = frozenset(
+            (k, n, _inputs(s.audit_inputs.get((ae, k, n))))
+            for (ae, k, n) in session.audit
+            if ae == e
+        )
         inflight[se] = ext.requests(e)
         fenced[se] = ext.fence(e)
         applied[se] = ext.count(e)
@@ -160,6 +214,10 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
         "humanApproved": gh.human_approved,
         "humanRetries": FnValue(retries),
         "crashes": s.ghosts.crashes,
+        "sent": FnValue(sent),
+        "knownOutcome": gh.known_outcome,
+        "sentAfterOutcome": FnValue(after_outcome),
+        "decided": FnValue(decided),
     }
 
 
@@ -225,6 +283,7 @@ def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
     approvals: dict[str, p.ApprovalState] = {}
     ledger: dict[str, p.ExecutionRecord] = {}
     audit: set[p.AuditKey] = set()
+    audit_inputs: dict[p.AuditKey, p.RecoveryInputs] = {}
     inflight: dict[str, frozenset[int]] = {}
     numbers: dict[str, dict[str, int]] = {"fenced": {}, "applied": {}, "humanRetries": {}}
     for se, a in _fn(state, "approval").items():
@@ -248,8 +307,12 @@ def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
                 None if owner is None else owner.position,
             )
         for row in _set(_fn(state, "audit")[se]):
-            kind, n = _tuple(row)
-            audit.add((e, str(kind), _int(n)))
+            kind, n, row_inputs = _tuple(row)
+            key = (e, str(kind), _int(n))
+            audit.add(key)
+            decision_inputs = _inputs_back(row_inputs, cfg.max_attempts)
+            if decision_inputs is not None:
+                audit_inputs[key] = decision_inputs
         reqs = _set(_fn(state, "inflight")[se])
         if reqs:
             inflight[e] = frozenset(_int(n) for n in reqs)
@@ -265,6 +328,19 @@ def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
             found.add((_eid(t, se), _int(n), p.Authorization(str(a))))
         if found:
             invocations[str(name)] = frozenset(found)
+    sent: dict[tuple[str, int], int] = {}
+    for name, counts in _fn(state, "sent").items():
+        for n, k in enumerate(_tuple(counts), start=1):
+            if _int(k):
+                sent[(str(name), n)] = _int(k)
+    after_outcome = {
+        str(name): _int(k) for name, k in _fn(state, "sentAfterOutcome").items() if _int(k)
+    }
+    decided: dict[str, frozenset[tuple[str, int]]] = {}
+    for name, rows in _fn(state, "decided").items():
+        found_rows = frozenset((str(_tuple(r)[0]), _int(_tuple(r)[1])) for r in _set(rows))
+        if found_rows:
+            decided[str(name)] = found_rows
     session = p.SessionState(
         session_id=cfg.session_id,
         marker=_int(state["marker"]),
@@ -282,5 +358,10 @@ def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
             human_approved=frozenset(str(c) for c in _set(state["humanApproved"])),
             human_retries=numbers["humanRetries"],
             crashes=_int(state["crashes"]),
+            sent=sent,
+            known_outcome=frozenset(str(c) for c in _set(state["knownOutcome"])),
+            sent_after_outcome=after_outcome,
+            decided=decided,
         ),
+        audit_inputs,
     )

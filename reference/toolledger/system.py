@@ -207,15 +207,34 @@ class ExternalState:
 
 @dataclass(frozen=True)
 class Ghosts:
-    """History the invariants need and no implementation keeps."""
+    """History the invariants need and no implementation keeps.
+
+    ``sent``, ``known_outcome``, ``sent_after_outcome`` and ``decided`` are
+    keyed by the CALL (its spec name), the real-world identity, not by the
+    design's execution id: they are the spec's ghosts of the same names.
+    """
 
     invocations: Mapping[str, frozenset[Invocation]] = field(default_factory=dict)
     human_approved: frozenset[str] = frozenset()  # call names
     human_retries: Mapping[str, int] = field(default_factory=dict)
     crashes: int = 0
+    # (call, attempt) -> requests sent for that attempt (AttemptSentOnce)
+    sent: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    # calls whose succeeded/failed outcome was ever durable, and the requests
+    # of each sent after that (NoReinvokeAfterKnownOutcome)
+    known_outcome: frozenset[str] = frozenset()
+    sent_after_outcome: Mapping[str, int] = field(default_factory=dict)
+    # call -> (kind, attempt) of every decision taken on it (AuditComplete)
+    decided: Mapping[str, frozenset[tuple[str, int]]] = field(default_factory=dict)
 
     def invoked(self, call: str) -> frozenset[Invocation]:
         return self.invocations.get(call, frozenset())
+
+    def sent_count(self, call: str, attempt: int) -> int:
+        return self.sent.get((call, attempt), 0)
+
+    def decisions(self, call: str) -> frozenset[tuple[str, int]]:
+        return self.decided.get(call, frozenset())
 
 
 @dataclass(frozen=True)
@@ -223,6 +242,10 @@ class SystemState:
     session: p.SessionState
     external: ExternalState
     ghosts: Ghosts
+    # The inputs column of the recovery-decision audit rows, as the stores
+    # write it (the core keeps only the audit keys): the inputs of the
+    # decision that added the key (AuditRecomputable).
+    audit_inputs: Mapping[p.AuditKey, p.RecoveryInputs] = field(default_factory=dict)
 
 
 def _upd(m: Mapping[str, object], k: str, v: object) -> dict[str, object]:
@@ -340,11 +363,37 @@ def _call_step(cfg: ModelConfig, s: SystemState, call: p.CallState, action: p.Ac
     nxt = _try(s.session, p.Event(action, call.position))
     if nxt is None:
         return None
+    inputs = s.audit_inputs
+    if action in _DECISION_KIND or action is p.Action.Recover:
+        kind = _DECISION_KIND.get(action)
+        new_keys = nxt.audit - s.session.audit
+        for key in new_keys:
+            if key[1] in _RECOVERY_DECISIONS:
+                # the store writes the decision's row with the inputs it was computed from
+                inputs = _upd(inputs, key, p.recovery_inputs(s.session, call))  # type: ignore[arg-type,assignment]
+        if action is p.Action.Recover:
+            # the decision taken (audited or not: AuditComplete compares the two)
+            d = p.decide_recovery(p.recovery_inputs(s.session, call)).decision
+            if call.tool.protected and d is not p.Decision.SKIP:
+                kind = d.value
+        if kind is not None:
+            n = nxt.record(eid).attempt if action is p.Action.HumanResolveRetry \
+                else s.session.record(eid).attempt
+            gh = replace(gh, decided=_upd(gh.decided, name, gh.decisions(name) | {(kind, n)}))  # type: ignore[arg-type]
+    if action in _OUTCOME_KNOWN:
+        gh = replace(gh, known_outcome=gh.known_outcome | {name})
     if action is p.Action.EngineInvokeAdapter:
         rec = nxt.record(eid)
         ext = replace(ext, inflight=_upd(ext.inflight, eid, ext.requests(eid) | {rec.attempt}))  # type: ignore[arg-type]
         inv = (eid, rec.attempt, rec.authorization)
-        gh = replace(gh, invocations=_upd(gh.invocations, name, gh.invoked(name) | {inv}))  # type: ignore[arg-type]
+        gh = replace(
+            gh,
+            invocations=_upd(gh.invocations, name, gh.invoked(name) | {inv}),  # type: ignore[arg-type]
+            sent=_upd(gh.sent, (name, rec.attempt), gh.sent_count(name, rec.attempt) + 1),  # type: ignore[arg-type]
+        )
+        if name in gh.known_outcome:
+            after = _upd(gh.sent_after_outcome, name, gh.sent_after_outcome.get(name, 0) + 1)
+            gh = replace(gh, sent_after_outcome=after)  # type: ignore[arg-type]
     elif action is p.Action.HumanApprove:
         gh = replace(gh, human_approved=gh.human_approved | {name})
     elif action is p.Action.HumanResolveRetry:
@@ -352,7 +401,27 @@ def _call_step(cfg: ModelConfig, s: SystemState, call: p.CallState, action: p.Ac
         gh = replace(gh, human_retries=retries)  # type: ignore[arg-type]
     elif action is p.Action.EngineReconcileNotApplied and cfg.fence_on_reconcile:
         ext = replace(ext, fenced=_upd(ext.fenced, eid, s.session.record(eid).attempt))  # type: ignore[arg-type]
-    return SystemState(nxt, ext, gh)
+    return SystemState(nxt, ext, gh, inputs)
+
+
+# Per-call actions that take a decision, with the decision's audit kind
+# (Recover's kind is the decision it computes).
+_DECISION_KIND: Final[Mapping[p.Action, str]] = {
+    p.Action.EngineReconcileApplied: "reconcile_applied",
+    p.Action.EngineReconcileNotApplied: "reconcile_not_applied",
+    p.Action.EngineReconcileUnknown: "reconcile_unknown",
+    p.Action.HumanResolveApplied: "human_applied",
+    p.Action.HumanResolveRetry: "human_retry",
+    p.Action.HumanResolveAbandon: "human_abandon",
+}
+_RECOVERY_DECISIONS: Final = frozenset(d.value for d in p.Decision)
+# Per-call actions that make a succeeded or failed outcome of the call durable.
+_OUTCOME_KNOWN: Final = frozenset({
+    p.Action.EngineRecordSucceeded,
+    p.Action.EngineRecordFailed,
+    p.Action.EngineReconcileApplied,
+    p.Action.HumanResolveApplied,
+})
 
 
 def _deliver(cfg: ModelConfig, session: p.SessionState, eid: str, n: int,
@@ -383,7 +452,8 @@ def _external(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:
             applied = _upd(ext.applied, eid, ext.count(eid) + (0 if dedup else 1))
             after = replace(ext, inflight=rest, applied=applied)  # type: ignore[arg-type]
             yield p.Action.ExternalApply, SystemState(
-                _deliver(cfg, s.session, eid, n, p.Action.ExternalApply), after, s.ghosts
+                _deliver(cfg, s.session, eid, n, p.Action.ExternalApply), after, s.ghosts,
+                s.audit_inputs,
             )
             yield p.Action.ExternalApplyLoseAnswer, replace(s, external=after)
             if not dedup:
@@ -391,6 +461,7 @@ def _external(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:
                     _deliver(cfg, s.session, eid, n, p.Action.ExternalRejectDefinite),
                     replace(ext, inflight=rest),  # type: ignore[arg-type]
                     s.ghosts,
+                    s.audit_inputs,
                 )
 
 
@@ -420,6 +491,7 @@ def successors(cfg: ModelConfig, s: SystemState) -> list[Successor]:
         crashed = p.apply(s.session, p.Event(p.Action.Crash))
         out.append(
             (p.Action.Crash, SystemState(crashed, s.external,
-                                         replace(s.ghosts, crashes=s.ghosts.crashes + 1)))
+                                         replace(s.ghosts, crashes=s.ghosts.crashes + 1),
+                                         s.audit_inputs))
         )
     return out
