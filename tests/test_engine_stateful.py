@@ -531,6 +531,7 @@ class EngineMachine(RuleBasedStateMachine):
         if self.mode is EngineMode.LEDGER:
             checks += [
                 ("NoReinvokeAfterKnownOutcome", self.NoReinvokeAfterKnownOutcome),
+                ("AttemptSentOnce", self.AttemptSentOnce),
                 ("NoBlindReplay", self.NoBlindReplay),
                 ("ResultFidelity", self.ResultFidelity),
                 ("ApprovalGate", self.ApprovalGate),
@@ -539,6 +540,7 @@ class EngineMachine(RuleBasedStateMachine):
                 ("ExecutionIdStable", self.ExecutionIdStable),
                 ("ExecutionIdUnique", self.ExecutionIdUnique),
                 ("AuditComplete", self.AuditComplete),
+                ("AuditRecomputable", self.AuditRecomputable),
             ]
         for name, check in checks:
             assert name in INVARIANTS, name
@@ -586,6 +588,18 @@ class EngineMachine(RuleBasedStateMachine):
                 if len(sent) > before:
                     out.append(f"{c.position}: {len(sent) - before} request(s) after the "
                                f"outcome was durable")
+        return out
+
+    def AttemptSentOnce(self, view: View) -> list[str]:
+        """Each attempt of a call is sent once: keyed by the CALL (its unique argument
+        ``n``), not by the execution id."""
+        out = []
+        seen: set[tuple[int, int]] = set()
+        for r in view.requests:
+            key = (int(r.arguments["n"]), r.attempt)
+            if key in seen:
+                out.append(f"the call n={key[0]}: attempt {r.attempt} sent twice")
+            seen.add(key)
         return out
 
     def NoBlindReplay(self, view: View) -> list[str]:
@@ -753,28 +767,16 @@ class EngineMachine(RuleBasedStateMachine):
     def AuditComplete(self, view: View) -> list[str]:
         out = []
         calls = self._calls(view)
-        seen: set[tuple[str, int]] = set()
         for r in view.requests:
             c = calls.get(r.execution_id)
             if c is None or not c.tool.protected:
                 continue
             if view.row(r.execution_id, "dispatch", r.attempt) is None:
                 out.append(f"{c.position} attempt {r.attempt} sent with no dispatch row")
-            if (r.execution_id, r.attempt) in seen:
-                out.append(f"{c.position} attempt {r.attempt} sent twice")
-            seen.add((r.execution_id, r.attempt))
         for row in view.audit:
             c = calls.get(row.execution_id)
             if c is None or (row.tool_call_id, row.position) != (c.tool_call_id, c.position):
                 out.append(f"audit row {row.kind}/{row.attempt} names no call of the store")
-            if row.kind in DECISIONS:
-                decided = decide_recovery(RecoveryInputs(
-                    **{**row.inputs,
-                       "status": LedgerStatus(row.inputs["status"]),
-                       "approval": ApprovalState(row.inputs["approval"]),
-                       "policy": RecoveryPolicy(row.inputs["policy"])}))
-                if decided.decision.value != row.kind:
-                    out.append(f"audit row {row.kind} recomputes to {decided.decision.value}")
         for e, c in calls.items():
             assert view.state is not None
             if view.state.record(e).status is LedgerStatus.RECOVERY_REQUIRED and not (
@@ -783,6 +785,21 @@ class EngineMachine(RuleBasedStateMachine):
             if len(view.rows(e, "human_retry")) != self.human_retries.get(e, 0):
                 out.append(f"{c.position}: {self.human_retries.get(e, 0)} human retries, "
                            f"{len(view.rows(e, 'human_retry'))} rows")
+        return out
+
+    def AuditRecomputable(self, view: View) -> list[str]:
+        """Every recovery-decision row's inputs recompute to its decision."""
+        out = []
+        for row in view.audit:
+            if row.kind not in DECISIONS:
+                continue
+            decided = decide_recovery(RecoveryInputs(
+                **{**row.inputs,
+                   "status": LedgerStatus(row.inputs["status"]),
+                   "approval": ApprovalState(row.inputs["approval"]),
+                   "policy": RecoveryPolicy(row.inputs["policy"])}))
+            if decided.decision.value != row.kind:
+                out.append(f"audit row {row.kind} recomputes to {decided.decision.value}")
         return out
 
     # -- the end of a run -----------------------------------------------------------------

@@ -180,7 +180,8 @@ LIFELINE_TITLES: Final[Mapping[str, str]] = {
 #: Which lifeline holds each spec variable (both specs use these names). A
 #: change whose new value is ``"volatile"`` is in the engine's memory instead.
 #: Ghost variables (``invocations``, ``humanApproved``, ``humanRetries``,
-#: ``crashes``) are history for the invariants and belong to no lifeline.
+#: ``crashes``, ``sent``, ``knownOutcome``, ``sentAfterOutcome``, ``decided``)
+#: are history for the invariants and belong to no lifeline.
 VARIABLE_LIFELINES: Final[Mapping[str, str]] = {
     "msg": "store",
     "args": "store",
@@ -194,7 +195,8 @@ VARIABLE_LIFELINES: Final[Mapping[str, str]] = {
     "fenced": "external",
     "applied": "external",
 }
-_GHOSTS: Final = frozenset({"invocations", "humanApproved", "humanRetries", "crashes"})
+_GHOSTS: Final = frozenset({"invocations", "humanApproved", "humanRetries", "crashes", "sent",
+                            "knownOutcome", "sentAfterOutcome", "decided"})
 # A step that touches several lifelines points at the first of these.
 _RECEIVER_ORDER: Final = ("external", "inbox", "engine", "store", "provider")
 # The changes shown under an arrow, most telling first.
