@@ -238,3 +238,37 @@ def test_drift(tmp_path: Path) -> None:
     assert unnamed and "does not name" in unnamed[0]
     assert result_label(_result(Outcome.DEADLOCK, None, 3)) == "deadlock"
     assert result_label(_result(Outcome.TIMEOUT, None, 3)) == "timeout"
+
+
+def test_twin_and_probe_fields_are_validated(tmp_path: Path) -> None:
+    retry = 'expect = "AtMostOneAttempt"\n'
+    ok = load_manifest(make_root(tmp_path / "ok", GOOD.replace(
+        retry, retry + 'witnesses = ["AtMostOneAttempt"]\n')))
+    assert ok.get("LedgerRetry").witnesses == ("AtMostOneAttempt",)
+    assert ok.get("LedgerPass").witnesses == () and ok.get("LedgerPass").antecedent_of == ()
+    msg = errors_of(tmp_path / "a", GOOD.replace(retry, retry + 'witnesses = ["TypeOK"]\n'))
+    assert "model 'LedgerRetry': a twin must be expected to violate one of its witnesses" in msg
+    msg = errors_of(tmp_path / "b", GOOD.replace(retry, retry + 'witnesses = ["Nope"]\n'))
+    assert "witnesses names 'Nope', which is not a safety INVARIANT of model/LedgerRetry.cfg" in msg
+    msg = errors_of(tmp_path / "c", GOOD.replace(retry, retry + "witnesses = []\n"))
+    assert "witnesses must be a non-empty list of invariant names" in msg
+    msg = errors_of(tmp_path / "d", GOOD.replace(
+        retry, retry + 'antecedent_of = ["AtMostOneAttempt"]\n'))
+    assert "model 'LedgerRetry': a probe's cfg checks exactly one Witness_* invariant" in msg
+    msg = errors_of(tmp_path / "e", GOOD.replace(
+        retry, retry + 'antecedent_of = ["X"]\nwitnesses = ["AtMostOneAttempt"]\n'))
+    assert "a twin (witnesses) or a probe (antecedent_of), not both" in msg
+
+
+def test_a_probe_must_run_on_a_must_pass_models_constants(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[1]
+    shutil.copytree(root / "spec", tmp_path / "spec")
+    shutil.copytree(root / "model", tmp_path / "model")
+    assert load_manifest(tmp_path).get("Witness_LegacyInvoked").antecedent_of
+    cfg = tmp_path / "model" / "Witness_LegacyInvoked.cfg"
+    cfg.write_text(cfg.read_text().replace("MaxCrashes <- MCMaxCrashes", "MaxCrashes = 0"))
+    with pytest.raises(ManifestError, match=r"model 'Witness_LegacyInvoked': a probe must run "
+                       r"on a ci must-pass model: no ci model with expect = \"pass\" runs "
+                       r"module MCLegacyUpgrade with the constants of "
+                       r"model/Witness_LegacyInvoked\.cfg"):
+        load_manifest(tmp_path)

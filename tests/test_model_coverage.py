@@ -86,3 +86,11 @@ def test_a_weakened_section_is_noticed() -> None:
     assert "NewClaim" in safety_invariants(spec)
     twins = {n for m in MANIFEST.ci_models() for n in m.witnesses}
     assert "NewClaim" not in twins
+
+
+def test_manifest_names_are_the_specs_and_pythons() -> None:
+    from toolledger.invariants import INVARIANTS
+
+    named = {n for m in MANIFEST.models for n in (*m.witnesses, *m.antecedent_of)}
+    assert named <= set(INVARIANTS), named - set(INVARIANTS)
+    assert set(safety_invariants()) == set(INVARIANTS) - {"TypeOK"}
