@@ -710,7 +710,8 @@ NoReinvokeAfterKnownOutcome ==
 (* AttemptSentOnce: each attempt of a call is sent at most once.  A        *)
 (* re-sent attempt changes none of the sets the other invariants read      *)
 (* (invocations, inflight); the count per attempt, keyed by the call (the  *)
-(* real-world identity, not the execution id), does.                       *)
+(* real-world identity, not the execution id), does.  Readonly calls       *)
+(* bypass the ledger and may be replayed: they are not sent through it.   *)
 AttemptSentOnce ==
     \A c \in Calls : \A n \in 1..MaxAttempts : sent[c][n] <= 1
 
