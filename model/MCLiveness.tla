@@ -18,4 +18,8 @@ MCMaxCrashes == 1
 MCMaxAttempts == 2
 MCKeyByPosition == TRUE
 MCFenceOnReconcile == TRUE
+
+\* Liveness.cfg and LivenessNoHumanFairness.cfg write decision rows without
+\* their inputs (AuditDecisionWithoutInputs: sound for EventuallySettled).
+MCDecisionRowsWithInputs == FALSE
 =============================================================================

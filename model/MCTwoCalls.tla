@@ -21,4 +21,9 @@ MCMaxCrashes == 2
 MCMaxAttempts == 2
 MCKeyByPosition == TRUE
 MCFenceOnReconcile == TRUE
+\* TwoCalls.cfg writes decision rows without their inputs
+\* (AuditDecisionWithoutInputs), which keeps this biggest conformance model
+\* at its size; AuditRecomputable is checked on ReconcileReadonly and
+\* LegacyUpgrade, whose rows carry the inputs.
+MCDecisionRowsWithInputs == FALSE
 =============================================================================

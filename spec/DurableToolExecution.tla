@@ -490,6 +490,16 @@ AuditDecision(e, d, n, i) ==
     audit' = IF HasRow(e, d, n) THEN audit
              ELSE [audit EXCEPT ![e] = @ \cup {<<d, n, i>>}]
 
+\* The same row without its inputs: an abstraction for the models that do
+\* not check AuditRecomputable (they override AuditDecision with it in their
+\* .cfg).  Sound for every other invariant and for EventuallySettled: no
+\* action and no other invariant reads a row's inputs (HasRow reads kind and
+\* attempt only), so states that differ only in rows' inputs take the same
+\* steps, and a step changes the state exactly when it does with inputs.
+AuditDecisionWithoutInputs(e, d, n, i) ==
+    audit' = IF HasRow(e, d, n) THEN audit
+             ELSE [audit EXCEPT ![e] = @ \cup {<<d, n, NoInputs>>}]
+
 Recover(c) ==
     LET e == ExecId(c)
         d == DecisionFor(c)
@@ -880,9 +890,11 @@ Witness_ReusedIdsInvoked ==
 Witness_HumanRetried ==
     ~\E c \in Calls : \E d \in decided[c] : d[1] = "human_retry"
 
-\* A policy retry was decided and audited with its inputs (AuditRecomputable).
-Witness_RetryDecisionAudited ==
-    ~\E e \in ExecIds : \E row \in audit[e] : row[1] = "retry_same_id"
+\* A recovery decision on a dispatched call was audited with its inputs
+\* (AuditRecomputable: a row whose inputs are not NoInputs).
+Witness_DecisionRowWithInputs ==
+    ~\E e \in ExecIds : \E row \in audit[e] :
+        row[1] \in Decisions /\ row[3].status = "dispatched"
 
 (***************************************************************************)
 (* LIVENESS.                                                               *)

@@ -185,12 +185,13 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
     fenced: dict[Value, Value] = {}
     applied: dict[Value, Value] = {}
     retries: dict[Value, Value] = {}
+    with_inputs = cfg.decision_rows_with_inputs
     for se in t.spec_eids:
         e = t.py_eid[se]
         approval[se] = session.approval(e).value
         ledger[se] = t.record(session.record(e))
         audit[se] = frozenset(
-            (k, n, _inputs(s.audit_inputs.get((ae, k, n))))
+            (k, n, _inputs(s.audit_inputs.get((ae, k, n)) if with_inputs else None))
             for (ae, k, n) in session.audit
             if ae == e
         )

@@ -70,6 +70,9 @@ class ModelConfig:
     session_id: str = SESSION_ID
     key_by_position: bool = True
     fence_on_reconcile: bool = True
+    # False: the model's .cfg writes decision rows without their inputs
+    # (AuditDecisionWithoutInputs), so the mapping drops them too
+    decision_rows_with_inputs: bool = True
     # derived tables
     by_name: Mapping[str, CallConfig] = field(init=False)
     by_position: Mapping[p.CallPosition, CallConfig] = field(init=False)
@@ -176,6 +179,7 @@ class ModelConfig:
             max_attempts=num("MaxAttempts"),
             key_by_position=bool(defs["KeyByPosition"]),
             fence_on_reconcile=bool(defs["FenceOnReconcile"]),
+            decision_rows_with_inputs=bool(defs.get("DecisionRowsWithInputs", True)),
         )
 
 

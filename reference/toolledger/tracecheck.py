@@ -212,8 +212,10 @@ TraceStartsInInit == tIdx = 1 => Init
 """
 
 
-def _trace_cfg() -> str:
+def _trace_cfg(cfg: ModelConfig) -> str:
     subs = "\n".join(f"    {c} <- MC{c}" for c in _CONSTANTS)
+    if not cfg.decision_rows_with_inputs:  # as the model's own .cfg does
+        subs += "\n    AuditDecision <- AuditDecisionWithoutInputs"
     return f"CONSTANTS\n{subs}\nINIT TraceInit\nNEXT TraceStep\nINVARIANT TraceStartsInInit\n"
 
 
@@ -228,7 +230,7 @@ def validate_traces(
         (d / "MCTrace.tla").write_text(config_module(cfg, "MCTrace"))
         text = _trace_module("MCTrace", traces)
         (d / "TraceCheck.tla").write_text(text)
-        (d / "TraceCheck.cfg").write_text(_trace_cfg())
+        (d / "TraceCheck.cfg").write_text(_trace_cfg(cfg))
         result = run_tlc(
             "TraceCheck",
             d / "TraceCheck.cfg",
