@@ -25,6 +25,7 @@ from toolledger.invariants import (
     check_all,
 )
 from toolledger.system import ModelConfig, SystemState, initial_states, successors
+from toolledger.tlavalues import FnValue
 
 CFG = model_config("TwoCalls")
 A = p.Action
@@ -119,3 +120,37 @@ def test_result_fidelity_covers_error_and_denied() -> None:
     denied = replace(c1, result=replace(c1.result, kind=p.ResultKind.DENIED))
     lying = replace(s, session=replace(s.session, calls=(denied, *s.session.calls[1:])))
     assert ResultFidelity(CFG, lying) == ["c1: shows denied, yet it was sent"]
+
+
+def _rows(cfg: ModelConfig, s: SystemState) -> dict[str, FnValue]:
+    """The spec audit rows of c1's execution: kind -> inputs record."""
+    from toolledger.mapping import to_spec
+
+    audit = to_spec(cfg, s)["audit"]
+    assert isinstance(audit, FnValue)
+    rows = audit[CFG.spec_exec_ids["c1"]]
+    assert isinstance(rows, frozenset)
+    out = {}
+    for row in rows:
+        assert isinstance(row, tuple) and isinstance(row[2], FnValue)
+        out[str(row[0])] = row[2]
+    return out
+
+
+def test_the_mapping_writes_row_inputs_as_the_model_does() -> None:
+    """A model whose .cfg writes decision rows without inputs
+    (MCDecisionRowsWithInputs == FALSE) maps to NoInputs rows; the others to
+    the DecisionInputs record, and back."""
+    from toolledger.mapping import from_spec, to_spec
+
+    assert CFG.decision_rows_with_inputs is False  # TwoCalls
+    full = replace(CFG, decision_rows_with_inputs=True)
+    s = walk(full, *SENT, A.EngineTimeout, A.Recover)
+    rows = _rows(full, s)
+    assert rows["recovery_required"]["status"] == "dispatched"
+    assert rows["recovery_required"]["policy"] == "manual"
+    assert rows["dispatch"]["policy"] == "none"
+    assert from_spec(full, to_spec(full, s)).audit_inputs == s.audit_inputs
+    bare = _rows(CFG, s)
+    assert bare["recovery_required"] == bare["dispatch"]
+    assert from_spec(CFG, to_spec(CFG, s)).audit_inputs == {}
