@@ -18,4 +18,7 @@ MCMaxCrashes == 1
 MCMaxAttempts == 2
 MCKeyByPosition == TRUE
 MCFenceOnReconcile == TRUE
+\* ThreeCalls.cfg writes decision rows without their inputs
+\* (AuditDecisionWithoutInputs), as TwoCalls does.
+MCDecisionRowsWithInputs == FALSE
 =============================================================================
