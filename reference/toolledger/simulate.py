@@ -2,7 +2,7 @@
 
 What it is for
 --------------
-:func:`run_simulation` runs the seed issue's scenario through the engine kit
+:func:`run_simulation` runs issue #443's scenario through the engine kit
 (:mod:`toolledger.engine`): a scripted provider asks for ``send_email``, a
 scripted human approves, the call executes against a
 :class:`~toolledger.adapters.CountingExternalSystem`, and the engine dies at
