@@ -130,8 +130,8 @@ exit status:
   0  every effect was applied at most once per authorization (the approval,
      plus a retry a human chose with --resolve retry)
   {EXIT_DUPLICATE}  DUPLICATE: the run applied an effect more often than authorized,
-     the bug of issue #443 ({ISSUE}); the legacy engine's demo
-     exits {EXIT_DUPLICATE} on purpose
+     the bug of issue #443 ({ISSUE});
+     the legacy engine's demo exits {EXIT_DUPLICATE} on purpose
   2  bad input (an unknown value, a bad --db path): one line says what to do
   1  the simulation itself could not run (e.g. the store failed mid-run)
 """
@@ -572,6 +572,13 @@ _EXTERNAL_OPS: Final = frozenset({"receive", "apply", "dedup", "reject", "drop",
 
 def _not_ours(path: Path, db: Path) -> str | None:
     """Why ``path`` (one of :func:`_store_files`) is not a file a simulate run wrote."""
+    try:
+        return _why_not_ours(path, db)
+    except OSError as exc:  # unreadable: not ours to judge, so not ours to delete
+        return f"it cannot be read ({exc.strerror or exc})"
+
+
+def _why_not_ours(path: Path, db: Path) -> str | None:
     from .sqlite_store import APPLICATION_ID
 
     conv, external = _paths(db)
