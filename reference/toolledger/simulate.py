@@ -263,7 +263,7 @@ class SimulationReport:
         lines.append("audit rows:" + ("           (none)" if not self.audit else ""))
         if self.audit:
             cols = ("kind", "attempt", "authorization", "recovery_decision", "note")
-            rows = [tuple(str(a[c]) for c in cols) for a in self.audit]
+            rows = [tuple("-" if a[c] is None else str(a[c]) for c in cols) for a in self.audit]
             widths = [max(len(x[i]) for x in (cols, *rows)) for i in range(len(cols))]
             for cells in (cols, *rows):
                 lines.append(
