@@ -1,7 +1,7 @@
 """The fault matrix measures what the engine kit does, and maps it to the spec faithfully.
 
 Under test: ``toolledger.figures_matrix``. The oracles are the engine kit's
-own counters and the cases whose answer the seed issue and PROTOCOL.md fix
+own counters and the cases whose answer issue #443 and docs/protocol.md fix
 (a legacy engine delivers twice after the external success; the ledger halts
 a ``manual`` call; the conservative legacy rule halts an adopted call), the
 store's commit counters for the tape, the closed-world model and TLC for the

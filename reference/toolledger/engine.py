@@ -20,7 +20,7 @@ resume.  It runs in one of two modes:
   tool_call_id)``.  It is here to be measured, not to be used.
 - ``ledger``: the protocol.  Every step is a :class:`~toolledger.protocol.Event`
   named after an action of ``spec/DurableToolExecution.tla``, fed to a
-  :class:`~toolledger.ledger.Ledger`, in the order of PROTOCOL.md section 3.
+  :class:`~toolledger.ledger.Ledger`, in the order of ``docs/protocol.md#the-live-path``.
 
 Adopting it in an engine (the ``ledger`` mode, step by step)
 ------------------------------------------------------------

@@ -26,8 +26,8 @@ business of :mod:`toolledger.system`, the closed-world model used by the
 checkers), and the content of tool results beyond their kind, execution and
 argument digest.  It must never perform I/O or read a clock.
 
-:func:`decide_recovery` is the total recovery function of PROTOCOL.md
-section 3; it returns the decision together with the inputs it used, so an
+:func:`decide_recovery` is the total recovery function of ``docs/protocol.md#recovery``;
+it returns the decision together with the inputs it used, so an
 audit row can carry them and anyone can recompute it.
 """
 
@@ -473,7 +473,7 @@ _KNOWN_OUTCOME: Final = frozenset(
 
 
 def decide_recovery(inputs: RecoveryInputs) -> RecoveryDecision:
-    """The recovery decision of PROTOCOL.md section 3: total and deterministic.
+    """The recovery decision of ``docs/protocol.md#recovery``: total and deterministic.
 
     Mirrors ``Decide`` in the spec line by line.  A record whose argument
     digest disagrees with the call at its position is a contradiction and
