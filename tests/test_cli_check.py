@@ -11,6 +11,7 @@ say why. ``render_trace`` is checked on hand-made traces.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shutil
@@ -25,9 +26,9 @@ import pytest
 
 from toolledger import cli
 from toolledger.cli import Row, Subcommand, changes, main, render_trace
-from toolledger.manifest import Manifest, ModelEntry
+from toolledger.manifest import Manifest, ModelEntry, load_manifest
 from toolledger.tlavalues import FnValue, ModelValue, Value
-from toolledger.tlc import TraceStep
+from toolledger.tlc import Cancellation, TraceStep
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tla"
 
@@ -150,7 +151,8 @@ def test_json_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_drifted_state_count_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = make_root(tmp_path, MANIFEST.replace("distinct_states = 108", "distinct_states = 107"))
     assert check(root, "--model", "LedgerPass") == 1
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "running 1 model with TLC, 1 at a time" in err  # not "1 models ... 2 at a time"
     assert "DRIFT" in out
     assert "LedgerPass: expected 107 distinct states, got 108" in out
 
@@ -284,6 +286,67 @@ def test_bad_arguments_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["nonsense"]) == 2
     assert main(["--help"]) == 0
     assert "check" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--timeout", "-5"], "argument --timeout: -5 is not positive: give a number of seconds"),
+        (["--timeout", "0"], "argument --timeout: 0 is not positive"),
+        (["--timeout", "nan"], "argument --timeout: nan is not positive"),
+        (["--timeout", "soon"], "argument --timeout: 'soon' is not a number"),
+        (["--jobs", "0"], "argument --jobs: 0 is not positive: give a whole number of TLC runs"),
+        (["--jobs", "1.5"], "argument --jobs: '1.5' is not a number"),
+    ],
+)
+def test_timeout_and_jobs_must_be_positive(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    assert check(make_root(tmp_path), *args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and message in err and "usage: toolledger check" in err
+
+
+def test_live_status_shows_the_time_each_model_has_run(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    manifest = load_manifest(root)
+    args = cli.build_parser().parse_args(["check", "--root", str(root)])
+    run = cli._CheckRun(manifest, manifest.ci_models(), [], None, tmp_path, args,
+                        Cancellation())
+    run.to_run = manifest.ci_models()
+    now = time.monotonic()
+    run.started = now - 75
+    run.running = {"LedgerRetry": now - 12, "LedgerPass": now - 61}
+    run.started_runs, run.finished = 3, 1
+    run.states = {"LedgerPass": 1_234_567, "LedgerRetry": 1}
+    assert run._status() == (
+        "75 s: running LedgerPass 61 s (1,234,567 states), LedgerRetry 12 s (1 state); "
+        "1/3 done"
+    )
+    run.started_runs = 2
+    assert run._status().endswith("; 1 waiting; 1/3 done")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_live_line_on_a_terminal_is_redrawn_every_second() -> None:
+    term = _Terminal()
+    line = cli._ProgressLine(term)
+    t0 = time.monotonic()
+    line.live(lambda: f"running TwoCalls {time.monotonic() - t0:.0f} s")
+    time.sleep(2.3)
+    line.note("[1/1] TwoCalls: pass")
+    line.close()
+    drawn = [d for d in term.getvalue().split("\r\033[K") if d]
+    seconds = [int(d.split()[2]) for d in drawn if d.startswith("running")]
+    # redrawn as time passes (not frozen at "0 s"), in order
+    assert seconds[0] == 0 and len(set(seconds)) >= 2 and seconds == sorted(seconds), drawn
+    # a note stays, and the live line comes back below it
+    assert any(d.startswith("[1/1] TwoCalls: pass\nrunning TwoCalls") for d in drawn), drawn
+    assert term.getvalue().endswith("\r\033[K")  # the live line is cleared at the end
 
 
 def test_root_defaults_to_the_project_of_the_current_directory(
@@ -522,7 +585,8 @@ def processes_under(marker: Path, program: bytes = b"java") -> list[int]:
         except OSError:  # gone meanwhile
             continue
         zombie = stat.rpartition(")")[2].split()[0] == "Z"  # exited, not yet reaped
-        if bool(argv) and program in argv[0].rpartition(b"/")[2] and not zombie and str(marker).encode() in b" ".join(argv):
+        name = argv[0].rpartition(b"/")[2]
+        if program in name and not zombie and str(marker).encode() in b" ".join(argv):
             pids.append(int(entry.name))
     return pids
 

@@ -3,8 +3,18 @@
 ``toolledger check`` runs every ``ci = true`` model of ``model/manifest.toml``
 with TLC and fails on any drift from the manifest (a different outcome, a
 different violated invariant or property, a different number of distinct
-states). Exit status: 0 everything matches, 1 drift (or TLC failed), 2 the
-check could not run as asked (usage error, invalid manifest, no java or jar).
+states). Before any model runs, SANY parses every model's module once: a
+spec that does not parse is reported once (``file:line:col: message``) and
+the models it breaks are ``NOT CHECKED`` rows, never drift. The conformance
+rows check the reference under the checked root's ``reference/`` (in a child
+process; see :func:`_reference_package`), and the output names it.
+
+Exit status: 0 everything matches; 1 drift, a TLC failure or a model not
+checked because the spec does not parse (the repository under check is
+broken); 2 the check could not run as asked (usage error, invalid manifest,
+no java or jar, a root whose reference cannot be checked); 130 after a
+Ctrl-C (143 after a SIGTERM): the first one stops everything, prints the
+rows finished so far and an ``interrupted`` line.
 
 Adding a subcommand: write ``_configure_NAME(parser)`` and ``cmd_NAME(args) ->
 int`` and append a :class:`Subcommand` to :data:`SUBCOMMANDS`. Adding rows to
@@ -557,6 +567,7 @@ class _Interrupt:
     def __init__(self, cancel: Cancellation) -> None:
         self.cancel = cancel
         self.signum: int | None = None
+        self.raising = True  # False once the run is over: cleanup and report must not break
         self.previous: dict[int, object] = {}
 
     def __enter__(self) -> _Interrupt:
@@ -570,7 +581,8 @@ class _Interrupt:
             return
         self.signum = signum
         self.cancel.cancel()
-        raise KeyboardInterrupt
+        if self.raising:
+            raise KeyboardInterrupt
 
     @property
     def name(self) -> str:
@@ -615,6 +627,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             if interrupt.signum is None:  # raised by Python's own handler, not ours
                 interrupt.signum = signal.SIGINT
         finally:
+            interrupt.raising = False
             run.stop()
         if interrupt.signum is None:
             return run.report()
