@@ -318,10 +318,10 @@ def test_live_status_shows_the_time_each_model_has_run(tmp_path: Path) -> None:
     run.started = now - 75
     run.running = {"LedgerRetry": now - 12, "LedgerPass": now - 61}
     run.started_runs, run.finished = 3, 1
-    run.states = {"LedgerPass": 1_234_567, "LedgerRetry": 1}
+    run.states = {"LedgerPass": (1_234_567, 60.2), "LedgerRetry": (1, 0.9)}
     assert run._status() == (
-        "75 s: running LedgerPass 61 s (1,234,567 states), LedgerRetry 12 s (1 state); "
-        "1/3 done"
+        "75 s: running LedgerPass 61 s (1,234,567 states at 60 s), "
+        "LedgerRetry 12 s (1 state at 1 s); 1/3 done"
     )
     run.started_runs = 2
     assert run._status().endswith("; 1 waiting; 1/3 done")

@@ -483,7 +483,7 @@ def _conformance_row(
                                             f"not {package}"], seconds)
     ratio = seconds / tlc.wall_seconds if tlc.wall_seconds else 0.0
     count = int(report["mismatch_count"])
-    got = f"{count} mismatches, {report['edges']:,} edges, {ratio:.1f}x TLC time"
+    got = f"{count:,} mismatches, {report['edges']:,} edges, {ratio:.1f}x TLC time"
     reasons = [str(r) for r in report["reasons"]]
     if count > len(reasons):
         reasons.append(f"... and {count - len(reasons)} more mismatches")
@@ -614,13 +614,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         if not models:
             raise UsageError(f"{manifest.path} has no model with ci = true: nothing to check")
     conform = [e for e in models if e.conformance and not args.no_conformance]
-    package = _reference_package(manifest.root) if conform else None
 
     cancel = Cancellation()
     with _Interrupt(cancel) as interrupt, tempfile.TemporaryDirectory(
         prefix="toolledger-check-"
     ) as dumps:
-        run = _CheckRun(manifest, models, conform, package, Path(dumps), args, cancel)
+        run = _CheckRun(manifest, models, conform, None, Path(dumps), args, cancel)
         try:
             run.run()
         except KeyboardInterrupt:
@@ -652,7 +651,9 @@ class _CheckRun:
         self.started = time.monotonic()
         self.lock = threading.Lock()
         self.running: dict[str, float] = {}  # model -> when its TLC run started
-        self.states: dict[str, int] = {}  # model -> distinct states TLC reported so far
+        # model -> TLC's last report: (distinct states, seconds into the run);
+        # TLC reports once a minute, so the count says when it was counted
+        self.states: dict[str, tuple[int, float]] = {}
         self.started_runs = 0
         self.finished = 0
         self.to_run: list[ModelEntry] = []
@@ -665,6 +666,8 @@ class _CheckRun:
     # -- running
 
     def run(self) -> None:
+        if self.conform:  # refuses (exit 2) before anything runs if it cannot be checked
+            self.package = _reference_package(self.root)
         self._parse()
         self._run_tlc()
         self._run_conformance()
@@ -700,7 +703,8 @@ class _CheckRun:
             running = sorted(self.running.items(), key=lambda kv: kv[1])
             parts = [
                 f"{name} {_seconds(now - t0)}"
-                + (f" ({_plural(self.states[name], 'state')})" if name in self.states else "")
+                + (f" ({_plural(self.states[name][0], 'state')} at "
+                   f"{_seconds(self.states[name][1])})" if name in self.states else "")
                 for name, t0 in running
             ]
             waiting = len(self.to_run) - self.started_runs
@@ -714,7 +718,7 @@ class _CheckRun:
 
         def seen(p: Progress) -> None:
             with self.lock:
-                self.states[entry.name] = p.distinct
+                self.states[entry.name] = (p.distinct, p.elapsed)
 
         with self.lock:
             self.running[entry.name] = time.monotonic()
@@ -861,11 +865,12 @@ class _CheckRun:
         return f"checked: spec/ and model/ of {where}; the reference was not checked ({why})"
 
     def _interrupted_line(self, total: float, signal_name: str) -> str:
-        stopped = [e.name for e in self.to_run if e.name not in self.tlc_rows]
+        runnable = [e for e in self.models if e.module not in self.unparsed]
+        stopped = [e.name for e in runnable if e.name not in self.tlc_rows]
         conf = [e.name for e in self.conform
                 if e.name in self.tlc_rows and e.name not in self.conformance_rows]
         parts = [f"interrupted ({signal_name}) after {total:.1f} s: "
-                 f"{len(self.tlc_rows)} of {_plural(len(self.to_run), 'model')} finished"]
+                 f"{len(self.tlc_rows)} of {_plural(len(runnable), 'model')} finished"]
         if stopped:
             parts.append(f"not finished: {', '.join(stopped)}")
         if conf:
