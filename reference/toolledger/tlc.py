@@ -188,7 +188,9 @@ class Cancellation:
 
     def __init__(self) -> None:
         self._event = threading.Event()
-        self._lock = threading.Lock()
+        # reentrant: cancel() runs in a signal handler, which can interrupt the
+        # main thread while it holds the lock in register() or unregister()
+        self._lock = threading.RLock()
         self._procs: set[subprocess.Popen[str]] = set()
         self._killed: set[int] = set()
 
