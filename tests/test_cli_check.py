@@ -692,3 +692,24 @@ def test_sigint_during_conformance_kills_the_checker_and_its_workers(tmp_path: P
     assert "1 of 1 model finished" in line and "conformance not checked: ReconcileReadonly" in line
     assert processes_under(temp, b"python") == [] and processes_under(temp) == []
     assert list(temp.iterdir()) == []
+
+
+def test_checked_line_names_the_commit_and_uncommitted_changes(tmp_path: Path) -> None:
+    root = make_root(tmp_path / "proj")
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org"}
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], env=env, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    assert cli._git_state(root) == "not a git checkout"
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "models")
+    head = git("rev-parse", "HEAD")
+    assert cli._git_state(root) == f"git {head[:12]}"
+    (root / "spec" / "Stuck.tla").write_text("changed")
+    assert cli._git_state(root) == f"git {head[:12]}, with uncommitted changes"
+    # a directory inside some other checkout is not that checkout
+    assert cli._git_state(root / "spec") == "not a git checkout"
