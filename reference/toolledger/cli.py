@@ -708,7 +708,8 @@ class _CheckRun:
                 for name, t0 in running
             ]
             waiting = len(self.to_run) - self.started_runs
-        text = f"{_seconds(now - self.started)}: running " + (", ".join(parts) or "nothing")
+        text = f"{_seconds(now - self.started)}: " + (
+            f"running {', '.join(parts)}" if parts else "starting TLC" if waiting else "finishing")
         if waiting > 0:
             text += f"; {waiting} waiting"
         return text + f"; {self.finished}/{len(self.to_run)} done"
@@ -829,7 +830,8 @@ class _CheckRun:
             if rows:
                 print(_table(rows))
             print(checked)
-            print(f"total wall time {total:.1f} s ({self.jobs} TLC runs at a time)")
+            side_by_side = min(self.jobs, max(1, len(self.to_run)))
+            print(f"total wall time {total:.1f} s ({_plural(side_by_side, 'TLC run')} at a time)")
             for r in rows:
                 if r.status == NOT_CHECKED:
                     continue  # its parse errors were printed once, before any model ran
