@@ -480,7 +480,8 @@ def test_a_second_checkout_checks_its_own_reference(tmp_path: Path) -> None:
     # broken: a reconcile call found dispatched halts for a human instead of reconciling
     protocol.write_text(text.replace(rule, rule.replace("Decision.RECONCILE",
                                                         "Decision.RECOVERY_REQUIRED")))
-    done = run_cli("check", "--model", "ReconcileReadonly", cwd=other)
+    # --root relative to the current directory: the checker runs elsewhere
+    done = run_cli("check", "--root", "other", "--model", "ReconcileReadonly", cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     rows = {ln.split("  ")[0].strip(): ln for ln in done.stdout.splitlines()}
     conformance = rows["ReconcileReadonly [conformance]"]

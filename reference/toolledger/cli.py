@@ -600,7 +600,8 @@ class _Interrupt:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    root = resolve_root(args)
+    # absolute: child processes run in <root>/reference and get paths under root
+    root = resolve_root(args).resolve()
     manifest = load_manifest(root)
     if args.model is not None:
         try:
