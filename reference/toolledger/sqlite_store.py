@@ -132,6 +132,7 @@ from .protocol import (
 from .stores import (
     AuditRow,
     SessionExists,
+    RELOAD,
     StaleState,
     StoreCorrupt,
     StoreError,
@@ -744,8 +745,8 @@ class SqliteStore:
         def body(conn: sqlite3.Connection) -> None:
             if self._select(conn, "sessions", "WHERE session_id = ?", (session_id,)):
                 raise SessionExists(
-                    f"session {session_id!r} already exists in {self.path}: load() it instead "
-                    "of creating it"
+                    f"session {session_id!r} already exists in {self.path}: open it with "
+                    f"Ledger(store, {session_id!r}) instead of creating it"
                 )
             self._insert(
                 conn,
@@ -794,6 +795,25 @@ class SqliteStore:
             return found is not None
 
         return self._read(body)
+
+    def _calls_state(
+        self,
+        conn: sqlite3.Connection,
+        session_id: str,
+        marker: int,
+        max_attempts: int,
+        positions: Sequence[CallPosition],
+    ) -> SessionState:
+        """The durable state of the calls at ``positions``: primary-key lookups only."""
+        rows: list[Row] = []
+        for turn, slot in sorted(set(positions)):
+            rows += self._select(
+                conn,
+                "calls",
+                "WHERE session_id = ? AND turn = ? AND slot = ?",
+                (session_id, turn, slot),
+            )
+        return self._state(conn, session_id, marker, max_attempts, rows)
 
     def _load(self, conn: sqlite3.Connection, session_id: str) -> SessionState:
         marker, max_attempts = self._session_row(conn, session_id)
@@ -950,7 +970,15 @@ class SqliteStore:
             return
 
         def body(conn: sqlite3.Connection) -> None:
-            plan.check_session(session_id, self._session_row(conn, session_id), after)
+            marker, max_attempts = self._session_row(conn, session_id)
+            plan.check_session(
+                session_id,
+                (marker, max_attempts),
+                after,
+                lambda positions: self._calls_state(
+                    conn, session_id, marker, max_attempts, positions
+                ),
+            )
             plan.write(
                 call=lambda c, text: self._write_call(conn, session_id, c, text),
                 result=lambda old, new: self._write_result(conn, session_id, old, new),
@@ -990,7 +1018,7 @@ class SqliteStore:
         except sqlite3.IntegrityError as exc:
             raise StaleState(
                 f"call {call.position} of session {session_id!r} is already durable ({exc}): "
-                "another engine persisted it; reload the session"
+                f"another engine persisted it; {RELOAD}"
             ) from exc
 
     def _write_result(
@@ -1005,7 +1033,7 @@ class SqliteStore:
         if not rows or any(rows[0][k] != v for k, v in _result_values(old.result).items()):
             raise StaleState(
                 f"the result of call {new.position} of session {session_id!r} is not the one "
-                "this engine saw: another engine wrote it; reload the session"
+                f"this engine saw: another engine wrote it; {RELOAD}"
             )
         self._update(conn, "calls", rows[0], _result_values(new.result))
 
@@ -1024,7 +1052,7 @@ class SqliteStore:
         ):
             raise StaleState(
                 f"the approval of {execution_id} in session {session_id!r} is {found or 'absent'},"
-                f" this engine saw {was.value if was else 'absent'}: reload the session"
+                f" this engine saw {was.value if was else 'absent'}: {RELOAD}"
             )
         if rows:
             self._update(conn, "approvals", rows[0], {"state": now.value})
@@ -1048,7 +1076,7 @@ class SqliteStore:
         values = _record_values(session_id, new)
         stale = StaleState(
             f"the ledger record of {new.execution_id} in session {session_id!r} is not the "
-            "one this engine saw: another engine wrote it; reload the session"
+            f"one this engine saw: another engine wrote it; {RELOAD}"
         )
         if old is None:
             try:
