@@ -344,7 +344,7 @@ class Ledger:
                 raise InvalidInput(f"expected Event values, got {type(ev).__name__}")
             if ev.action is Action.Crash:
                 raise InvalidInput(
-                    "a Crash cannot be part of a batch: commit the batch, then call reload()"
+                    "a Crash cannot be part of a batch: commit the batch, then call Ledger.reload()"
                 )
             if ev.position is not None:
                 _position(ev.position, f"the position of {ev.action} events")

@@ -67,8 +67,8 @@ __all__ = [
     "TransitionSpec",
     "apply",
     "args_digest",
-    "decide_recovery",
     "check_call_position",
+    "decide_recovery",
     "derive_execution_id",
     "durable_changes",
     "enabled",
@@ -390,8 +390,9 @@ class SessionState:
     # -- lookups ----------------------------------------------------------
 
     def call(self, position: CallPosition) -> CallState | None:
-        if not isinstance(position, tuple):  # a list would silently match no call
-            check_call_position(position, "SessionState.call() position")
+        given: object = position  # typed as a tuple, but callers pass what they have
+        if not isinstance(given, tuple):  # a list would silently match no call
+            check_call_position(given, "SessionState.call() position")
         for c in self.calls:
             if c.position == position:
                 return c

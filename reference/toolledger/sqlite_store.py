@@ -130,9 +130,9 @@ from .protocol import (
     derive_execution_id,
 )
 from .stores import (
+    RELOAD,
     AuditRow,
     SessionExists,
-    RELOAD,
     StaleState,
     StoreCorrupt,
     StoreError,
