@@ -223,3 +223,57 @@ def test_two_processes_recovering_one_call_exactly_one_decides(
         assert audit_keys(store) == [("dispatch", 1), ("retry_same_id", 1), ("dispatch", 2)]
         assert one_decision_per_attempt(store)
         assert store.load(SID).ledger[store.load(SID).calls[0].execution_id].attempt == 2
+
+
+# --------------------------------------------------------------------------
+# Every part of a call's durable state is compared, alone
+# --------------------------------------------------------------------------
+
+READONLY = p.ToolProfile("read_file", p.RecoveryPolicy.READONLY, False)
+MANUAL = p.ToolProfile("send_email", p.RecoveryPolicy.MANUAL, True)
+
+
+def emit(tool: p.ToolProfile) -> E:
+    return E(A.ProviderEmitCall, POS, "call_0", tool, p.args_digest(tool.name, {}))
+
+
+def test_a_record_changed_alone_is_stale(store: Store) -> None:
+    first = Ledger.create(store, SID)
+    first.step(emit(IDEMPOTENT))
+    first.step(E(A.EnginePersistCall, POS))
+    first.step(E(A.EnginePersistDispatched, POS))
+    second = Ledger(store, SID)  # sees attempt 1 dispatched, at RESUME
+    first.step(E(A.EngineInvokeAdapter, POS))
+    first.step(E(A.ExternalApply, POS, attempt=1))
+    first.step(E(A.EngineRecordSucceeded, POS), result_content="ticket 7")  # no audit key
+    with pytest.raises(StaleState, match=r"\(its record differs\)"):
+        second.step(E(A.Recover, POS))
+    assert audit_keys(store) == [("dispatch", 1)]
+
+
+def test_an_approval_changed_alone_is_stale(store: Store) -> None:
+    first = Ledger.create(store, SID)
+    first.step(emit(MANUAL))
+    first.step(E(A.EnginePersistCall, POS))
+    first.step(E(A.EngineParkApproval, POS))
+    second = Ledger(store, SID)
+    first.step(E(A.HumanApprove, POS))
+    with pytest.raises(StaleState, match=r"\(its approval differs\)"):
+        second.step(E(A.HumanReject, POS))
+    assert store.load(SID).approvals == first.state.approvals
+
+
+def test_a_result_changed_alone_is_stale(store: Store) -> None:
+    first = Ledger.create(store, SID)
+    first.step(emit(READONLY))
+    first.step(E(A.EnginePersistCall, POS))
+    second = Ledger(store, SID)
+    for ledger in (first, second):
+        ledger.reload()
+        ledger.step(E(A.Recover, POS))  # readonly: execute again
+        ledger.step(E(A.EngineInvokeReadonly, POS))
+    first.step(E(A.EngineAppendResult, POS), result_content="first answer")
+    with pytest.raises(StaleState, match=r"\(its result differs\)"):
+        second.step(E(A.EngineAppendResult, POS), result_content="second answer")
+    result = store.load(SID).calls[0].result
+    assert result is not None and result.content == "first answer"

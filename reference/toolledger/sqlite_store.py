@@ -136,6 +136,7 @@ from .protocol import (
 from .stores import (
     RELOAD,
     AuditRow,
+    CallView,
     SessionExists,
     StaleState,
     StoreCorrupt,
@@ -800,24 +801,41 @@ class SqliteStore:
 
         return self._read(body)
 
-    def _calls_state(
-        self,
-        conn: sqlite3.Connection,
-        session_id: str,
-        marker: int,
-        max_attempts: int,
-        positions: Sequence[CallPosition],
-    ) -> SessionState:
-        """The durable state of the calls at ``positions``: primary-key lookups only."""
-        rows: list[Row] = []
-        for turn, slot in sorted(set(positions)):
-            rows += self._select(
-                conn,
-                "calls",
-                "WHERE session_id = ? AND turn = ? AND slot = ?",
-                (session_id, turn, slot),
-            )
-        return self._state(conn, session_id, marker, max_attempts, rows)
+    def _differs(self, conn: sqlite3.Connection, session_id: str, seen: CallView) -> str | None:
+        """What of the call ``seen`` describes differs from what is stored: one statement.
+
+        Compared without decoding the rows (every commit pays for it): the
+        record by its checksum, the approval, the result columns and the
+        ``(kind, attempt)`` of the call's audit rows.  A damaged row can only
+        make them differ, i.e. refuse the commit.
+        """
+        found = conn.execute(
+            f"SELECT c.execution_id, {', '.join(f'c.{r}' for r in _RESULT)}, "
+            "(SELECT row_checksum FROM ledger WHERE execution_id = c.execution_id), "
+            "(SELECT state FROM approvals WHERE execution_id = c.execution_id), "
+            "(SELECT group_concat(kind || ' ' || attempt, ',') FROM audit "
+            "WHERE execution_id = c.execution_id) "
+            "FROM calls AS c WHERE c.session_id = ? AND c.turn = ? AND c.slot = ?",
+            (session_id, *seen.position),
+        ).fetchone()
+        if found is None or found[0] != seen.execution_id:
+            return "it is no longer a durable call of the session"
+        result, (record, approval, keys) = tuple(found[1:5]), found[5:]
+        audit: set[tuple[str, int]] = set()
+        for key in keys.split(",") if keys else ():
+            kind, _, attempt = key.rpartition(" ")
+            audit.add((kind, int(attempt) if attempt.isdigit() else -1))
+        expected = (
+            None
+            if seen.record is None
+            else _checksum("ledger", _record_values(session_id, seen.record))
+        )
+        return seen.difference(
+            audit=frozenset(audit),
+            record=record == expected,
+            approval=approval == (None if seen.approval is None else seen.approval.value),
+            result=result == tuple(_result_values(seen.result).values()),
+        )
 
     def _load(self, conn: sqlite3.Connection, session_id: str) -> SessionState:
         marker, max_attempts = self._session_row(conn, session_id)
@@ -976,14 +994,11 @@ class SqliteStore:
             return
 
         def body(conn: sqlite3.Connection) -> None:
-            marker, max_attempts = self._session_row(conn, session_id)
             plan.check_session(
                 session_id,
-                (marker, max_attempts),
+                self._session_row(conn, session_id),
                 after,
-                lambda positions: self._calls_state(
-                    conn, session_id, marker, max_attempts, positions
-                ),
+                lambda seen: self._differs(conn, session_id, seen),
             )
             plan.write(
                 call=lambda c, text: self._write_call(conn, session_id, c, text),

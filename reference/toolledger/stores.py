@@ -431,20 +431,27 @@ class CallView:
     approval: ApprovalState | None
     audit: frozenset[tuple[str, int]]
 
-    def difference(self, found: CallView | None) -> str:
-        """Says what differs from ``found`` (what is stored now), for the error message."""
-        if found is None:
-            return "it is no longer a durable call of the session"
+    def difference(
+        self,
+        *,
+        audit: frozenset[tuple[str, int]],
+        record: bool,
+        approval: bool,
+        result: bool,
+    ) -> str | None:
+        """What differs from the stored call, for the error message; ``None``: nothing.
+
+        ``audit`` is the stored call's audit keys; ``record``, ``approval``
+        and ``result`` say whether the stored one equals this view's.
+        """
         parts = []
-        if found.audit != self.audit:
-            new = sorted(found.audit - self.audit)
-            parts.append(
-                f"audit keys written since: {new}" if new else "its audit keys differ"
-            )
-        for what in ("record", "approval", "result"):
-            if getattr(found, what) != getattr(self, what):
+        if audit != self.audit:
+            new = sorted(audit - self.audit)
+            parts.append(f"audit keys written since: {new}" if new else "its audit keys differ")
+        for what, same in (("record", record), ("approval", approval), ("result", result)):
+            if not same:
                 parts.append(f"its {what} differs")
-        return "; ".join(parts) or "it differs"
+        return "; ".join(parts) or None
 
 
 def call_view(state: SessionState, call: CallState) -> CallView:
@@ -498,15 +505,15 @@ class CommitPlan:
         session_id: str,
         stored: tuple[int, int],
         after: SessionState,
-        current: Callable[[Sequence[CallPosition]], SessionState],
+        differs: Callable[[CallView], str | None],
     ) -> None:
         """Raise :class:`StaleState` unless what the commit was decided on is still stored.
 
         ``stored`` is the session's marker and max_attempts as the store holds
-        them; ``current(positions)`` reads, inside the commit's transaction,
-        the durable state of the calls at ``positions`` (as :meth:`Store.load`
-        would return them, with their approvals, records and audit keys).  The
-        compare-and-set covers EVERY commit, audit-only ones included: a
+        them; ``differs(view)`` compares, inside the commit's transaction, a
+        call's :class:`CallView` as ``before`` has it with what is stored, and
+        says what differs (``None``: nothing; see :meth:`CallView.difference`).
+        The compare-and-set covers EVERY commit, audit-only ones included: a
         ``Recover`` whose decision only adds an audit row must be refused when
         another engine has decided (or acted) on the call since this engine
         loaded it, or two engines each record a decision for one attempt.  The
@@ -518,17 +525,13 @@ class CommitPlan:
                 f"{stored[0]}/{stored[1]}, the state committed has "
                 f"{after.marker}/{after.max_attempts}: {RELOAD}"
             )
-        if not self.guards:
-            return
-        now = current([g.position for g in self.guards])
         for seen in self.guards:
-            call = now.call(seen.position)
-            found = None if call is None else call_view(now, call)
-            if found != seen:
+            why = differs(seen)
+            if why is not None:
                 raise StaleState(
                     f"call {seen.position} of session {session_id!r} changed since this "
-                    f"engine loaded it ({seen.difference(found)}): another engine acted on "
-                    f"it; nothing was written; {RELOAD}, and decide again"
+                    f"engine loaded it ({why}): another engine acted on it; nothing was "
+                    f"written; {RELOAD}, and decide again"
                 )
 
     def write(
@@ -836,20 +839,18 @@ class MemoryStore:
         """The working set of the session (see :func:`working_set`)."""
         return working_set(self.load(session_id))
 
-    def _calls_state(
-        self, session_id: str, s: _MemorySession, positions: Sequence[CallPosition]
-    ) -> SessionState:
-        """The durable state of the calls at ``positions`` (absent ones left out)."""
-        calls = tuple(_resumed(s.calls[p]) for p in sorted(set(positions)) if p in s.calls)
-        eids = {c.execution_id for c in calls}
-        return SessionState(
-            session_id=session_id,
-            marker=s.marker,
-            max_attempts=s.max_attempts,
-            calls=calls,
-            approvals={k: v for k, v in s.approvals.items() if k in eids},
-            ledger={k: v for k, v in s.ledger.items() if k in eids},
-            audit=frozenset(row.key for eid in eids for row in s.audit_of.get(eid, ())),
+    @staticmethod
+    def _differs(s: _MemorySession, seen: CallView) -> str | None:
+        """What of the call ``seen`` describes differs from what is stored."""
+        call = s.calls.get(seen.position)
+        if call is None or call.execution_id != seen.execution_id:
+            return "it is no longer a durable call of the session"
+        eid = seen.execution_id
+        return seen.difference(
+            audit=frozenset((r.kind, r.attempt) for r in s.audit_of.get(eid, ())),
+            record=s.ledger.get(eid) == seen.record,
+            approval=s.approvals.get(eid) is seen.approval,
+            result=call.result == seen.result,
         )
 
     def call_exists(self, session_id: str, position: CallPosition) -> bool:
@@ -874,7 +875,7 @@ class MemoryStore:
             session_id,
             (s.marker, s.max_attempts),
             after,
-            lambda positions: self._calls_state(session_id, s, positions),
+            lambda seen: self._differs(s, seen),
         )
         staged = s.copy()
         plan.write(
