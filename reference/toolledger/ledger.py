@@ -204,7 +204,13 @@ class Ledger:
         (the adapter's answer for ``EngineRecordSucceeded``/``...Failed``, a
         readonly tool's answer for its ``EngineAppendResult``, ...).
         ``arguments`` are the JSON arguments of a ``ProviderEmitCall`` (checked
-        against its ``args_digest``).  A ``Crash`` event is :meth:`crash`.
+        against its ``args_digest``).  An event that creates a result whose
+        content comes from outside (``EngineRecordSucceeded``,
+        ``EngineRecordFailed``, ``EngineReconcileApplied``,
+        ``EngineRecordDenied``, ``HumanResolveApplied``, a readonly tool's
+        ``EngineAppendResult``) is refused without ``result_content``: an empty
+        tool result is never recorded by omission (pass ``""`` to record one).
+        A ``Crash`` event is :meth:`reload`.
 
         Raises ``ProtocolError`` (event not allowed), ``InvalidInput`` (bad
         input) or :class:`~toolledger.stores.StoreError`; then nothing was

@@ -34,7 +34,13 @@ it has nothing volatile, so its :meth:`MemoryStore.crash` loses nothing) and
 :class:`toolledger.sqlite_store.SqliteStore` (real durability).  Both plan a
 commit with :func:`plan_commit`, so they validate and write exactly the same
 things, and both refuse a commit whose ``before`` is not what is durable now
-(:class:`StaleState`): two engines resuming one session cannot both win.
+(:class:`StaleState`): two engines resuming one session cannot both win.  The
+check is a compare-and-set, inside the commit's transaction, of the durable
+state of every call the commit writes anything for (result, approval, ledger
+record and audit keys: :class:`CallView`), so it covers every commit, also
+one that only appends an audit row (a ``Recover`` deciding ``retry_same_id``
+changes no record): the losing resumer is refused before it writes, and the
+audit never holds two decisions for one attempt.
 
 Besides the protocol state a store keeps, per call, the JSON arguments the
 model emitted (optional, checked against the call's argument digest), because
