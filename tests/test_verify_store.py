@@ -106,6 +106,21 @@ def test_a_store_left_by_a_killed_writer_is_verified_with_its_wal_untouched(
     assert files(path.parent) == before
 
 
+def test_a_store_an_idle_engine_holds_open_is_verified_untouched(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "store").mkdir()
+    path = tmp_path / "store" / "x.db"
+    with SqliteStore(path) as engine:  # another process would hold it the same way
+        engine.create_session(SID, marker=0, max_attempts=3)
+        before = files(path.parent)
+        assert set(before) == {"x.db", "x.db-wal", "x.db-shm"}
+        assert cli_main(["verify-store", str(path)]) == 0
+        assert "ok (1 sessions" in capsys.readouterr().out
+        assert files(path.parent) == before
+        assert engine.sessions() == [SID]  # and the engine goes on with its store
+
+
 def test_control_opening_the_store_to_verify_it_rewrites_the_files(tmp_path: Path) -> None:
     """The former verify-store (open with SqliteStore, verify, close): caught by the oracle."""
     (tmp_path / "store").mkdir()
