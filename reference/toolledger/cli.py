@@ -905,14 +905,23 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 
 def _configure_verify_store(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="the SqliteStore file to check (it is never written)")
+    p.add_argument(
+        "path",
+        help="the SqliteStore file to check; none of its files (database, -wal, -shm) is "
+        "written: a private copy of the file and its -wal is checked",
+    )
+    p.epilog = (
+        "exit status: 0 the store passed; 1 it is damaged or not a toolledger store; "
+        "2 it was not checked (no such file, it changed while being copied, no space for "
+        "the copy)"
+    )
 
 
 def _cmd_verify_store(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .sqlite_store import SqliteStore
-    from .stores import StoreError
+    from .sqlite_store import verify_file
+    from .stores import StoreCorrupt, StoreError, UnsupportedSchema
 
     path = Path(args.path)
     if not path.is_file():
@@ -920,13 +929,21 @@ def _cmd_verify_store(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     try:
-        with SqliteStore(path) as store:
-            store.verify()
-            sessions = store.sessions()
-    except StoreError as e:
+        report = verify_file(path)
+    except (StoreCorrupt, UnsupportedSchema) as e:
         print(f"toolledger verify-store: {e}", file=sys.stderr)
         return 1
-    print(f"{path}: ok ({len(sessions)} sessions; every page, row checksum and record checked)")
+    except StoreError as e:
+        print(f"toolledger verify-store: {e}", file=sys.stderr)
+        return 2
+    print(f"{path}: ok ({report.sessions} sessions; every page, row checksum and record "
+          "checked, on a private copy: the store's files were only read)")
+    for name, size in report.side_files:
+        if size:
+            print(f"note: {name} ({size} bytes) is present: the last process that wrote the "
+                  "store did not close it (killed?) or still has it open. The check included "
+                  f"the transactions committed in it; a backup must copy {name} together "
+                  f"with {path.name} (see the README's backups paragraph).")
     return 0
 
 
@@ -951,7 +968,8 @@ SUBCOMMANDS: list[Subcommand] = [
     ),
     Subcommand(
         "verify-store",
-        "check a whole SqliteStore file (SQLite pages, every row's checksum, every session)",
+        "check a whole SqliteStore file (SQLite pages, every row's checksum, every "
+        "session) without writing any of its files",
         _configure_verify_store,
         _cmd_verify_store,
     ),

@@ -1390,6 +1390,6 @@ def adopt_legacy_session(
     if calls:
         after = replace(before, calls=tuple(calls), approvals=approvals)
         store.commit(session_id, before, after, [], arguments=arguments)
-        ledger.crash()  # reload: exactly what the store now holds
+        ledger.reload()  # exactly what the store now holds: what a restart sees
     return ledger
 
