@@ -39,7 +39,6 @@ from toolledger.figures import (
     trace_rows,
     trace_table_html,
 )
-from toolledger.invariants import INVARIANTS
 from toolledger.protocol import TRANSITIONS, Actor
 from toolledger.stategraph import StateGraph
 from toolledger.tlavalues import FnValue, Value

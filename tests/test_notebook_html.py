@@ -67,7 +67,7 @@ def test_a_notebook_whose_output_names_a_temp_dir_is_refused(tmp_path: Path) -> 
     leaky = tmp_path / "leaky.ipynb"
     leaky.write_text(json.dumps(nb))
     out = tmp_path / "html"
-    with pytest.raises(RenderError, match="/tmp/tmpx3rbfx3g/RecoveryTable.tla"):
+    with pytest.raises(RenderError, match=r"/tmp/tmpx3rbfx3g/RecoveryTable\.tla"):
         write_html([NOTEBOOK, leaky], out)
     assert not out.exists()  # checked all before writing any
     assert main(["--out", str(out), str(leaky)]) == 1

@@ -58,10 +58,10 @@ def test_a_figure_is_an_img_with_its_alt_text_at_most_the_page_width() -> None:
 
 
 def test_text_below_10_pt_at_the_shown_width_is_refused() -> None:
-    with pytest.raises(ns.SmallTextError, match="'the smallest text' would render at 9.0 pt"):
+    with pytest.raises(ns.SmallTextError, match=r"'the smallest text' would render at 9\.0 pt"):
         ns.figure_html(figure(8, 9), "small")
     # 12 pt in a 20 in figure shrunk to the page width is 12 * 960 / 1920 = 6 pt.
-    with pytest.raises(ns.SmallTextError, match="6.0 pt"):
+    with pytest.raises(ns.SmallTextError, match=r"6\.0 pt"):
         ns.figure_html(figure(20, 12), "shrunk")
     size, text = ns.smallest_text(figure(20, 24))
     assert (size, text) == (12.0, "the smallest text")
@@ -141,9 +141,10 @@ def test_invariants_of_reads_the_models_cfg() -> None:
 
 
 def decide(status: p.LedgerStatus, policy: p.RecoveryPolicy, **kw: object) -> str:
-    fields: dict[str, object] = dict(
-        status=status, attempt=1, digest_matches=True, approval=p.ApprovalState.APPROVED,
-        has_result=False, policy=policy, legacy=False, requires_approval=True, max_attempts=2)
+    fields: dict[str, object] = {
+        "status": status, "attempt": 1, "digest_matches": True,
+        "approval": p.ApprovalState.APPROVED, "has_result": False, "policy": policy,
+        "legacy": False, "requires_approval": True, "max_attempts": 2}
     fields.update(kw)
     return p.decide_recovery(p.RecoveryInputs(**fields)).decision.value  # type: ignore[arg-type]
 
