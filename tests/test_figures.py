@@ -253,6 +253,33 @@ def test_state_graph_colours_every_state_by_its_status() -> None:
     assert "dispatched (2)" in legend and "violating (1)" in legend
 
 
+def test_every_figure_reads_at_10_pt_on_a_notebook_page() -> None:
+    # What notebook_support.figure_html would refuse: text under 10 pt at the width shown.
+    from toolledger.notebook_support import MIN_TEXT_PT, smallest_text
+
+    graph = small_graph()
+    category = {n: ledger_status(s, (1, 0, "call_0")) for n, s in graph.states.items()}
+    figures = [
+        sequence_diagram(seed_trace(), violated="AtMostOnceEffect", title="t")[0],
+        draw_state_graph(graph, category, title="t")[0],
+        draw_state_graph(graph, category, highlight=[5], path=[1, 2, 3, 5], title="t")[0],
+        state_space_chart({(1, 0): 131, (1, 1): 517, (2, 0): 4161}, title="t"),
+    ]
+    for fig in figures:
+        size, text = smallest_text(fig)
+        assert size >= MIN_TEXT_PT, (text, size)
+
+
+def test_the_path_through_a_state_graph_is_numbered_by_step() -> None:
+    graph = small_graph()
+    category = {n: ledger_status(s, (1, 0, "call_0")) for n, s in graph.states.items()}
+    fig, _ = draw_state_graph(graph, category, highlight=[5], path=[1, 2, 3, 5])
+    numbers = [t.get_text() for t in fig.axes[0].texts]
+    assert numbers == ["1", "2", "3", "4"]  # as graph.trace_to numbers the steps
+    fig, _ = draw_state_graph(graph, category)
+    assert len(fig.axes[0].texts) == 0
+
+
 def test_state_graph_refuses_states_without_a_category_or_colour() -> None:
     graph = small_graph()
     with pytest.raises(ValueError, match="no category"):
