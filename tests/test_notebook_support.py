@@ -76,6 +76,7 @@ def test_show_figure_closes_the_figure() -> None:
     fig = figure(8, 10)
     shown = ns.show_figure(fig, "alt")
     assert shown._repr_html_().startswith("<img ")
+    assert repr(shown) == "[figure: alt]"  # the text/plain copy is not a second image
     assert not plt.fignum_exists(fig.number)
 
 

@@ -53,8 +53,10 @@ __all__ = [
     "definition",
     "definition_names",
     "figure_html",
+    "find_issue_443_steps",
     "html_table",
     "invariants_of",
+    "issue_443_steps_html",
     "leading_comment",
     "next_actions",
     "one_call_model",
@@ -78,8 +80,8 @@ PAGE_WIDTH_PX: Final = 960
 #: The smallest text a figure may have at the width it is shown.
 MIN_TEXT_PT: Final = 10.0
 _CSS_PX_PER_INCH: Final = 96.0
-# PNG pixels per CSS pixel: sharp enough on a high-density screen, small enough to commit.
-_PNG_SCALE: Final = 1.25
+# PNG pixels per CSS pixel: 1, as Jupyter's inline backend does; keeps committed notebooks small.
+_PNG_SCALE: Final = 1.0
 
 
 class SmallTextError(ValueError):
@@ -140,9 +142,14 @@ class Rendered:
     """HTML that Jupyter displays when a cell ends with it (or with ``display(it)``)."""
 
     html: str
+    #: What a plain-text front end (and the notebook file's text/plain copy) shows instead.
+    text: str = "(HTML output)"
 
     def _repr_html_(self) -> str:
         return self.html
+
+    def __repr__(self) -> str:
+        return self.text
 
 
 def show_figure(fig: Figure, alt: str) -> Rendered:
@@ -151,7 +158,7 @@ def show_figure(fig: Figure, alt: str) -> Rendered:
     import matplotlib.pyplot as plt
 
     try:
-        return Rendered(figure_html(fig, alt))
+        return Rendered(figure_html(fig, alt), text=f"[figure: {alt}]")
     finally:
         plt.close(fig)
 
@@ -558,3 +565,60 @@ def step_value(step: TraceStep, var: str, key: str = "c1") -> object:
     value = step.state[var]
     assert isinstance(value, Mapping)
     return value[key]
+
+
+# ----------------------------------------------------------------------------
+# Notebook 01: the issue's reproduction, found in TLC's counterexample
+
+#: The reproduction steps of OpenWorker issue #443, in the issue's words.
+ISSUE_443_STEPS: Final = (
+    "1. a side-effecting tool is approved",
+    "2. the external system applies the effect",
+    "3. crash before the tool result is durably checkpointed",
+    "4. durable resume sees the call as unanswered",
+    "5. the already-resolved approval is reused",
+    "6. the tool executes again",
+)
+
+
+def find_issue_443_steps(trace: Sequence[TraceStep]) -> list[tuple[str, TraceStep]]:
+    """Each reproduction step of issue #443 located in a ``LegacyResume`` counterexample.
+
+    Raises ``AssertionError`` naming the step that is missing or out of order:
+    one approval, applied before a crash whose result was not durable, resume
+    invoking the call again with the old approval, and a second application.
+    """
+    names = [step.action for step in trace]
+
+    def at(action: str, after: int = 0) -> int:
+        try:
+            return names.index(action, after)
+        except ValueError:
+            raise AssertionError(f"no {action} after step {after} in the trace: {names}") from None
+
+    approve, first_apply, crash = at("HumanApprove"), at("ExternalApply"), at("Crash")
+    recover, again = at("Recover", crash), at("EngineInvokeAdapter", crash)
+    checks = {
+        "one approval, ever": names.count("HumanApprove") == 1,
+        "applied before the crash": approve < first_apply < crash,
+        "the result was not durable at the crash": step_value(trace[crash], "result") == "none",
+        "the effect was applied once at the crash": step_value(trace[crash], "applied") == 1,
+        "resume drives the call again": crash < recover < again,
+        "with the old approval": step_value(trace[again], "approval") == "approved",
+        "the second delivery": step_value(trace[-1], "applied") == 2,
+    }
+    failed = [what for what, ok in checks.items() if not ok]
+    if failed:
+        raise AssertionError(f"the trace is not the issue's reproduction: {failed}")
+    where = (approve, first_apply, crash, recover, again, len(trace) - 1)
+    return [(text, trace[i]) for text, i in zip(ISSUE_443_STEPS, where, strict=True)]
+
+
+def issue_443_steps_html(found: Sequence[tuple[str, TraceStep]]) -> str:
+    """:func:`find_issue_443_steps` as a table: the issue's step, TLC's step, what it shows."""
+    rows = [[text, step.index, step.action,
+             f"applied = {step_value(step, 'applied')}, approval = "
+             f"{step_value(step, 'approval')}, result = {step_value(step, 'result')}"]
+            for text, step in found]
+    return html_table(["the issue's reproduction step", "TLC step", "action", "state after it"],
+                      rows, caption="Issue #443's reproduction, found in TLC's counterexample")
