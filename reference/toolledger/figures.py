@@ -497,8 +497,6 @@ def draw_state_graph(
     # so the picture and the step table below it read together.
     numbered = [n for i, n in enumerate(path) if i == 0 or n != path[i - 1]]
     if path_edges:
-        nx.draw_networkx_nodes(g, pos, nodelist=numbered, node_color="none", node_size=110,
-                               ax=ax, linewidths=1.2, edgecolors="#b00000")
         for step, node in enumerate(numbered, 1):
             x, y = pos[node]
             ax.annotate(str(step), (x, y), textcoords="offset points", xytext=(0, 8),

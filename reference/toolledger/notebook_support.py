@@ -18,21 +18,44 @@ The notebooks are read by reviewers, mostly as HTML with the code hidden
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import io
 import itertools
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from toolledger import protocol as p
-from toolledger.figures_matrix import html_table
+from toolledger.adapters import CountingExternalSystem
+from toolledger.engine import (
+    CrashInjector,
+    FileConversationStore,
+    ScriptedHuman,
+    TurnEngine,
+    parse_crash_point,
+)
+from toolledger.figures import bfs_depths
+from toolledger.figures_matrix import (
+    CellCategory,
+    ConversationTap,
+    LedgerTape,
+    MatrixCell,
+    category,
+    html_table,
+    panels,
+    scenario_engine,
+)
+from toolledger.invariants import INVARIANTS
 from toolledger.manifest import Manifest, ModelEntry
+from toolledger.mapping import from_spec
+from toolledger.sqlite_store import SqliteStore
 from toolledger.stategraph import StateGraph, load_dot
+from toolledger.stores import AuditRow
 from toolledger.system import CallConfig, ModelConfig
 from toolledger.tlc import Outcome, TLCResult, TraceStep, parse_cfg, run_tlc
 from toolledger.tracecheck import config_module
@@ -41,12 +64,15 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = [
+    "AUDIT_HEADERS",
     "MIN_TEXT_PT",
     "PAGE_WIDTH_PX",
     "ModelRun",
     "Rendered",
     "SmallTextError",
+    "SqliteWorld",
     "TLCWorkspace",
+    "audit_table_html",
     "code_block",
     "compare_decide_with_spec",
     "decisions_through_tlc",
@@ -58,16 +84,23 @@ __all__ = [
     "invariants_of",
     "issue_443_steps_html",
     "leading_comment",
+    "manual_calls_model",
+    "matrix_summary",
+    "matrix_summary_html",
     "next_actions",
     "one_call_model",
     "recovery_inputs_space",
     "recovery_table",
     "recovery_table_html",
     "run_manifest_model",
+    "short_id",
     "show_figure",
     "smallest_text",
+    "spec_approval_gate",
+    "spec_at_most_once_effect",
     "spec_excerpt_markdown",
     "step_value",
+    "study_broken_twin",
     "tlc_summary_html",
     "variables_block",
 ]
@@ -114,6 +147,22 @@ def smallest_text(fig: Figure) -> tuple[float, str]:
     return min(found, default=(float("inf"), ""))
 
 
+def _png(fig: Figure, dpi: float) -> bytes:
+    # A 128-colour palette PNG: these figures are flat colours and text, and a palette
+    # makes them about five times smaller than matplotlib's RGBA output, which keeps the
+    # committed notebooks small.
+    from PIL import Image
+
+    raw = io.BytesIO()
+    fig.savefig(raw, format="png", dpi=dpi, metadata={"Software": None})
+    raw.seek(0)
+    with Image.open(raw) as img:
+        palette = img.convert("RGB").quantize(colors=128, method=Image.Quantize.FASTOCTREE)
+    out = io.BytesIO()
+    palette.save(out, format="PNG", optimize=True)
+    return out.getvalue()
+
+
 def figure_html(fig: Figure, alt: str, *, min_pt: float = MIN_TEXT_PT) -> str:
     """``fig`` as an ``<img>`` element with ``alt`` text, at most :data:`PAGE_WIDTH_PX` wide.
 
@@ -130,9 +179,7 @@ def figure_html(fig: Figure, alt: str, *, min_pt: float = MIN_TEXT_PT) -> str:
             f"{shown_width_px(fig):.0f} px wide: enlarge it or make the figure narrower")
     width = shown_width_px(fig)
     dpi = width * _PNG_SCALE / float(fig.get_figwidth())
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
-    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    data = base64.b64encode(_png(fig, dpi)).decode("ascii")
     return (f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt, quote=True)}" '
             f'style="width:{width:.0f}px;max-width:100%;height:auto">')
 
@@ -622,3 +669,233 @@ def issue_443_steps_html(found: Sequence[tuple[str, TraceStep]]) -> str:
             for text, step in found]
     return html_table(["the issue's reproduction step", "TLC step", "action", "state after it"],
                       rows, caption="Issue #443's reproduction, found in TLC's counterexample")
+
+
+# ----------------------------------------------------------------------------
+# Notebook 03: the fault matrix in one table
+
+
+def _panel_name(engine: str, session: str) -> str:
+    if engine == "legacy":
+        return "legacy engine (today's, issue #443)"
+    if session == "new":
+        return "ledger engine, new session"
+    return "ledger engine resumes a legacy session (adopted)"
+
+
+def matrix_summary(cells: Sequence[MatrixCell]) -> list[list[str | int]]:
+    """Per panel of the fault matrix: crash points x policies run, and the cells per outcome."""
+    rows: list[list[str | int]] = []
+    for engine, session, _mode in panels():
+        mine = [c for c in cells if (c.engine, c.session) == (engine, session)]
+        if not mine:
+            continue
+        count = {cat: sum(category(c) is cat for c in mine) for cat in CellCategory}
+        rows.append([_panel_name(engine, session), len(mine),
+                     *(count[cat] for cat in _SUMMARY_CATEGORIES)])
+    return rows
+
+
+_SUMMARY_CATEGORIES: Final = (CellCategory.DUPLICATE, CellCategory.ONE_EFFECT,
+                              CellCategory.NO_EFFECT, CellCategory.READONLY_REPLAY,
+                              CellCategory.NOT_ON_PATH, CellCategory.ERROR)
+
+
+def matrix_summary_html(cells: Sequence[MatrixCell]) -> str:
+    """:func:`matrix_summary` as a table; the duplicate column first, as the finding."""
+    return html_table(["panel", "cells", *(cat.value for cat in _SUMMARY_CATEGORIES)],
+                      matrix_summary(cells),
+                      caption="Every crash point x policy, counted by the external system")
+
+
+# ----------------------------------------------------------------------------
+# Notebook 04: state spaces and the broken twins
+
+
+def manual_calls_model(calls: int, crashes: int, *, max_attempts: int = 2) -> ModelConfig:
+    """``calls`` manual calls that need approval, one per turn, all reusing ``call_0``."""
+    return ModelConfig(
+        calls=tuple(
+            CallConfig(f"c{t}", (t, 0), "call_0",
+                       p.ToolProfile("send_email", p.RecoveryPolicy.MANUAL, True), (f"a{t}",))
+            for t in range(1, calls + 1)),
+        marker=0, max_crashes=crashes, max_attempts=max_attempts)
+
+
+def spec_at_most_once_effect(cfg: ModelConfig, s: Mapping[str, object]) -> bool:
+    """The spec's ``AtMostOnceEffect``, written directly over a TLC state's variables:
+    ``\\A c : Protected(c) => applied[ExecId(c)] <= 1 + humanRetries[ExecId(c)]``."""
+    applied, retries = s["applied"], s["humanRetries"]
+    assert isinstance(applied, Mapping) and isinstance(retries, Mapping)
+    return all(applied[cfg.spec_exec_ids[c.name]] <= 1 + retries[cfg.spec_exec_ids[c.name]]
+               for c in cfg.calls if c.tool.protected)
+
+
+def spec_approval_gate(cfg: ModelConfig, s: Mapping[str, object]) -> bool:
+    """The spec's ``ApprovalGate`` over a TLC state: every invocation of a protected call
+    that needs approval is of a call a human approved, or is human-authorized."""
+    approved, invocations = s["humanApproved"], s["invocations"]
+    assert isinstance(invocations, Mapping) and isinstance(approved, frozenset | set)
+    return all(c.name in approved or inv[2] == "human"
+               for c in cfg.calls if c.tool.requires_approval and c.tool.protected
+               for inv in invocations[c.name])
+
+
+@dataclass(frozen=True)
+class TwinStudy:
+    """A broken twin's whole state graph (no crash), where it breaks, and its fixed twin."""
+
+    name: str
+    invariant: str
+    switch: str
+    verdict: TLCResult  # the manifest model's run: TLC's counterexample
+    twin: ModelConfig  # the twin with MaxCrashes = 0
+    graph: StateGraph
+    violating: frozenset[int]
+    path: tuple[int, ...]  # a shortest path from Init to the nearest violating state
+    nearest: int
+    fixed_states: int
+
+    def describe(self) -> str:
+        depth = len(self.path) - 1
+        return (f"{self.name}: TLC says {self.verdict.violated} is violated (counterexample of "
+                f"{len(self.verdict.trace)} states, no crash). With 0 crashes the full graph has "
+                f"{len(self.graph.states):,} states; {len(self.violating)} violate "
+                f"{self.invariant} (the spec's condition and the Python invariant agree); the "
+                f"nearest is {depth} steps from Init.\nFixed twin ({self.switch} = TRUE), same "
+                f"bounds: {self.fixed_states:,} states, {self.invariant} holds in all of them.")
+
+
+def study_broken_twin(
+    manifest: Manifest,
+    workspace: TLCWorkspace,
+    name: str,
+    spec_check: Callable[[ModelConfig, Mapping[str, object]], bool],
+    switch: str,
+    *,
+    fixed_run: tuple[ModelConfig, ModelRun] | None = None,
+) -> TwinStudy:
+    """Where the broken twin ``name`` of the manifest leaves the safe region, checked 4 ways.
+
+    TLC's counterexample for the manifest model must have no crash; the twin is then
+    explored whole with 0 crashes and no invariant; the violating states found by
+    ``spec_check`` (the invariant over the spec's variables) must be exactly those the
+    Python invariant finds on the mapped states; the shortest path to one must be as long
+    as TLC's counterexample; and the fixed twin (``switch`` on; ``fixed_run`` if already
+    checked with the same constants) must satisfy the invariant everywhere.
+    """
+    entry = manifest.get(name)
+    invariant = entry.expect
+    verdict = run_manifest_model(manifest, name).result
+    if "Crash" in [step.action for step in verdict.trace]:
+        raise AssertionError(f"{name}: TLC's counterexample has a crash; 0 crashes would hide it")
+    twin = dataclasses.replace(ModelConfig.from_mc_module(entry.cfg_path.parent
+                                                          / f"{entry.module}.tla"),
+                               max_crashes=0)
+    if switch == "key_by_position":
+        fixed = dataclasses.replace(twin, key_by_position=True)
+    elif switch == "fence_on_reconcile":
+        fixed = dataclasses.replace(twin, fence_on_reconcile=True)
+    else:
+        raise ValueError(f"no design switch {switch!r}: key_by_position or fence_on_reconcile")
+    full = workspace.model_check(twin, f"{name}Full", dump=True)
+    if fixed_run is None:
+        fixed_result = workspace.model_check(fixed, f"{name}Fixed", invariants=[invariant]).result
+    else:
+        same, run = fixed_run
+        if config_module(same, "M") != config_module(fixed, "M"):
+            raise AssertionError(f"{name}: the given fixed run has other constants")
+        fixed_result = run.result
+    if full.result.outcome is not Outcome.PASS or fixed_result.outcome is not Outcome.PASS:
+        raise AssertionError(f"{name}: {full.result.outcome}, fixed {fixed_result.outcome}")
+    graph = full.graph
+    assert graph is not None
+    by_spec = {n for n, s in graph.states.items() if not spec_check(twin, s)}
+    by_reference = {n for n, s in graph.states.items()
+                    if INVARIANTS[invariant](twin, from_spec(twin, s))}
+    if by_spec != by_reference or not by_spec:
+        raise AssertionError(f"{name}: the spec's condition finds {len(by_spec)} violating "
+                             f"states, the Python invariant {len(by_reference)}")
+    depth = bfs_depths(graph)
+    nearest = min(by_spec, key=lambda n: (depth[n], n))
+    path = tuple(node for node, _ in graph.shortest_path(nearest))
+    if len(path) != len(verdict.trace):
+        raise AssertionError(f"{name}: the shortest path has {len(path)} states, TLC's "
+                             f"counterexample {len(verdict.trace)}")
+    return TwinStudy(name, invariant, switch, verdict, twin, graph, frozenset(by_spec), path,
+                     nearest, fixed_result.distinct_states or 0)
+
+
+# ----------------------------------------------------------------------------
+# Notebook 05: the engine kit on a real SQLite file
+
+
+class SqliteWorld:
+    """What survives a crash, in one directory: the SQLite ledger, the conversation files and
+    the external system's fsynced log. :meth:`open_engine` is what a (re)started process does.
+    """
+
+    def __init__(self, parent: Path, name: str, policy: str = "manual") -> None:
+        self.dir = parent / name
+        self.dir.mkdir()
+        self.policy = policy
+        self.tape = LedgerTape()
+        self._store: SqliteStore | None = None
+        self._system: CountingExternalSystem | None = None
+
+    @property
+    def store(self) -> SqliteStore:
+        if self._store is None:
+            raise RuntimeError("no engine opened yet: call open_engine() first")
+        return self._store
+
+    @property
+    def system(self) -> CountingExternalSystem:
+        if self._system is None:
+            raise RuntimeError("no engine opened yet: call open_engine() first")
+        return self._system
+
+    def reopen_store(self) -> SqliteStore:
+        """Close the store and open the file again (opening validates it)."""
+        self.close()
+        self._store = SqliteStore(self.dir / "ledger.sqlite3")
+        return self._store
+
+    def open_engine(
+        self,
+        crash_at: str | None = None,
+        human: ScriptedHuman | None = None,
+        script: Sequence[Sequence[dict[str, Any]] | str] | None = None,
+    ) -> TurnEngine:
+        """A new engine process on this directory's files, dying at ``crash_at`` if given."""
+        store = self.reopen_store()
+        self._system = CountingExternalSystem(self.dir / "external.jsonl")
+        conversations = ConversationTap(FileConversationStore(self.dir / "conversation"),
+                                        self.tape)
+        crash = CrashInjector(parse_crash_point("ledger", crash_at) if crash_at else None)
+        return scenario_engine("ledger", self.policy, store=store, conversations=conversations,
+                               system=self._system, crash=crash, tape=self.tape, human=human,
+                               script=script)
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+AUDIT_HEADERS: Final = ("kind", "attempt", "authorization", "recovery_decision",
+                        "tool_call_id", "execution_id", "position", "note",
+                        "inputs (of the decision)")
+
+
+def short_id(execution_id: str) -> str:
+    """An execution id cut to its first 13 characters, for a table."""
+    return execution_id[:13] + "…"
+
+
+def audit_table_html(rows: Sequence[AuditRow], *, caption: str | None = None) -> str:
+    """Audit rows as stored, one line each (execution ids shortened)."""
+    return html_table(list(AUDIT_HEADERS), [
+        [r.kind, r.attempt, r.authorization.value, r.recovery_decision or "", r.tool_call_id,
+         short_id(r.execution_id), r.position, r.note,
+         ", ".join(f"{k}={v}" for k, v in r.inputs.items())] for r in rows], caption=caption)
