@@ -8,6 +8,7 @@ Makefile target itself (``make -n``).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -98,3 +99,36 @@ def test_make_notebooks_html_runs_the_renderer_on_every_notebook() -> None:
     ignored = subprocess.run(["git", "check-ignore", "-q", "build/notebooks-html/x.html"],
                              cwd=ROOT, check=False)
     assert ignored.returncode == 0, "build/notebooks-html/ must be git-ignored"
+
+
+# ----------------------------------------------------------------------------
+# Every committed notebook, as a reviewer reads it (no rendering needed).
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def html_outputs(path: Path) -> list[str]:
+    cells = json.loads(path.read_text())["cells"]
+    return ["".join(out["data"]["text/html"]) for c in cells for out in c.get("outputs", [])
+            if "text/html" in out.get("data", {})]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_notebook_tables_are_left_aligned_and_images_have_alt_text(path: Path) -> None:
+    cells = json.loads(path.read_text())["cells"]
+    raw_images = [i for i, c in enumerate(cells) for out in c.get("outputs", [])
+                  if "image/png" in out.get("data", {})]
+    assert not raw_images, f"cells {raw_images} show a PNG without alt text: use show_figure"
+    for page in html_outputs(path):
+        for tag in re.findall(r"<t[dh]\b[^>]*>", page):
+            assert "text-align:left" in tag, tag  # Jupyter's CSS right-aligns the rest
+        for img in re.findall(r"<img\b[^>]*>", page):
+            alt = re.search(r'alt="([^"]*)"', img)
+            assert alt and len(alt.group(1)) > 20, img[:80]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_notebooks_name_no_machine_path_and_no_missing_protocol_file(path: Path) -> None:
+    text = path.read_text()
+    assert absolute_paths(text) == []
+    assert "PROTOCOL.md" not in text and "../shared" not in text
