@@ -248,3 +248,88 @@ def test_workspace_model_names_must_be_identifiers() -> None:
         ws.close()
     assert not ws.dir.exists()
     assert shutil.which("java") or True  # TLC is only needed by the slow tests
+
+
+# ----------------------------------------------------------------------------
+# The notebooks' evidence functions
+
+
+@pytest.mark.slow
+def test_the_issues_six_steps_are_found_in_tlcs_trace_and_a_wrong_trace_is_refused() -> None:
+    manifest = load_manifest(ROOT)
+    trace = ns.run_manifest_model(manifest, "LegacyResume").result.trace
+    found = ns.find_issue_443_steps(trace)
+    assert [text for text, _ in found] == list(ns.ISSUE_443_STEPS)
+    indices = [step.index for _, step in found]
+    assert indices == sorted(indices) and indices[-1] == trace[-1].index
+    assert [step.action for _, step in found][:3] == ["HumanApprove", "ExternalApply", "Crash"]
+    assert "TLC step" in ns.issue_443_steps_html(found)
+    # The broken variant: the trace cut before the second delivery is not the reproduction.
+    with pytest.raises(AssertionError, match="the second delivery"):
+        ns.find_issue_443_steps(trace[:-1])
+    with pytest.raises(AssertionError, match="no Crash"):
+        ns.find_issue_443_steps([s for s in trace if s.action != "Crash"])
+
+
+def test_the_matrix_summary_counts_every_cell_once() -> None:
+    from toolledger.figures_matrix import run_matrix
+
+    cells = run_matrix(policies=("manual", "readonly"))
+    rows = ns.matrix_summary(cells)
+    assert [r[1] for r in rows] == [16, 26, 16]
+    assert sum(sum(int(v) for v in r[2:]) for r in rows) == len(cells)
+    legacy, new, adopted = rows
+    assert legacy[2] == 3 and new[2] == adopted[2] == 0  # duplicates: legacy manual only
+
+
+def test_a_sqlite_world_survives_a_crash_and_its_tape_and_audit_render(tmp_path: Path) -> None:
+    from toolledger.engine import ScriptedHuman, SimulatedCrash
+    from toolledger.simulate import SESSION_ID
+
+    world = ns.SqliteWorld(tmp_path, "w")
+    with pytest.raises(RuntimeError, match="open_engine"):
+        _ = world.store
+    result = world.open_engine(human=ScriptedHuman(default="approve")).run("Email Ada.")
+    assert result.status.value == "done" and world.system.effects() == 1
+    table = ns.tape_table_html(world.tape)
+    assert world.store.ledger_commits == 2  # two shaded rows of five cells each
+    assert table.count("background:#fff3bf") == 5 * 2
+    crashed = ns.SqliteWorld(tmp_path, "crashed")
+    with pytest.raises(SimulatedCrash):
+        crashed.open_engine(crash_at="after ExternalApply").run("Email Ada.")
+    halted = crashed.open_engine().resume()  # a new process: the files only
+    assert halted.status.value == "recovery_required" and crashed.system.effects() == 1
+    rows = crashed.store.audit(SESSION_ID)
+    html = ns.audit_table_html(rows, caption="c")
+    assert "recovery_required" in html and ns.short_id(rows[0].execution_id) in html
+    world.close()
+    crashed.close()
+
+
+@pytest.mark.slow
+def test_every_state_of_a_tiny_model_is_drawn_once() -> None:
+    manifest = load_manifest(ROOT)
+    with ns.TLCWorkspace(ROOT) as ws:
+        tiny = ns.every_state_of(ws, ns.manual_calls_model(1, 1, max_attempts=1), "Tiny",
+                                 ns.invariants_of(manifest.get("TwoCalls")))
+    assert len(tiny.status) == len(tiny.graph.states) == tiny.run.result.distinct_states
+    assert tiny.figure._repr_html_().startswith("<img ")
+
+
+@pytest.mark.slow
+def test_a_broken_twin_is_located_and_its_fixed_twin_passes() -> None:
+    manifest = load_manifest(ROOT)
+    with ns.TLCWorkspace(ROOT) as ws:
+        study = ns.study_broken_twin(manifest, ws, "UnfencedReconcile",
+                                     ns.spec_at_most_once_effect, "fence_on_reconcile")
+        with pytest.raises(ValueError, match="no design switch"):
+            ns.study_broken_twin(manifest, ws, "UnfencedReconcile",
+                                 ns.spec_at_most_once_effect, "fence")
+    assert study.violating and study.nearest in study.violating
+    assert len(study.path) == len(study.verdict.trace) and study.fixed_states > 0
+    assert "AtMostOnceEffect holds in all of them" in study.describe()
+    # The spec's condition and the Python invariant must agree: a check that sees nothing
+    # (a broken variant of the condition) is refused.
+    with ns.TLCWorkspace(ROOT) as ws, pytest.raises(AssertionError, match="Python invariant"):
+        ns.study_broken_twin(manifest, ws, "UnfencedReconcile", lambda _cfg, _s: True,
+                             "fence_on_reconcile")

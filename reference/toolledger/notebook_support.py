@@ -25,6 +25,7 @@ import itertools
 import re
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +79,7 @@ __all__ = [
     "decisions_through_tlc",
     "definition",
     "definition_names",
+    "every_state_of",
     "figure_html",
     "find_issue_443_steps",
     "html_table",
@@ -101,6 +103,7 @@ __all__ = [
     "spec_excerpt_markdown",
     "step_value",
     "study_broken_twin",
+    "tape_table_html",
     "tlc_summary_html",
     "variables_block",
 ]
@@ -899,3 +902,62 @@ def audit_table_html(rows: Sequence[AuditRow], *, caption: str | None = None) ->
         [r.kind, r.attempt, r.authorization.value, r.recovery_decision or "", r.tool_call_id,
          short_id(r.execution_id), r.position, r.note,
          ", ".join(f"{k}={v}" for k, v in r.inputs.items())] for r in rows], caption=caption)
+
+
+def tape_table_html(tape: LedgerTape) -> str:
+    """A turn's tape: every ledger call and conversation checkpoint in order, with the SQLite
+    commits each made; the rows that wrote a ledger record are shaded."""
+    who = {"open": "engine opens the ledger", "commit": "Ledger.step / step_many",
+           "conversation": "conversation checkpoint", "crash": "crash"}
+    rows = []
+    for n, entry in enumerate(tape.entries, 1):
+        what = entry.note
+        if entry.kind == "open" and entry.after is not None:
+            what = f"session {entry.after.session_id!r}, marker {entry.after.marker}"
+        rows.append([n, who[entry.kind], what, entry.commits, entry.ledger_commits])
+    return html_table(["#", "who", "events / what was saved", "SQLite commits",
+                       "of which wrote a ledger record"], rows,
+                      highlight=[i for i, e in enumerate(tape.entries) if e.ledger_commits])
+
+
+@dataclass(frozen=True)
+class EveryState:
+    """A model explored whole by TLC, its states coloured by the ledger status of one call."""
+
+    config: ModelConfig
+    run: ModelRun
+    graph: StateGraph
+    status: Mapping[int, str]  # state -> ledger status of the call
+    figure: Rendered
+
+
+def every_state_of(workspace: TLCWorkspace, cfg: ModelConfig, name: str,
+                   invariants: Sequence[str], *, call: str = "c1",
+                   title: str | None = None) -> EveryState:
+    """Model-check ``cfg`` against ``invariants``, dump its whole state graph, and draw every
+    state coloured by ``call``'s ledger status (TLC must pass; the drawing must show each
+    state once)."""
+    from toolledger.figures import draw_state_graph, ledger_status
+
+    run = workspace.model_check(cfg, name, invariants=invariants, dump=True)
+    if run.result.outcome is not Outcome.PASS or run.graph is None:
+        raise AssertionError(f"{name}: TLC says {run.verdict}")
+    graph = run.graph
+    if len(graph.states) != run.result.distinct_states:
+        raise AssertionError(f"{name}: the dump has {len(graph.states)} states, TLC counted "
+                             f"{run.result.distinct_states}")
+    key = cfg.spec_exec_ids[call]
+    status = {n: ledger_status(s, key) for n, s in graph.states.items()}
+    fig, drawn = draw_state_graph(
+        graph, status, legend_title=f"ledger status of {call}",
+        title=f"{title or name}: all {len(graph.states)} states (TLC: all {len(invariants)} "
+              "invariants hold)")
+    if drawn.nodes != len(graph.states) or dict(drawn.colour_counts) != dict(
+            Counter(status.values())):
+        raise AssertionError(f"{name}: the drawing does not show each state once")
+    shown = show_figure(fig, f"Every one of the {drawn.nodes} states of {title or name}, drawn "
+                             "left to "
+                             "right by distance from the initial state and coloured by the "
+                             "call's ledger status (none, dispatched, succeeded, failed, "
+                             "recovery_required, abandoned); crash steps are dashed.")
+    return EveryState(cfg, run, graph, status, shown)
