@@ -333,3 +333,11 @@ def test_a_broken_twin_is_located_and_its_fixed_twin_passes() -> None:
     with ns.TLCWorkspace(ROOT) as ws, pytest.raises(AssertionError, match="Python invariant"):
         ns.study_broken_twin(manifest, ws, "UnfencedReconcile", lambda _cfg, _s: True,
                              "fence_on_reconcile")
+
+
+def test_models_of_spec_tells_the_two_specs_models_apart() -> None:
+    manifest = load_manifest(ROOT)
+    ours = {m.name for m in ns.models_of_spec(manifest)}
+    legacy = {m.name for m in ns.models_of_spec(manifest, "LegacyResume")}
+    assert "TwoCalls" in ours and "LegacyResume" in legacy
+    assert not ours & legacy and ours | legacy == set(manifest.names())

@@ -89,6 +89,7 @@ __all__ = [
     "manual_calls_model",
     "matrix_summary",
     "matrix_summary_html",
+    "models_of_spec",
     "next_actions",
     "one_call_model",
     "recovery_inputs_space",
@@ -298,6 +299,14 @@ def spec_excerpt_markdown(spec: str, names: Iterable[str], *, source: str) -> st
     chosen = list(names)
     body = "\n\n".join(definition(spec, n) for n in chosen)
     return f"From `{source}` ({', '.join(f'`{n}`' for n in chosen)}):\n\n{code_block(body)}"
+
+
+def models_of_spec(manifest: Manifest, spec: str = "DurableToolExecution") -> list[ModelEntry]:
+    """The manifest's models whose module extends ``spec`` (the others model another spec,
+    e.g. ``LegacyResume``, whose invariants share some names)."""
+    extends = re.compile(rf"^EXTENDS\b[^\n]*\b{re.escape(spec)}\b", re.MULTILINE)
+    return [m for m in manifest.models
+            if extends.search((m.cfg_path.parent / f"{m.module}.tla").read_text())]
 
 
 def invariants_of(entry: ModelEntry) -> tuple[str, ...]:
