@@ -341,3 +341,29 @@ def test_models_of_spec_tells_the_two_specs_models_apart() -> None:
     legacy = {m.name for m in ns.models_of_spec(manifest, "LegacyResume")}
     assert "TwoCalls" in ours and "LegacyResume" in legacy
     assert not ours & legacy and ours | legacy == set(manifest.names())
+
+
+def test_the_matrix_claims_hold_and_each_refuses_a_matrix_that_breaks_it() -> None:
+    from toolledger.figures_matrix import run_matrix
+
+    cells = run_matrix()
+    claims = (ns.legacy_engine_duplicates_where_the_result_is_not_checkpointed,
+              ns.ledger_engine_never_applies_a_protected_call_twice,
+              ns.an_unknown_outcome_is_decided_by_the_policy,
+              ns.an_adopted_legacy_call_halts_without_a_second_effect,
+              ns.the_ledger_engine_does_what_the_issue_expects_at_each_seed_row)
+    for claim in claims:
+        assert claim(cells)
+    assert "1. " in ns.seed_rows_html(cells)
+    # The broken variant: one ledger cell that applied its email twice, as a blind replay would.
+    victim = ns.find_cell(cells, "ledger", "new", "manual", "after ExternalApply")
+    broken = [dataclasses.replace(c, effects=2) if c is victim else c for c in cells]
+    for claim in claims[1:3]:
+        with pytest.raises(AssertionError):
+            claim(broken)
+    adopted = ns.find_cell(cells, "ledger", "legacy", "manual", "after ExternalApply")
+    resent = [dataclasses.replace(c, effects=c.effects + 1) if c is adopted else c for c in cells]
+    with pytest.raises(AssertionError):
+        ns.an_adopted_legacy_call_halts_without_a_second_effect(resent)
+    with pytest.raises(KeyError, match="0 cells"):
+        ns.find_cell(cells, "ledger", "new", "manual", "after nothing")

@@ -73,7 +73,10 @@ __all__ = [
     "SmallTextError",
     "SqliteWorld",
     "TLCWorkspace",
+    "an_adopted_legacy_call_halts_without_a_second_effect",
+    "an_unknown_outcome_is_decided_by_the_policy",
     "audit_table_html",
+    "cell_summary",
     "code_block",
     "compare_decide_with_spec",
     "decisions_through_tlc",
@@ -81,11 +84,14 @@ __all__ = [
     "definition_names",
     "every_state_of",
     "figure_html",
+    "find_cell",
     "find_issue_443_steps",
     "html_table",
     "invariants_of",
     "issue_443_steps_html",
     "leading_comment",
+    "ledger_engine_never_applies_a_protected_call_twice",
+    "legacy_engine_duplicates_where_the_result_is_not_checkpointed",
     "manual_calls_model",
     "matrix_summary",
     "matrix_summary_html",
@@ -96,6 +102,7 @@ __all__ = [
     "recovery_table",
     "recovery_table_html",
     "run_manifest_model",
+    "seed_rows_html",
     "short_id",
     "show_figure",
     "smallest_text",
@@ -105,6 +112,7 @@ __all__ = [
     "step_value",
     "study_broken_twin",
     "tape_table_html",
+    "the_ledger_engine_does_what_the_issue_expects_at_each_seed_row",
     "tlc_summary_html",
     "variables_block",
 ]
@@ -970,3 +978,136 @@ def every_state_of(workspace: TLCWorkspace, cfg: ModelConfig, name: str,
                              "call's ledger status (none, dispatched, succeeded, failed, "
                              "recovery_required, abandoned); crash steps are dashed.")
     return EveryState(cfg, run, graph, status, shown)
+
+
+# ----------------------------------------------------------------------------
+# Notebook 03: what the matrix shows, each claim one function that asserts it
+
+_UNKNOWN_OUTCOME: Final = ("after EngineInvokeAdapter", "after ExternalApply")
+_POLICY_DECISION: Final[Mapping[str, str]] = {"manual": "recovery_required",
+                                              "idempotent": "retry_same_id",
+                                              "reconcile": "reconcile"}
+
+
+def _panel(cells: Sequence[MatrixCell], engine: str, session: str) -> list[MatrixCell]:
+    return [c for c in cells if (c.engine, c.session) == (engine, session)]
+
+
+def find_cell(cells: Sequence[MatrixCell], engine: str, session: str, policy: str,
+              point: str) -> MatrixCell:
+    """The one cell of the matrix at (engine, session kind, policy, crash point)."""
+    found = [c for c in cells
+             if (c.engine, c.session, c.policy, c.point) == (engine, session, policy, point)]
+    if len(found) != 1:
+        raise KeyError(f"{len(found)} cells at {(engine, session, policy, point)}")
+    return found[0]
+
+
+def legacy_engine_duplicates_where_the_result_is_not_checkpointed(
+        cells: Sequence[MatrixCell]) -> str:
+    """Today's engine applies a protected call twice exactly at the three crash points between
+    the request leaving and the result being checkpointed: the issue's rows 2, 3 and 4."""
+    from toolledger.figures_matrix import seed_row_of
+
+    legacy = _panel(cells, "legacy", "new")
+    duplicated = {c.point for c in legacy if category(c) is CellCategory.DUPLICATE}
+    assert duplicated == {"after EngineInvokeAdapter", "after ExternalApply",
+                          "after EngineAppendResult"}, duplicated
+    assert all(c.effects == 2 for c in legacy if c.point in duplicated)
+    assert {seed_row_of("legacy", pt) for pt in duplicated} == {
+        "after_dispatched_call_out", "after_external_success",
+        "after_succeeded_before_tool_message"}
+    n = sum(category(c) is CellCategory.DUPLICATE for c in legacy)
+    return (f"legacy engine: {len(duplicated)} crash points deliver a protected call twice "
+            f"({n} cells)")
+
+
+def ledger_engine_never_applies_a_protected_call_twice(cells: Sequence[MatrixCell]) -> str:
+    """On a new session and on an adopted legacy one, no protected call is applied twice."""
+    ledger = [c for c in cells if c.engine == "ledger"]
+    twice = [c.label for c in ledger if c.protected and c.effects > 1]
+    assert not twice, twice
+    return f"ledger engine: 0 of {len(ledger)} cells apply a protected call twice"
+
+
+def an_unknown_outcome_is_decided_by_the_policy(cells: Sequence[MatrixCell]) -> str:
+    """Where the outcome is unknown, manual halts, idempotent retries under the same id and
+    reconcile asks the connector, each with one effect; a manual halt before the request
+    left has no effect at all."""
+    checked = 0
+    for c in _panel(cells, "ledger", "new"):
+        if c.point in _UNKNOWN_OUTCOME and c.protected:
+            assert c.decisions == (_POLICY_DECISION[c.policy],), c.label
+            assert c.effects == 1
+            assert c.status == ("recovery_required" if c.policy == "manual" else "done")
+            checked += 1
+        if c.point == "after EnginePersistDispatched" and c.policy == "manual":
+            assert (c.decisions, c.effects, c.invocations) == (("recovery_required",), 0, 0)
+    return f"unknown outcome: {checked} cells decided by their policy, one effect each"
+
+
+def an_adopted_legacy_call_halts_without_a_second_effect(cells: Sequence[MatrixCell]) -> str:
+    """On an adopted legacy session, an approved unanswered call halts whatever its policy,
+    and the ledger engine sends nothing (the only effects are the legacy engine's)."""
+    adopted = _panel(cells, "ledger", "legacy")
+    halted = [c for c in adopted if c.protected and c.status != "error"
+              and c.decisions == ("recovery_required",)]
+    assert {c.point for c in halted} == {"after HumanApprove", "after EngineInvokeAdapter",
+                                         "after ExternalApply", "after EngineAppendResult"}
+    assert all(c.effects == c.legacy_effects for c in halted)
+    assert all(c.effects == 0 for c in halted if c.point == "after HumanApprove")
+    return f"adopted legacy session: {len(halted)} cells halt, none adds an effect"
+
+
+def cell_summary(c: MatrixCell) -> str:
+    """A matrix cell in one line: decisions, effects, invocations, turn status."""
+    decided = ", ".join(c.decisions) or "no recovery decision"
+    return f"{decided}; effects {c.effects}; invocations {c.invocations}; turn {c.status}"
+
+
+def seed_rows_html(cells: Sequence[MatrixCell]) -> str:
+    """The issue's five rows in its own words next to what was measured at each."""
+    from toolledger.engine import SEED_MATRIX
+    from toolledger.figures_matrix import POLICIES
+
+    rows = []
+    for number, row in enumerate(SEED_MATRIX.values(), 1):
+        new = {pol: find_cell(cells, "ledger", "new", pol, row.ledger.name)
+               for pol in POLICIES[1:]}
+        old = find_cell(cells, "legacy", "new", "manual", row.legacy.name)
+        adopted = find_cell(cells, "ledger", "legacy", "manual", row.legacy.name)
+        ledger_text = "\n".join(f"{pol}: {cell_summary(c)}" for pol, c in new.items())
+        rows.append([f"{number}. {row.crash_point}", row.durable_state, row.expected,
+                     f"{row.legacy.name}\n{cell_summary(old)}",
+                     f"{row.ledger.name}\n{ledger_text}",
+                     cell_summary(adopted) if adopted.status != "error"
+                     else f"ERROR: {adopted.error}"])
+    return html_table(["seed row", "durable state (issue)", "expected recovery (issue)",
+                       "legacy engine (manual)", "ledger engine, new session",
+                       "ledger engine, legacy session (manual)"], rows)
+
+
+def the_ledger_engine_does_what_the_issue_expects_at_each_seed_row(
+        cells: Sequence[MatrixCell]) -> str:
+    """Row 1: execute once on a session known to use the protocol, else review; rows 2-3: no
+    silent replay, the declared policy applies; row 4: reconstruct, never call again; row 5:
+    no replay on either engine."""
+    from toolledger.engine import SEED_MATRIX
+
+    r1, r2, r3, r4, r5 = SEED_MATRIX.values()
+    assert cell_summary(find_cell(cells, "ledger", "new", "manual", r1.ledger.name)).startswith(
+        "execute; effects 1")
+    assert find_cell(cells, "ledger", "legacy", "manual", r1.legacy.name).decisions == (
+        "recovery_required",)
+    invocations = {(r2, "manual"): 1, (r2, "idempotent"): 2, (r2, "reconcile"): 2,
+                   (r3, "manual"): 1, (r3, "idempotent"): 2, (r3, "reconcile"): 1}
+    for (r, pol), n in invocations.items():
+        c = find_cell(cells, "ledger", "new", pol, r.ledger.name)
+        assert (c.decisions, c.effects, c.invocations) == ((_POLICY_DECISION[pol],), 1, n), c.label
+    for pol in ("manual", "idempotent", "reconcile"):
+        c = find_cell(cells, "ledger", "new", pol, r4.ledger.name)
+        assert (c.invocations, c.effects, c.tool_status, c.status) == (1, 1, "ok", "done")
+    for engine in ("legacy", "ledger"):
+        c = find_cell(cells, engine, "new", "manual", r5.point(engine).name)
+        assert (c.effects, c.invocations, c.decisions) == (1, 1, ())
+    return "the five seed rows: the ledger engine does what the issue expects at each"
