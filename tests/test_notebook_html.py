@@ -120,6 +120,8 @@ def test_committed_notebook_tables_are_left_aligned_and_images_have_alt_text(pat
                   if "image/png" in out.get("data", {})]
     assert not raw_images, f"cells {raw_images} show a PNG without alt text: use show_figure"
     for page in html_outputs(path):
+        for size in re.findall(r"<table\b[^>]*font-size:(\d+)px", page):
+            assert int(size) >= 14, f"a table in {size} px type: smaller than the text around it"
         for tag in re.findall(r"<t[dh]\b[^>]*>", page):
             assert "text-align:left" in tag, tag  # Jupyter's CSS right-aligns the rest
         for img in re.findall(r"<img\b[^>]*>", page):

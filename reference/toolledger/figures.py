@@ -114,7 +114,7 @@ def _root(path: str) -> str:
 
 
 _TABLE_STYLE: Final = (
-    "border-collapse:collapse;font-size:12px;text-align:left;margin:4px 0 12px 0"
+    "border-collapse:collapse;font-size:14px;text-align:left;margin:4px 0 12px 0"
 )
 _CELL: Final = "border:1px solid #ccc;padding:2px 8px;vertical-align:top;text-align:left"
 

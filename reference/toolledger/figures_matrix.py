@@ -860,7 +860,8 @@ def fault_matrix_figure(
 # Tables
 # --------------------------------------------------------------------------
 
-_TABLE: Final = "border-collapse:collapse;font-size:12px;margin:4px 0 12px 0"
+# 14 px (10.5 pt), the size of the notebook's own text: tables are read, not glanced at.
+_TABLE: Final = "border-collapse:collapse;font-size:14px;margin:4px 0 12px 0"
 _TD: Final = "border:1px solid #ccc;padding:2px 6px;vertical-align:top;text-align:left"
 _HIGHLIGHT: Final = "background:#fff3bf"
 
