@@ -973,3 +973,32 @@ def test_random_api_runs_are_spec_behaviours_for_tlc() -> None:
     actions = {a for r in recordings for a, _ in kt.replay(cfg, r)}
     assert {"Crash", "Recover", "EngineTimeout", "HumanResolveApplied",
             "EngineRecordSucceeded", "EngineRecordFailed"} <= actions, actions
+
+
+def test_a_marking_tool_is_invoked_only_when_its_request_leaves() -> None:
+    """For a ``marks_send`` tool the spec's invocation is ``sending()``: stopped before
+    it, the call stays dispatched and runs again as the same attempt."""
+    s = session_with({TOOL: Tool("manual", marks_send=True)})
+    key = one_call(s, "manual").key
+
+    def stopped(a: Attempt) -> str:
+        assert [c.next for c in s.recover()] == [Next.RUNNING]
+        raise KeyboardInterrupt
+
+    with kt.KitRecorder() as recorder, pytest.raises(KeyboardInterrupt):
+        s.execute(key, stopped)
+    actions = [ev.action.value for e in recorder.of(SID) for ev in e.events]
+    assert actions == ["EnginePersistDispatched"]  # no request was out
+    [todo] = s.recover()
+    assert (todo.next, todo.attempt, todo.recovered) == (Next.RETRY, 1, False)
+
+    def sent(a: Attempt) -> str:
+        a.sending()
+        return "ok"
+
+    with kt.KitRecorder() as recorder:
+        done = s.execute(key, sent)
+    assert (done.next, done.attempt) == (Next.RESULT, 1)
+    actions = [ev.action.value for e in recorder.of(SID) for ev in e.events]
+    assert actions == ["EngineInvokeAdapter", "ExternalApply", "EngineRecordSucceeded",
+                       "EngineAppendResult"]

@@ -260,9 +260,12 @@ class CallStatus:
     ok, error, denied, human or abandoned; ``content`` is the text).
     ``decision`` and ``inputs`` are the core's recovery decision for the call
     and what it looked at (always set by :meth:`Session.recover`; on the live
-    path only after an unknown outcome).  ``outcome`` is how the attempt that
-    just ended was classified, ``error`` its exception text.  ``attempt`` is
-    the attempt the ledger record is at (0: never dispatched).
+    path only after an unknown outcome); ``recovered`` says the decision was
+    applied (and audited) by the call that returned this status; otherwise
+    ``decision`` is the one a restart would make now.  ``outcome``
+    is how the attempt that just ended was classified, ``error`` its exception
+    text.  ``attempt`` is the attempt the ledger record is at (0: never
+    dispatched).
     """
 
     call: CallRef
@@ -273,6 +276,7 @@ class CallStatus:
     inputs: RecoveryInputs | None = None
     outcome: Outcome | None = None
     error: str | None = None
+    recovered: bool = False  # the recovery decision was applied just now
 
     @property
     def key(self) -> str:
@@ -314,11 +318,15 @@ class Attempt:
         self.status: CallStatus | None = None  # set when the with block ends
         self._value: object = None
         self._done = False
+        self._on_send: Callable[[], None] | None = None
 
     def sending(self) -> None:
         """Mark that the request is about to leave: from here on an exception is
         no longer "definitely not applied" for a ``marks_send`` tool."""
-        self.sent = True
+        if not self.sent:
+            self.sent = True
+            if self._on_send is not None:
+                self._on_send()
 
     def done(self, value: object) -> None:
         """The tool returned ``value``: applied.  A ``str`` is the result text;
@@ -356,6 +364,7 @@ class Session:
         self._ledger = ledger
         self._tools = _tools(tools)
         self._lock = threading.RLock()
+        self._running: set[str] = set()  # keys whose tool body runs now
 
     # -- opening --------------------------------------------------------------
 
@@ -607,14 +616,17 @@ class Session:
             yield attempt
         except Exception as exc:  # every tool error is classified, then recorded
             with self._lock:
+                self._running.discard(key)
                 attempt.status = (self._finish_readonly(attempt, _error_text(exc))
                                   if readonly else self._failed(attempt, exc))
             return
         except BaseException:
             with self._lock:
+                self._running.discard(key)
                 self._interrupted(attempt, readonly)
             raise
         with self._lock:
+            self._running.discard(key)
             if attempt._done:
                 text = _result_text(attempt._value)
                 attempt.status = (self._finish_readonly(attempt, text) if readonly
@@ -641,7 +653,7 @@ class Session:
             pos = c.position
             if c.result is not None:
                 raise InvalidInput(f"call {key} already has its result; it is never run again")
-            if c.stage in (Stage.WAITING, Stage.GOT_OK, Stage.GOT_FAIL):
+            if key in self._running or c.stage in (Stage.WAITING, Stage.GOT_OK, Stage.GOT_FAIL):
                 raise CallBusy(f"call {key} is running right now (in another thread?): a call "
                                "is never dispatched twice at once")
             if c.stage is Stage.RESUME:
@@ -663,6 +675,7 @@ class Session:
             if not c.tool.protected:
                 attempt = Attempt(ref, 1, None)
                 self._ledger.step(Event(Action.EngineInvokeReadonly, pos))  # volatile
+                self._running.add(key)
                 return attempt, True
             rec = self._ledger.state.record(c.execution_id)
             dispatch = c.stage in (Stage.LIVE, Stage.RETRY)
@@ -672,15 +685,28 @@ class Session:
             attempt = Attempt(ref, rec.attempt + 1 if dispatch else rec.attempt, key_)
             if dispatch:  # DISPATCHED: a human's retry, already durable
                 self._step_many([Event(Action.EnginePersistDispatched, pos)])  # commit 1
-            self._ledger.step(Event(Action.EngineInvokeAdapter, pos))  # volatile
             assert self._ledger.state.record(c.execution_id).attempt == attempt.attempt
+            self._running.add(key)
+            if self._tool(c.tool.name).marks_send:
+                # the request leaves at sending(): until then none is out
+                attempt._on_send = lambda: self._invoked(attempt)
+            else:
+                self._invoked(attempt)  # it may leave as soon as the body runs
             return attempt, False
+
+    def _invoked(self, a: Attempt) -> None:
+        """The adapter's request may be out from now on (once per attempt)."""
+        with self._lock:
+            c = self._find_at(a.call.position)
+            if c.stage is Stage.DISPATCHED:
+                self._ledger.step(Event(Action.EngineInvokeAdapter, c.position))  # volatile
 
     def _succeeded(self, a: Attempt, text: str) -> CallStatus:
         pos = a.call.position
+        self._invoked(a)
+        self._ledger.step(Event(Action.ExternalApply, pos, attempt=a.attempt))  # volatile
         self._step_many(  # commit 2: succeeded + the tool result, ONE transaction
-            [Event(Action.ExternalApply, pos, attempt=a.attempt),
-             Event(Action.EngineRecordSucceeded, pos), Event(Action.EngineAppendResult, pos)],
+            [Event(Action.EngineRecordSucceeded, pos), Event(Action.EngineAppendResult, pos)],
             result_content={pos: text},
         )
         return replace(self._status_now(self._find_at(pos)), outcome=Outcome.APPLIED)
@@ -690,9 +716,10 @@ class Session:
         if verdict is not Outcome.NOT_APPLIED:
             return self._unknown(a, exc)
         pos = a.call.position
+        self._invoked(a)  # not out, or refused: in the spec, a definite rejection
+        self._ledger.step(Event(Action.ExternalRejectDefinite, pos, attempt=a.attempt))
         self._step_many(
-            [Event(Action.ExternalRejectDefinite, pos, attempt=a.attempt),
-             Event(Action.EngineRecordFailed, pos), Event(Action.EngineAppendResult, pos)],
+            [Event(Action.EngineRecordFailed, pos), Event(Action.EngineAppendResult, pos)],
             result_content={pos: _error_text(exc)},
         )
         return replace(self._status_now(self._find_at(pos)), outcome=Outcome.NOT_APPLIED,
@@ -716,6 +743,7 @@ class Session:
     def _unknown(self, a: Attempt, exc: BaseException) -> CallStatus:
         # The live engine makes the decision a restarted one would make.
         pos = a.call.position
+        self._invoked(a)
         self._ledger.step(Event(Action.EngineTimeout, pos))  # volatile
         status = self._recover_one(self._find_at(pos))
         return replace(status, outcome=Outcome.UNKNOWN, error=f"{type(exc).__name__}: {exc}")
@@ -730,8 +758,10 @@ class Session:
         # and recover() decides, exactly as after a crash.
         if readonly:
             self._ledger.crash()  # readonly has no timeout: reload, as a restart would
-        else:
+        elif self._find_at(a.call.position).stage is Stage.WAITING:
             self._ledger.step(Event(Action.EngineTimeout, a.call.position))
+        # else: a marks_send tool stopped before its request left: the call stays
+        # dispatched, not invoked, and runs again as the same attempt
 
     # -- reconcile ----------------------------------------------------------------
 
@@ -806,14 +836,15 @@ class Session:
                 if d_in is None:
                     d = decide_recovery(recovery_inputs(self._ledger.state, c))
                     d_in = (d.decision, d.inputs)
-                out.append(replace(status, decision=d_in[0], inputs=d_in[1]))
+                out.append(replace(status, decision=d_in[0], inputs=d_in[1],
+                                   recovered=c.position in decided))
             return out
 
     def _recover_one(self, c: CallState) -> CallStatus:
         events, d = self._recover_events(c)
         self._step_many(events, result_content=self._denied_contents(events))
         return replace(self._status_now(self._find_at(c.position)),
-                       decision=d.decision, inputs=d.inputs)
+                       decision=d.decision, inputs=d.inputs, recovered=True)
 
     def _recover_events(self, c: CallState) -> tuple[list[Event], RecoveryDecision]:
         """The events that apply the recovery decision to ``c`` (at RESUME) and what
@@ -903,6 +934,8 @@ class Session:
         ref = self._ref(c)
         if c.result is not None:
             return CallStatus(ref, Next.RESULT, rec.attempt, c.result)
+        if c.execution_id in self._running:
+            return CallStatus(ref, Next.RUNNING, rec.attempt)
         nxt = {
             Stage.RETRY: Next.RETRY,
             Stage.DISPATCHED: Next.RETRY,  # a human's retry: dispatched, not yet run
