@@ -491,8 +491,9 @@ class Session:
         standing grant: ``False``), ``None`` keeps it.  Everything is validated
         first (known shapes, JSON objects, no argument named like the execution
         identity at any depth); then ONE transaction.  Recording the same
-        message again (a resume that is not sure the ledger has it) writes
-        nothing and returns the calls' status.
+        message again (a resume that is not sure the ledger has it) records
+        nothing new and returns the calls' status (a call interrupted by a
+        restart gets its recovery decision first, as in :meth:`recover`).
         """
         _check_seq(seq)
         if isinstance(calls, Mapping) or not isinstance(calls, Sequence):
@@ -522,7 +523,7 @@ class Session:
             positions = [(seq, slot) for slot in range(len(parsed))]
             existing = [st.call(p) for p in positions]
             if any(c is not None for c in existing):
-                return self._rerecorded(positions, parsed, profiles, existing)
+                return self._rerecorded(positions, parsed, existing)
             open_calls = [c.position for c in st.calls if c.result is None and c.position[0] < seq]
             if open_calls:
                 raise InvalidInput(
@@ -548,15 +549,14 @@ class Session:
         self,
         positions: list[CallPosition],
         parsed: list[tuple[str, str, dict[str, Any]]],
-        profiles: list[ToolProfile],
         existing: list[CallState | None],
     ) -> list[CallStatus]:
-        for pos, (cid, name, args), prof, c in zip(
-            positions, parsed, profiles, existing, strict=True
-        ):
+        for pos, (cid, name, args), c in zip(positions, parsed, existing, strict=True):
+            # the identity of a call; its profile may differ (a grant given since,
+            # a tool re-declared): the recorded one governs the call
             if c is None or (c.tool_call_id, c.tool.name, c.args_digest) != (
                 cid, name, args_digest(name, args)
-            ) or c.tool != prof:
+            ):
                 raise InvalidInput(
                     f"message {pos[0]} is already recorded with other calls (at {pos}: "
                     f"{None if c is None else (c.tool_call_id, c.tool.name)}): a sequence "
@@ -566,7 +566,12 @@ class Session:
         if len(positions) != sum(1 for c in st.calls if c.position[0] == positions[0][0]):
             raise InvalidInput(f"message {positions[0][0]} is recorded with another number of "
                                "calls; nothing was recorded")
-        return [self._status_now(self._find_at(pos)) for pos in positions]
+        out = []
+        for pos in positions:
+            c = self._find_at(pos)
+            # interrupted by a restart: what recover() would say (and apply) for it
+            out.append(self._recover_one(c) if c.stage is Stage.RESUME else self._status_now(c))
+        return out
 
     # -- approvals ---------------------------------------------------------------
 
@@ -872,8 +877,8 @@ class Session:
 
     def halted(self) -> list[CallStatus]:
         """Calls halted for a human: what the host shows as recovery items."""
-        with self._lock:
-            return [self._status_now(c) for c in self._ledger.recovery_required()]
+        with self._lock:  # after a restart, their decision is applied first
+            return [status for status in self.recover() if status.next is Next.HALTED]
 
     def resolve(
         self, key: str, resolution: str, *, result: str | None = None, note: str = ""
@@ -943,8 +948,10 @@ class Session:
             Stage.WAITING: Next.RUNNING,
             Stage.GOT_OK: Next.RUNNING,
             Stage.GOT_FAIL: Next.RUNNING,
-            Stage.RESUME: Next.EXECUTE,  # not reached: recover() decides RESUME calls
         }.get(c.stage)
+        if c.stage is Stage.RESUME:  # interrupted: only recover() may say what is next
+            raise InvalidInput(f"call {c.execution_id} was interrupted by a restart: call "
+                               "recover() and act on what it returns")
         if nxt is None:
             if rec.status is LedgerStatus.RECOVERY_REQUIRED:
                 nxt = Next.HALTED
