@@ -42,7 +42,9 @@ not applied" or "unknown".  In :meth:`Session.dispatch`:
    :attr:`Outcome.NOT_APPLIED` or :attr:`Outcome.UNKNOWN`;
 4. else, for a tool declared ``marks_send=True``, an exception raised before
    the body called :meth:`Attempt.sending` is **definitely not applied** (the
-   request had not left);
+   request had not left; for such a tool, ``sending()`` is the moment the
+   spec's ``EngineInvokeAdapter`` happens, for any other tool it is the start
+   of the body);
 5. everything else is **unknown**, and the session makes the decision a
    restarted engine would make: ``manual`` halts for a human, ``idempotent``
    asks for a retry with the same key, ``reconcile`` asks for a reconcile.
@@ -51,7 +53,9 @@ A definite failure is recorded as a ``failed`` result whose text is
 ``{"error": ..., "error_type": ...}`` (the model sees the error).  An
 exception that is not an ``Exception`` (``KeyboardInterrupt``, a simulated
 crash) records nothing and propagates: the call stays ``dispatched`` and
-:meth:`Session.recover` decides, as after a crash.
+:meth:`Session.recover` decides, as after a crash (a ``marks_send`` tool
+stopped before ``sending()`` simply runs again as the same attempt; a
+``readonly`` one makes the session reload from the store, as a restart would).
 
 Positions
 ---------
