@@ -322,7 +322,9 @@ def test_an_interrupt_records_nothing_and_recover_decides(files: Files) -> None:
         s.execute(key, interrupted)
     # only the dispatch, made before the body: nothing about the outcome
     assert counts(files.store) == (before[0] + 1, before[1] + 1)
-    [status] = s.recover()  # the same process goes on: same decision as a restart
+    with pytest.raises(toolledger.SessionInterrupted, match="open a new Session"):
+        s.recover()  # the process is going away: this session starts nothing more
+    [status] = files.start({TOOL: "manual"}).recover()
     assert (status.next, status.decision) == (Next.HALTED, Decision.RECOVERY_REQUIRED)
 
 
@@ -981,9 +983,10 @@ def test_random_api_runs_are_spec_behaviours_for_tlc() -> None:
 
 
 def test_a_marking_tool_is_invoked_only_when_its_request_leaves() -> None:
-    """For a ``marks_send`` tool the spec's invocation is ``sending()``: stopped before
-    it, the call stays dispatched and runs again as the same attempt."""
-    s = session_with({TOOL: Tool("manual", marks_send=True)})
+    """For a ``marks_send`` tool the spec's invocation is ``sending()``: an interrupt
+    before it leaves no request out, an exception before it is a definite failure."""
+    store = MemoryStore()
+    s = session_with({TOOL: Tool("manual", marks_send=True)}, store)
     key = one_call(s, "manual").key
 
     def stopped(a: Attempt) -> str:
@@ -994,8 +997,12 @@ def test_a_marking_tool_is_invoked_only_when_its_request_leaves() -> None:
         s.execute(key, stopped)
     actions = [ev.action.value for e in recorder.of(SID) for ev in e.events]
     assert actions == ["EnginePersistDispatched"]  # no request was out
-    [todo] = s.recover()
-    assert (todo.next, todo.attempt, todo.recovered) == (Next.RETRY, 1, False)
+    s = Session.open(store, SID, {TOOL: Tool("manual", marks_send=True)})
+    [todo] = s.recover()  # dispatched: nobody can know more than a crash tells
+    assert (todo.next, todo.attempt, todo.recovered) == (Next.HALTED, 1, True)
+
+    s = session_with({TOOL: Tool("manual", marks_send=True)})
+    key = one_call(s, "manual").key
 
     def sent(a: Attempt) -> str:
         a.sending()
@@ -1005,8 +1012,8 @@ def test_a_marking_tool_is_invoked_only_when_its_request_leaves() -> None:
         done = s.execute(key, sent)
     assert (done.next, done.attempt) == (Next.RESULT, 1)
     actions = [ev.action.value for e in recorder.of(SID) for ev in e.events]
-    assert actions == ["EngineInvokeAdapter", "ExternalApply", "EngineRecordSucceeded",
-                       "EngineAppendResult"]
+    assert actions == ["EnginePersistDispatched", "EngineInvokeAdapter", "ExternalApply",
+                       "EngineRecordSucceeded", "EngineAppendResult"]
 
 
 # --------------------------------------------------------------------------

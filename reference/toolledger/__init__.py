@@ -42,6 +42,7 @@ from .session import (
     NotApplied,
     Outcome,
     Session,
+    SessionInterrupted,
     Tool,
 )
 from .sqlite_store import SqliteStore
@@ -67,6 +68,7 @@ __all__ = [
     "RecoveryPolicy",
     "ResultKind",
     "Session",
+    "SessionInterrupted",
     "SqliteStore",
     "StoreError",
     "Tool",

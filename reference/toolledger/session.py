@@ -52,10 +52,10 @@ not applied" or "unknown".  In :meth:`Session.dispatch`:
 A definite failure is recorded as a ``failed`` result whose text is
 ``{"error": ..., "error_type": ...}`` (the model sees the error).  An
 exception that is not an ``Exception`` (``KeyboardInterrupt``, a simulated
-crash) records nothing and propagates: the call stays ``dispatched`` and
-:meth:`Session.recover` decides, as after a crash (a ``marks_send`` tool
-stopped before ``sending()`` simply runs again as the same attempt; a
-``readonly`` one makes the session reload from the store, as a restart would).
+crash) is taken for the process going away: nothing is recorded, the call
+stays ``dispatched`` as a crash leaves it, the exception propagates, and the
+Session starts nothing more (:class:`SessionInterrupted`): open a new one and
+:meth:`Session.recover`, as a restarted engine does.
 
 Positions
 ---------
@@ -136,6 +136,7 @@ __all__ = [
     "NotApplied",
     "Outcome",
     "Session",
+    "SessionInterrupted",
     "Tool",
 ]
 
@@ -156,6 +157,12 @@ class NotApplied(Exception):
 
 class CallBusy(InvalidInput):
     """The call is running (in another thread): it is never dispatched twice at once."""
+
+
+class SessionInterrupted(RuntimeError):
+    """A tool body of this session was interrupted (``KeyboardInterrupt``, a crash):
+    the process is going away, so this Session starts nothing more.  Open a new
+    one on the store, as a restarted engine would, and :meth:`Session.recover`."""
 
 
 class Outcome(StrEnum):
@@ -369,6 +376,19 @@ class Session:
         self._tools = _tools(tools)
         self._lock = threading.RLock()
         self._running: set[str] = set()  # keys whose tool body runs now
+        self._interrupted_by: str | None = None
+
+    @contextmanager
+    def _usable(self) -> Iterator[None]:
+        """The lock, for a method that starts something: refused after an interrupt."""
+        with self._lock:
+            if self._interrupted_by is not None:
+                raise SessionInterrupted(
+                    f"a tool of session {self.session_id!r} was interrupted "
+                    f"({self._interrupted_by}): open a new Session on the store, as a "
+                    "restarted engine would, and call recover()"
+                )
+            yield
 
     # -- opening --------------------------------------------------------------
 
@@ -466,12 +486,12 @@ class Session:
 
     def call(self, key: str) -> CallRef:
         """The recorded call with execution id ``key`` (unanswered or of the last message)."""
-        with self._lock:
+        with self._usable():
             return self._ref(self._find(key))
 
     def pending_approvals(self) -> list[CallRef]:
         """Calls waiting for an approval: what the host's inbox shows."""
-        with self._lock:
+        with self._usable():
             st = self._ledger.state
             return [self._ref(c) for c in st.calls if c.result is None
                     and st.approval(c.execution_id) is ApprovalState.PENDING]
@@ -516,7 +536,7 @@ class Session:
                 raise InvalidInput(f"requires_approval entries must be bool or None, got "
                                    f"{override!r}")
             profiles.append(self._tool(name).profile(name, override))
-        with self._lock:
+        with self._usable():
             st = self._ledger.state
             if seq < st.marker:
                 raise InvalidInput(
@@ -588,7 +608,7 @@ class Session:
         return self._answer(key, approve=False)
 
     def _answer(self, key: str, *, approve: bool) -> CallStatus:
-        with self._lock:
+        with self._usable():
             c = self._find(key)
             approval = self._ledger.state.approval(c.execution_id)
             if c.result is not None or approval is not ApprovalState.PENDING:
@@ -629,10 +649,13 @@ class Session:
                 attempt.status = (self._finish_readonly(attempt, _error_text(exc))
                                   if readonly else self._failed(attempt, exc))
             return
-        except BaseException:
+        except BaseException as exc:
             with self._lock:
+                # The process is going away: nothing is recorded or stepped (the
+                # call stays dispatched, as a crash leaves it) and this session
+                # starts nothing more.  Other threads may still record their calls.
                 self._running.discard(key)
-                self._interrupted(attempt, readonly)
+                self._interrupted_by = f"{type(exc).__name__} in call {key}"
             raise
         with self._lock:
             self._running.discard(key)
@@ -656,7 +679,7 @@ class Session:
         return attempt.status
 
     def _start(self, key: str) -> tuple[Attempt, bool]:
-        with self._lock:
+        with self._usable():
             c = self._find(key)
             ref = self._ref(c)
             pos = c.position
@@ -762,16 +785,6 @@ class Session:
         self._step_many([Event(Action.EngineAppendResult, pos)], result_content={pos: text})
         return self._status_now(self._find_at(pos))
 
-    def _interrupted(self, a: Attempt, readonly: bool) -> None:
-        # Nothing is recorded: the call stays dispatched (or, readonly, unanswered)
-        # and recover() decides, exactly as after a crash.
-        if readonly:
-            self._ledger.crash()  # readonly has no timeout: reload, as a restart would
-        elif self._find_at(a.call.position).stage is Stage.WAITING:
-            self._ledger.step(Event(Action.EngineTimeout, a.call.position))
-        # else: a marks_send tool stopped before its request left: the call stays
-        # dispatched, not invoked, and runs again as the same attempt
-
     # -- reconcile ----------------------------------------------------------------
 
     def reconcile(
@@ -785,7 +798,7 @@ class Session:
         ``<= attempt``: next is a retry) or :class:`~toolledger.adapters.CannotTell`
         (halted for a human).  An exception counts as CannotTell.
         """
-        with self._lock:
+        with self._usable():
             c = self._find(key)
             if c.stage is not Stage.RECONCILING:
                 raise InvalidInput(f"call {key} is not waiting for a reconcile (next: "
@@ -825,7 +838,7 @@ class Session:
         its tool message; the ledger may be ahead of it).  Calling it again
         changes nothing.
         """
-        with self._lock:
+        with self._usable():
             st = self._ledger.state
             events: list[Event] = []
             decided: dict[CallPosition, tuple[Decision, RecoveryInputs]] = {}
@@ -881,7 +894,7 @@ class Session:
 
     def halted(self) -> list[CallStatus]:
         """Calls halted for a human: what the host shows as recovery items."""
-        with self._lock:  # after a restart, their decision is applied first
+        with self._usable():  # after a restart, their decision is applied first
             return [status for status in self.recover() if status.next is Next.HALTED]
 
     def resolve(
@@ -897,7 +910,7 @@ class Session:
         if not isinstance(resolution, str) or resolution not in RESOLUTIONS:
             raise InvalidInput(f"unknown resolution {resolution!r}: answer one of "
                                f"{', '.join(repr(r) for r in RESOLUTIONS)}")
-        with self._lock:
+        with self._usable():
             c = self._find(key)
             if c not in self._ledger.recovery_required():
                 raise InvalidInput(f"call {key} is not halted for a human (next: "
