@@ -1182,3 +1182,18 @@ def test_halted_calls_are_listed_after_a_restart(files: Files) -> None:
     assert (halted.key, halted.next, halted.recovered) == (key, Next.HALTED, True)
     with pytest.raises(InvalidInput, match="interrupted"):
         files.start({TOOL: "manual"}).reconcile(key, files.world.ask)
+
+
+def test_a_harness_observes_every_step_after_it_is_made() -> None:
+    seen: list[list[str]] = []
+    store = MemoryStore()
+    ledger = toolledger.ledger.Ledger.create(store, SID)
+    s = Session(ledger, {TOOL: "idempotent"},
+                observe=lambda events: seen.append([ev.action.value for ev in events]))
+    key = one_call(s, "idempotent").key
+    seen.clear()
+    commits = store.commits
+    s.execute(key, lambda a: "ok")
+    assert seen == [["EnginePersistDispatched"], ["EngineInvokeAdapter"], ["ExternalApply"],
+                    ["EngineRecordSucceeded", "EngineAppendResult"]]
+    assert store.commits == commits + 2

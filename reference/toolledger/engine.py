@@ -163,7 +163,7 @@ from .protocol import (
     derive_execution_id,
     recovery_inputs,
 )
-from .session import Attempt, CallRef, CallStatus, Next, NotApplied, Outcome, Session, Tool
+from .session import Attempt, CallRef, CallStatus, NotApplied, Outcome, Session, Tool
 from .stores import Store
 
 __all__ = [
@@ -828,7 +828,7 @@ class TurnEngine:
             # says when the request leaves.
             self._session = Session(self._ledger, {
                 t.name: Tool(t.profile.policy, t.profile.requires_approval, marks_send=True)
-                for t in registry})
+                for t in registry}, observe=self._stepped)
 
     # -- public -----------------------------------------------------------------
 
@@ -1125,12 +1125,8 @@ class TurnEngine:
         # unknown: the session then makes the decision a restart would.
         pos, readonly = c.position, not c.tool.protected
         adapter = self.registry.get(c.tool.name).adapter
-        dispatching = c.stage is not Stage.DISPATCHED  # DISPATCHED: a human's retry
 
         def body(a: Attempt) -> str:
-            if dispatching and not readonly:
-                self.log.append(f"EnginePersistDispatched {pos} attempt {a.attempt}")
-                self._at("EnginePersistDispatched")
             step = "EngineInvokeReadonly" if readonly else "EngineInvokeAdapter"
             a.sending()
             self.crash.sending(self.mode, step)
@@ -1144,7 +1140,8 @@ class TurnEngine:
             self.log.append(f"{step} {pos}{'' if readonly else f' attempt {a.attempt}'}: "
                             f"{type(outcome).__name__}")
             if isinstance(outcome, Applied):
-                self._at("ExternalApply")
+                if readonly:  # no ledger step to follow (_stepped does it for the others)
+                    self._at("ExternalApply")
                 return outcome.result
             if not readonly and isinstance(outcome, DefiniteFailure):
                 raise DefiniteFailureError(outcome.error)
@@ -1155,13 +1152,27 @@ class TurnEngine:
             return json.dumps({"error": reason, "error_type": type(outcome).__name__})
 
         status = self.session.execute(c.execution_id, body)
-        if status.outcome is Outcome.APPLIED and not readonly:
-            self._at("EngineRecordSucceeded")
-        if status.outcome is Outcome.APPLIED or readonly:
-            self._at("EngineAppendResult")
         if status.outcome is Outcome.UNKNOWN:
             self.log.append(f"EngineTimeout {pos}: {status.error}")
         self._taken(status)
+
+    def _stepped(self, events: Sequence[Event]) -> None:
+        """The session made a step: the crash points that follow it (fault injection)."""
+        actions = [ev.action for ev in events]
+        pos = events[0].position
+        if actions == [Action.EnginePersistDispatched]:
+            assert pos is not None
+            attempt = self.ledger.state.record(self._call(pos).execution_id).attempt
+            self.log.append(f"EnginePersistDispatched {pos} attempt {attempt}")
+            self._at("EnginePersistDispatched")
+        elif actions == [Action.ExternalApply]:
+            self._at("ExternalApply")
+        elif actions[0] is Action.EngineRecordSucceeded:
+            self._at("EngineRecordSucceeded")
+            self._at("EngineAppendResult")
+        elif actions in ([Action.EngineAppendResult],
+                         [Action.EngineReconcileApplied, Action.EngineAppendResult]):
+            self._at("EngineAppendResult")
 
     def _taken(self, status: CallStatus) -> None:
         if status.recovered and status.decision is not None and status.inputs is not None:
@@ -1181,8 +1192,7 @@ class TurnEngine:
                             f"{type(answer).__name__}")
             return answer
 
-        if self.session.reconcile(c.execution_id, ask).next is Next.RESULT:
-            self._at("EngineAppendResult")
+        self.session.reconcile(c.execution_id, ask)
 
     def _call_arguments(self, c: CallState) -> dict[str, Any]:
         """The call's arguments: from the ledger, else the conversation; digest-checked."""

@@ -369,11 +369,23 @@ class Session:
     Build it with :meth:`open` (or :meth:`adopt`); one per session per
     process.  ``tools`` maps tool names to :class:`Tool` (or just a policy
     string); a tool not named there is ``manual`` and requires approval.
+
+    ``observe`` is for test harnesses (fault injection, tracing), not for
+    engines: it is called with the events of every step the session makes, right
+    after the step (and its commit, if any), under the session's lock (a human's
+    resolution, one :meth:`~toolledger.ledger.Ledger.resolve`, excepted).
     """
 
-    def __init__(self, ledger: Ledger, tools: Mapping[str, Tool | str] | None = None) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        tools: Mapping[str, Tool | str] | None = None,
+        *,
+        observe: Callable[[Sequence[Event]], None] | None = None,
+    ) -> None:
         self._ledger = ledger
         self._tools = _tools(tools)
+        self._observe = observe
         self._lock = threading.RLock()
         self._running: set[str] = set()  # keys whose tool body runs now
         self._interrupted_by: str | None = None
@@ -706,7 +718,7 @@ class Session:
             # it, only the tool body and the outcome's record may happen.
             if not c.tool.protected:
                 attempt = Attempt(ref, 1, None)
-                self._ledger.step(Event(Action.EngineInvokeReadonly, pos))  # volatile
+                self._step(Event(Action.EngineInvokeReadonly, pos))  # volatile
                 self._running.add(key)
                 return attempt, True
             rec = self._ledger.state.record(c.execution_id)
@@ -731,12 +743,12 @@ class Session:
         with self._lock:
             c = self._find_at(a.call.position)
             if c.stage is Stage.DISPATCHED:
-                self._ledger.step(Event(Action.EngineInvokeAdapter, c.position))  # volatile
+                self._step(Event(Action.EngineInvokeAdapter, c.position))  # volatile
 
     def _succeeded(self, a: Attempt, text: str) -> CallStatus:
         pos = a.call.position
         self._invoked(a)
-        self._ledger.step(Event(Action.ExternalApply, pos, attempt=a.attempt))  # volatile
+        self._step(Event(Action.ExternalApply, pos, attempt=a.attempt))  # volatile
         self._step_many(  # commit 2: succeeded + the tool result, ONE transaction
             [Event(Action.EngineRecordSucceeded, pos), Event(Action.EngineAppendResult, pos)],
             result_content={pos: text},
@@ -749,7 +761,7 @@ class Session:
             return self._unknown(a, exc)
         pos = a.call.position
         self._invoked(a)  # not out, or refused: in the spec, a definite rejection
-        self._ledger.step(Event(Action.ExternalRejectDefinite, pos, attempt=a.attempt))
+        self._step(Event(Action.ExternalRejectDefinite, pos, attempt=a.attempt))
         self._step_many(
             [Event(Action.EngineRecordFailed, pos), Event(Action.EngineAppendResult, pos)],
             result_content={pos: _error_text(exc)},
@@ -776,7 +788,7 @@ class Session:
         # The live engine makes the decision a restarted one would make.
         pos = a.call.position
         self._invoked(a)
-        self._ledger.step(Event(Action.EngineTimeout, pos))  # volatile
+        self._step(Event(Action.EngineTimeout, pos))  # volatile
         status = self._recover_one(self._find_at(pos))
         return replace(status, outcome=Outcome.UNKNOWN, error=f"{type(exc).__name__}: {exc}")
 
@@ -985,8 +997,15 @@ class Session:
         result_content: Mapping[CallPosition, str] | None = None,
         arguments: Mapping[CallPosition, Mapping[str, Any]] | None = None,
     ) -> SessionState:
-        return self._guard(lambda: self._ledger.step_many(
+        state = self._guard(lambda: self._ledger.step_many(
             events, result_content=result_content, arguments=arguments))
+        if self._observe is not None:
+            self._observe(tuple(events))
+        return state
+
+    def _step(self, event: Event) -> SessionState:
+        """One step that commits nothing (a volatile stage change)."""
+        return self._step_many([event])
 
     def _guard(self, commit: Callable[[], SessionState]) -> SessionState:
         try:
