@@ -29,13 +29,32 @@ def test_models_table_is_generated_from_the_manifest() -> None:
     )
 
 
-def test_adoption_example_runs_and_prints_what_the_readme_says() -> None:
-    section = README.split("## Adopting toolledger in an engine", 1)[1]
-    code = section.split("```python", 1)[1].split("```", 1)[0]
+def adoption_blocks() -> list[str]:
+    section = README.split("## Adopting toolledger in an engine", 1)[1].split("\n## ", 1)[0]
+    return [part.split("```", 1)[0] for part in section.split("```python")[1:]]
+
+
+def run_block(code: str) -> str:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(code, "README.md", "exec"), {"__name__": "readme_example"})
-    text = out.getvalue()
+    return out.getvalue()
+
+
+def test_first_time_users_flow_fits_in_15_lines_and_recovers() -> None:
+    code = adoption_blocks()[0]
+    lines = [line for line in code.splitlines() if line.strip()]
+    assert len(lines) <= 15, f"the README's first adoption block has {len(lines)} lines"
+    assert "toolledger.session" not in code and "Event(" not in code  # the API, not the spec
+    text = run_block(code)
+    assert text.startswith("retry retry_same_id {'role': 'tool', 'tool_call_id': 'call_0', "
+                           "'content': 'sent', 'status': 'ok'}"), text
+    assert text.rstrip().endswith(" 1"), text  # one email for two requests
+
+
+def test_adoption_example_runs_and_prints_what_the_readme_says() -> None:
+    [kit] = [b for b in adoption_blocks() if "toolledger.engine" in b]
+    text = run_block(kit)
     assert "emails sent: 1 requests: 2" in text
     rows = [line for line in text.splitlines() if line.startswith(("dispatch", "retry_same_id"))]
     assert [r.split()[:3] for r in rows] == [
