@@ -1013,7 +1013,7 @@ class Session:
         except StoreError:
             # What is durable is unknown to this process now: reload, as a
             # restarted engine would, before anyone acts on it.
-            self._ledger.crash()
+            self._ledger.reload()
             raise
 
 
