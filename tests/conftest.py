@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 from hypothesis import settings
+
 from pg_cluster import NoPostgres, PgCluster
 
 settings.register_profile(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+
 from pg_cluster import NoPostgres, PgCluster, find_bindir
 
 
