@@ -545,3 +545,31 @@ def test_opening_an_existing_store_never_clobbers_it(durable: Backend) -> None:
         with pytest.raises(StoreExists, match="never created over an existing one"):
             PostgresStore.create(store.connection.info.dsn, schema=store.schema)
         assert (durable.new().load(SID), durable.new().audit(SID)) == before
+
+
+def test_without_the_guards_the_record_writer_still_refuses_a_second_dispatch(
+    store_factory: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writers' own compare-and-set (the second line) pinned on every store.
+
+    With the guards gone, the loser's audit-only decision goes through (the
+    control above), but its dispatch replaces a ledger record that is no
+    longer the one it saw: the record writer (SQLite/PostgreSQL: ``UPDATE ...
+    WHERE row_checksum = <the old record's>``; memory: a comparison) refuses
+    it, so the attempt is still dispatched once.  Removing that check makes
+    this test fail: the loser dispatches attempt 2 a second time.
+    """
+    original = CommitPlan.check_session
+
+    def records_only(self: CommitPlan, *args: object, **kwargs: object) -> None:
+        original(replace(self, guards=()), *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(CommitPlan, "check_session", records_only)
+    store, winner, loser = two_resumers(store_factory)
+    winner.step(E(A.Recover, POS))
+    loser.step(E(A.Recover, POS))  # both decided retry_same_id on attempt 1
+    winner.step(E(A.EnginePersistDispatched, POS))
+    with pytest.raises(StaleState, match=r"ledger record .* is not the one this engine saw"):
+        loser.step(E(A.EnginePersistDispatched, POS))
+    dispatches = Counter(r.attempt for r in store.audit(SID) if r.kind == "dispatch")
+    assert dispatches == {1: 1, 2: 1}
