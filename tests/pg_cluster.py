@@ -102,6 +102,7 @@ class PgCluster:
         self.sockets = self._dir / "sock"
         self.log = self._dir / "server.log"
         self._started = False
+        self._options = ""
 
     @property
     def conninfo(self) -> str:
@@ -145,6 +146,7 @@ class PgCluster:
                     "-c synchronous_commit=on -c full_page_writes=on -c max_connections=60 "
                     "-c shared_buffers=16MB"
                 )
+                self._options = options
                 try:
                     self._run(
                         str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log),
@@ -165,9 +167,13 @@ class PgCluster:
             raise
         return self
 
-    def pg_ctl(self, *args: str) -> None:
-        """Run ``pg_ctl -D <data> args`` as the server's user (restart tests)."""
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), *args)
+    def restart(self, mode: str = "fast") -> None:
+        """Restart the server (``mode``: fast, or immediate: a crash stop, WAL replay)."""
+        # -l again: without it the new postmaster would hold our output pipes open
+        self._run(
+            str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log),
+            "-o", self._options, "-m", mode, "-w", "-t", "60", "restart",
+        )  # fmt: skip
 
     def stop(self) -> None:
         """Fast shutdown and removal of the directory; idempotent, never raises."""

@@ -468,3 +468,32 @@ def test_two_processes_recovering_one_call_exactly_one_decides(
     assert "changed since this engine loaded it" in str(loser["message"])
     assert audit_keys(store) == [("dispatch", 1), ("retry_same_id", 1), ("dispatch", 2)]
     assert one_decision_per_attempt(store)
+
+
+def test_postgres_store_implements_the_port(
+    pg_cluster: PgCluster, schema: str, opened: list[PostgresStore]
+) -> None:
+    from toolledger.stores import Store
+
+    assert isinstance(open_store(pg_cluster, schema, opened), Store)
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+def test_a_server_restart_fails_the_old_handle_closed_and_loses_nothing(
+    pg_cluster: PgCluster, schema: str, opened: list[PostgresStore], mode: str
+) -> None:
+    """``immediate`` is PostgreSQL's crash stop (no checkpoint: WAL recovery on start)."""
+    store = open_store(pg_cluster, schema, opened)
+    ledger = Ledger.create(store, SID)
+    dispatched(ledger, POS)
+    state = ledger.state
+    pg_cluster.restart(mode)
+    with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{pg_cluster.port}"):
+        ledger.step(E(A.EngineInvokeAdapter, POS))  # no commit: a volatile step
+        ledger.step(E(A.ExternalApply, POS, attempt=1))
+        ledger.step(E(A.EngineRecordSucceeded, POS), result_content="ticket 7")
+    with pytest.raises(StoreError, match="unusable"):
+        store.load(SID)
+    again = open_store(pg_cluster, schema, opened)
+    assert again.load(SID) == durable_projection(state)
+    assert audit_keys(again) == [("dispatch", 1)]

@@ -366,14 +366,23 @@ class PostgresStore:
         """The typed error for a psycopg error (see the module doc)."""
         pg = self._pg
         conn = self._conn
-        if isinstance(exc, pg.OperationalError) and (conn is None or conn.closed or conn.broken):
+        state = getattr(exc, "sqlstate", None) or ""
+        # 08: connection exceptions; 57: the server shut down or cancelled us
+        if (
+            isinstance(exc, pg.OperationalError)
+            and (conn is None or conn.closed or conn.broken)
+        ) or (state[:2] in ("08", "57") and not isinstance(exc, pg.errors.QueryCanceled)):
             self._broken = f"the connection was lost during {what} ({exc})"
             return self._unavailable(f"the connection was lost during {what} ({exc})")
+        if state.startswith("53"):  # insufficient resources (disk full, out of memory)
+            return StoreError(
+                f"{self.where}: {what} failed: the server is out of resources ({exc}); "
+                "nothing was written, free space or memory on the server and try again"
+            )
         if isinstance(exc, pg.errors.QueryCanceled | pg.errors.LockNotAvailable):
             return StoreError(
                 f"{self.where}: {what} timed out ({exc}); nothing was written, try again"
             )
-        state = getattr(exc, "sqlstate", None) or ""
         if reading or state.startswith("XX"):  # XX001 data_corrupted, XX002 index_corrupted
             return self._corrupt(f"{what} failed: {exc}")
         return StoreError(f"{self.where}: {what} failed ({exc}); nothing was written")
