@@ -497,3 +497,57 @@ def test_a_server_restart_fails_the_old_handle_closed_and_loses_nothing(
     again = open_store(pg_cluster, schema, opened)
     assert again.load(SID) == durable_projection(state)
     assert audit_keys(again) == [("dispatch", 1)]
+
+
+KILLED_INSIDE_A_COMMIT = """
+import sys, time
+from pathlib import Path
+from toolledger import protocol as p
+from toolledger.ledger import Ledger
+from toolledger.postgres_store import PostgresStore
+
+conninfo, schema, sync = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+store = PostgresStore(conninfo, schema=schema)
+ledger = Ledger(store, "s1")
+original = store._write_audit
+
+def stop_inside(conn, row):
+    original(conn, row)  # record and audit row written, session row locked, no COMMIT
+    (sync / "inside").touch()
+    time.sleep(600)  # SIGKILLed here
+
+store._write_audit = stop_inside
+ledger.step(p.Event(p.Action.Recover, (0, 0)))
+"""
+
+
+def test_a_worker_killed_inside_a_commit_leaves_nothing_and_releases_the_session(
+    pg_cluster: PgCluster, schema: str, opened: list[PostgresStore], tmp_path: Path
+) -> None:
+    import signal
+
+    store = open_store(pg_cluster, schema, opened)
+    dispatched(Ledger.create(store, SID), POS)
+    state = store.load(SID)
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_INSIDE_A_COMMIT, pg_cluster.conninfo, schema, str(tmp_path)],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "inside").exists():
+            assert child.poll() is None, child.communicate()
+            assert time.monotonic() < deadline, "the worker never reached its commit"
+            time.sleep(0.01)
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(30) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    # The server rolled the dead worker's transaction back and released its row lock:
+    # another worker decides at once (the statement timeout would refuse a held lock).
+    other = Ledger(open_store(pg_cluster, schema, opened), SID)
+    assert other.state == durable_projection(state)
+    other.step(E(A.Recover, POS))
+    assert audit_keys(store) == [("dispatch", 1), ("retry_same_id", 1)]
