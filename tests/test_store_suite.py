@@ -174,7 +174,7 @@ def protected_call(ledger: Ledger, pos: p.CallPosition, result: str = "ok") -> N
 
 
 def readonly_call(ledger: Ledger, pos: p.CallPosition) -> None:
-    args = {"path": f"/tmp/{pos[1]}"}
+    args = {"query": f"q{pos[1]}"}
     ledger.step(emit(pos, READONLY, args), arguments=args)
     ledger.step(E(A.EnginePersistCall, pos))
     ledger.step(E(A.EngineInvokeReadonly, pos))
