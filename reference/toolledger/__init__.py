@@ -7,8 +7,6 @@ TLC; this package is its reference implementation:
   :func:`~toolledger.protocol.decide_recovery`;
 - :mod:`toolledger.ledger`, :mod:`toolledger.stores`,
   :mod:`toolledger.sqlite_store`: durable storage;
-  :mod:`toolledger.postgres_store` for many workers on one PostgreSQL
-  database (needs the ``postgres`` extra, psycopg 3);
 - :mod:`toolledger.engine`: an engine adoption kit shaped like openworker;
 - :mod:`toolledger.system`, :mod:`toolledger.mapping`,
   :mod:`toolledger.invariants`, :mod:`toolledger.conformance`: the ties
