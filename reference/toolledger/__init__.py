@@ -18,8 +18,8 @@ machine and :func:`~toolledger.protocol.decide_recovery`),
 :mod:`toolledger.ledger`, :mod:`toolledger.stores`,
 :mod:`toolledger.sqlite_store` (durable storage),
 :mod:`toolledger.postgres_store` (the same store on PostgreSQL for many
-workers; it needs the ``postgres`` extra, so it is not re-exported here); :mod:`toolledger.engine` (a
-demo engine shaped like openworker); :mod:`toolledger.system`,
+workers; it needs the ``postgres`` extra, so it is not re-exported here);
+:mod:`toolledger.engine` (a demo engine shaped like openworker); :mod:`toolledger.system`,
 :mod:`toolledger.mapping`, :mod:`toolledger.invariants`,
 :mod:`toolledger.conformance` (the ties between code and spec used by the
 checkers).
