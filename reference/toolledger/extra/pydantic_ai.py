@@ -1,4 +1,4 @@
-"""Crash-safe tool calls for pydantic-ai agents: a toolset wrapper over :class:`~toolledger.Session`.
+"""Crash-safe tool calls for pydantic-ai agents: a toolset wrapper over ``toolledger.Session``.
 
 ``LedgerToolset(toolset, store, tools)`` wraps any pydantic-ai toolset (a
 ``FunctionToolset``, an agent's ``@agent.tool`` functions collected in one)
@@ -17,10 +17,10 @@ conversation (``RunContext.conversation_id``, the session id):
   interrupted, run with no new prompt: pydantic-ai then executes its calls)
   gets the ledger's recovery decision: a call with a recorded result returns
   it without running again; a ``manual`` call whose outcome is unknown is
-  deferred (``CallDeferred``, ``DeferredToolRequests.calls``, with
-  ``metadata["toolledger"] == "recovery_required"``) for a human, who answers
-  with :meth:`LedgerToolset.resolve`; an ``idempotent`` call is retried with
-  the same key;
+  deferred for a human (``ApprovalRequired``: in ``DeferredToolRequests.approvals``,
+  with ``metadata["toolledger"] == "recovery_required"``), who answers with
+  :meth:`LedgerToolset.resolve`, then the run resumes with the call approved;
+  an ``idempotent`` call is retried with the same key;
 - approvals are pydantic-ai's deferred approvals (``ApprovalRequired``), bound
   to one execution: the request's metadata carries the execution id
   (``metadata["toolledger_key"]``), and an approval counts only when it comes
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from pydantic_ai import RunContext
-from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry, UserError
+from pydantic_ai.exceptions import ApprovalRequired, ModelRetry, UserError
 from pydantic_ai.messages import ModelResponse, ToolCallPart, ToolReturnPart
 from pydantic_ai.toolsets import WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
@@ -105,9 +105,9 @@ class LedgerToolset(WrapperToolset[Any]):
         """A human's answer to a deferred ``recovery_required`` call (``key``: its
         ``metadata["toolledger_key"]``): ``"applied"`` (``result``: what the external
         system answered), ``"retry"`` or ``"abandon"``. Then resume the run with the
-        call answered ``ToolApproved()`` (``requests.build_results(calls={id:
-        ToolApproved()}, metadata=requests.metadata)``): the ledger returns the
-        result, or runs the retry, once."""
+        call approved (``requests.build_results(approvals={id: True},
+        metadata=requests.metadata)``): the ledger returns the result, or runs
+        the retry, once; approved without a resolution, it asks again."""
         return self.session(conversation_id).resolve(key, resolution, result=result, note=note)
 
     # -- what the model sees ---------------------------------------------------------
@@ -168,8 +168,12 @@ class LedgerToolset(WrapperToolset[Any]):
                     fresh[-1], BaseException):
                 raise fresh[-1]  # a definite failure ends as it would without the ledger
             return status.result.content  # reconstructed from the ledger, never re-run
-        # halted (or a reconcile, which needs a connector this wrapper has not got): a human
-        raise CallDeferred(metadata={
+        # Halted (or a reconcile, which needs a connector this wrapper has not got): a
+        # human decides. It is asked as an approval because an approval is the deferred
+        # request whose answer makes pydantic-ai call this toolset again: the ledger then
+        # returns the resolved result, or runs the resolved retry, and an answer without
+        # a resolution asks again, running nothing.
+        raise ApprovalRequired(metadata={
             RECOVERY: "recovery_required", APPROVAL_KEY: status.key,
             "next": status.next.value, "attempt": status.attempt,
             "decision": None if status.decision is None else status.decision.value,
