@@ -375,3 +375,16 @@ def test_the_core_imports_with_no_third_party_package(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-c", "import toolledger.extra.pydantic_ai"],
                          env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "blocked by the test" in bad.stderr
+
+
+def test_the_readme_section_uses_this_module_as_it_is() -> None:
+    """The README's pydantic-ai block compiles and names what the module exports."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("\n## pydantic-ai\n", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    compile(code, "README.md", "exec")
+    import toolledger.extra.pydantic_ai as extra
+    for name in ("LedgerToolset", "resolve", "idempotency_key", "execution_id"):
+        assert name in section
+    assert set(extra.LEDGER_KEYWORDS) == {"execution_id", "idempotency_key"}
+    assert 10 <= len(code.strip().splitlines()) <= 20
