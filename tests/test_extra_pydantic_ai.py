@@ -388,3 +388,98 @@ def test_the_readme_section_uses_this_module_as_it_is() -> None:
         assert name in section
     assert set(extra.LEDGER_KEYWORDS) == {"execution_id", "idempotency_key"}
     assert 10 <= len(code.strip().splitlines()) <= 20
+
+
+# --------------------------------------------------------------------------
+# Real processes: a child SIGKILLed right after the effect, a new child resumes
+# --------------------------------------------------------------------------
+
+_CHILD = '''
+import asyncio, os, signal, sys
+from pathlib import Path
+from pydantic_ai import Agent
+from pydantic_ai.messages import (ModelMessagesTypeAdapter, ModelResponse, TextPart,
+                                  ToolCallPart, ToolReturnPart)
+from pydantic_ai.models.function import FunctionModel
+from pydantic_ai.tools import DeferredToolRequests
+from pydantic_ai.toolsets import FunctionToolset
+from toolledger import SqliteStore, Tool
+from toolledger.extra.pydantic_ai import LedgerToolset
+
+mode, policy, where, phase = sys.argv[1:5]
+work = Path(sys.argv[5])
+effects, checkpoint = work / "effects.log", work / "messages.json"
+
+def send_email(to: str, idempotency_key: str | None = None) -> str:
+    with effects.open("a") as f:  # the mail server: one line per email it sends
+        f.write(f"{to} {idempotency_key}\\n")
+        f.flush()
+        os.fsync(f.fileno())
+    if phase == "first" and where == "after_effect":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "sent"
+
+def model(messages, info):
+    if any(isinstance(p, ToolReturnPart) for p in messages[-1].parts):
+        if phase == "first" and where == "after_result":
+            os.kill(os.getpid(), signal.SIGKILL)  # the ledger has the result, the app not
+        return ModelResponse(parts=[TextPart("done")])
+    return ModelResponse(parts=[ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c1")])
+
+toolset = FunctionToolset([send_email])
+if mode == "ledger":
+    toolset = LedgerToolset(toolset, store=SqliteStore(work / "ledger.sqlite3"),
+                            tools={"send_email": Tool(policy=policy, requires_approval=False)})
+agent = Agent(FunctionModel(model), toolsets=[toolset], output_type=[str, DeferredToolRequests])
+
+async def first():
+    async with agent.iter("mail ada", conversation_id="conv-1") as run:
+        async for node in run:
+            if Agent.is_call_tools_node(node):  # the app checkpoints the response
+                checkpoint.write_bytes(ModelMessagesTypeAdapter.dump_json(run.all_messages()))
+
+if phase == "first":
+    asyncio.run(first())
+else:
+    history = ModelMessagesTypeAdapter.validate_json(checkpoint.read_bytes())
+    out = agent.run_sync(message_history=history, conversation_id="conv-1").output
+    if isinstance(out, DeferredToolRequests):
+        print("deferred", [m.get("toolledger") for m in out.metadata.values()])
+    else:
+        print("output", out)
+'''
+
+
+def _child(work: Path, mode: str, policy: str, where: str, phase: str
+           ) -> subprocess.CompletedProcess[str]:
+    script = work / "child.py"
+    script.write_text(_CHILD)
+    return subprocess.run([sys.executable, str(script), mode, policy, where, phase, str(work)],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(("mode", "policy", "where", "resumed", "requests", "applied"), [
+    # control: pydantic-ai alone sends the email again on resume
+    ("plain", "manual", "after_effect", "output done", 2, 2),
+    # manual: halted for a human, never re-sent
+    ("ledger", "manual", "after_effect", "deferred ['recovery_required']", 1, 1),
+    # idempotent: re-sent with the same key, the server applies it once
+    ("ledger", "idempotent", "after_effect", "output done", 2, 1),
+    # the ledger recorded the result before the kill: reconstructed, not re-sent
+    ("ledger", "manual", "after_result", "output done", 1, 1),
+])
+def test_a_sigkilled_process_resumes_without_sending_twice(
+        tmp_path: Path, mode: str, policy: str, where: str, resumed: str, requests: int,
+        applied: int) -> None:
+    first = _child(tmp_path, mode, policy, where, "first")
+    assert first.returncode == -9, first.stderr  # killed, not a clean exit
+    second = _child(tmp_path, mode, policy, where, "resume")
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == resumed
+    lines = (tmp_path / "effects.log").read_text().splitlines()
+    assert len(lines) == requests
+    # the server deduplicates on a key; a request without one is always applied
+    keyed = {line for line in lines if not line.endswith(" None")}
+    assert len(keyed) + sum(line.endswith(" None") for line in lines) == applied
+    if mode == "ledger" and policy == "idempotent":
+        assert lines[0].split()[1].startswith("tlx")  # a real key, the execution id
