@@ -483,3 +483,57 @@ def test_a_sigkilled_process_resumes_without_sending_twice(
     assert len(keyed) + sum(line.endswith(" None") for line in lines) == applied
     if mode == "ledger" and policy == "idempotent":
         assert lines[0].split()[1].startswith("tlx")  # a real key, the execution id
+
+
+def test_parallel_calls_of_one_response_each_run_once_with_their_own_execution(
+        tmp_path: Path) -> None:
+    got: list[tuple[str, str]] = []
+
+    async def send_email(to: str, execution_id: str = "") -> str:
+        got.append((to, execution_id))
+        return f"sent to {to}"
+
+    calls = [ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c1"),
+             ToolCallPart("send_email", {"to": "bob"}, tool_call_id="c1")]  # a reused id
+    ts = _ledger(tmp_path / "l.db", [send_email], {"send_email": NO_APPROVAL})
+    with pytest.raises(Exception, match="unique `tool_call_id`"):  # pydantic-ai refuses
+        _agent(Script(calls), ts).run_sync("mail both", conversation_id=CONV)
+    assert got == []  # ambiguous ids in one response: nothing runs
+
+    calls[1] = ToolCallPart("send_email", {"to": "bob"}, tool_call_id="c2")
+    ts = _ledger(tmp_path / "l2.db", [send_email], {"send_email": NO_APPROVAL})
+    out = _agent(Script(calls), ts).run_sync("mail both", conversation_id=CONV).output
+    assert out == "done: ['sent to ada', 'sent to bob']"
+    assert sorted(to for to, _ in got) == ["ada", "bob"]
+    keys = {s.key for s in ts.session(CONV).recover()}
+    assert {eid for _, eid in got} == keys and len(keys) == 2
+
+
+def test_a_human_retry_runs_the_halted_call_once_more(tmp_path: Path) -> None:
+    outbox: list[str] = []
+
+    def send_email(to: str) -> str:
+        outbox.append(to)
+        if len(outbox) == 1:
+            raise Crash("killed right after the request left")
+        return "sent"
+
+    calls = [ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c1")]
+    db = tmp_path / "l.db"
+    tools: dict[str, Tool | str] = {"send_email": NO_APPROVAL}
+    history = _crashed_run(_agent(Script(calls), _ledger(db, [send_email], tools)),
+                           user_prompt="mail ada")
+    ts = _ledger(db, [send_email], tools)
+    halted = _agent(Script(calls), ts).run_sync(message_history=history, conversation_id=CONV)
+    req = halted.output
+    assert isinstance(req, DeferredToolRequests)
+    key = req.metadata["c1"][APPROVAL_KEY]
+    ts.resolve(CONV, key, "retry")  # the human checked: it never arrived
+    answer = req.build_results(approve_all=True, metadata=req.metadata)
+    out = _agent(Script(calls), ts).run_sync(message_history=halted.all_messages(),
+                                             deferred_tool_results=answer).output
+    assert out == "done: ['sent']" and outbox == ["ada", "ada"]
+    # the same answer replayed runs nothing more: the call has its result
+    again = _agent(Script(calls), ts).run_sync(message_history=halted.all_messages(),
+                                               deferred_tool_results=answer).output
+    assert again == "done: ['sent']" and outbox == ["ada", "ada"]
