@@ -537,3 +537,23 @@ def test_a_human_retry_runs_the_halted_call_once_more(tmp_path: Path) -> None:
     again = _agent(Script(calls), ts).run_sync(message_history=halted.all_messages(),
                                                deferred_tool_results=answer).output
     assert again == "done: ['sent']" and outbox == ["ada", "ada"]
+
+
+def test_the_same_toolset_resumes_after_an_interrupt_in_this_process(tmp_path: Path) -> None:
+    """A KeyboardInterrupt-like end of a tool leaves its Session unusable; the next run in
+    the same process opens the conversation anew and recovers instead of failing."""
+    outbox: list[str] = []
+
+    def send_email(to: str) -> str:
+        outbox.append(to)
+        if len(outbox) == 1:
+            raise Crash("interrupted right after the request left")
+        return "sent"
+
+    calls = [ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c1")]
+    ts = _ledger(tmp_path / "l.db", [send_email], {"send_email": NO_APPROVAL})
+    agent = _agent(Script(calls), ts)
+    history = _crashed_run(agent, user_prompt="mail ada")
+    out = agent.run_sync(message_history=history, conversation_id=CONV).output
+    assert isinstance(out, DeferredToolRequests) and outbox == ["ada"]
+    assert [s.key for s in ts.session(CONV).halted()] == [out.metadata["c1"][APPROVAL_KEY]]

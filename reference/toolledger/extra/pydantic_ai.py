@@ -158,8 +158,16 @@ class LedgerToolset(WrapperToolset[Any]):
                 raise ApprovalRequired(metadata={APPROVAL_KEY: status.key})
             status = session.approve(status.key)
         fresh: list[Any] = []
-        while status.next in (Next.EXECUTE, Next.RETRY):
-            status = await self._run(session, status, name, tool_args, ctx, tool, fresh)
+        try:
+            while status.next in (Next.EXECUTE, Next.RETRY):
+                status = await self._run(session, status, name, tool_args, ctx, tool, fresh)
+        except Exception:
+            raise
+        except BaseException:
+            # the process is going away (the Session refuses to start anything more):
+            # a later run in this process opens the conversation anew, as a restart does
+            self._sessions.pop(conversation, None)
+            raise
         if status.next is Next.RESULT:
             assert status.result is not None
             if fresh and status.outcome is Outcome.APPLIED:
