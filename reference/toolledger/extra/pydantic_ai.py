@@ -35,10 +35,13 @@ among this toolset's calls in that response, and the provider's tool call id:
 a provider that re-uses a tool call id in a later response gets a new
 execution, never the old one's result or approval.
 
-Not covered yet: ``ToolApproved(override_args=...)`` (the approved arguments
-then differ from the recorded ones; the recorded call governs), a
-``reconcile`` tool's connector (a call that needs reconciling is deferred for
-a human like a halted one), and the ledger's SQLite writes run on the event
+Not covered yet: ``ToolApproved(override_args=...)`` (the tool then runs with
+the approved arguments while the ledger holds the model's: the override is not
+bound to the execution); a ``reconcile`` tool has no connector here (its call
+comes back as a recovery item with ``metadata["next"] == "reconcile"``: answer
+it with ``session(conversation_id).reconcile(key, ask)``, then approve); a
+``ToolDenied`` reaches the ledger only when the conversation's next response
+calls a tool of this toolset; and the ledger's SQLite writes run on the event
 loop's thread (a few milliseconds per call).
 """
 
