@@ -34,7 +34,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, ToolDenied
 from pydantic_ai.toolsets import FunctionToolset
 
-from toolledger import SqliteStore, Tool
+from toolledger import NotAppliedFenced, SqliteStore, Tool, WasApplied
 from toolledger.extra.pydantic_ai import APPROVAL_KEY, RECOVERY, LedgerToolset
 
 CONV = "conv-1"
@@ -403,7 +403,7 @@ from pydantic_ai.messages import (ModelMessagesTypeAdapter, ModelResponse, TextP
 from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.tools import DeferredToolRequests
 from pydantic_ai.toolsets import FunctionToolset
-from toolledger import SqliteStore, Tool
+from toolledger import NotAppliedFenced, SqliteStore, Tool, WasApplied
 from toolledger.extra.pydantic_ai import LedgerToolset
 
 mode, policy, where, phase = sys.argv[1:5]
@@ -557,3 +557,35 @@ def test_the_same_toolset_resumes_after_an_interrupt_in_this_process(tmp_path: P
     out = agent.run_sync(message_history=history, conversation_id=CONV).output
     assert isinstance(out, DeferredToolRequests) and outbox == ["ada"]
     assert [s.key for s in ts.session(CONV).halted()] == [out.metadata["c1"][APPROVAL_KEY]]
+
+
+@pytest.mark.parametrize(("answer", "result", "emails"), [
+    (WasApplied("sent (per the server)"), "sent (per the server)", 1),
+    (NotAppliedFenced(), "sent", 2),
+])
+def test_a_reconcile_call_is_answered_through_the_session_then_approved(
+        tmp_path: Path, answer: WasApplied | NotAppliedFenced, result: str, emails: int) -> None:
+    outbox: list[str] = []
+
+    def send_email(to: str) -> str:
+        outbox.append(to)
+        if len(outbox) == 1:
+            raise Crash("killed right after the request left")
+        return "sent"
+
+    calls = [ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c1")]
+    db = tmp_path / "l.db"
+    tools: dict[str, Tool | str] = {
+        "send_email": Tool(policy="reconcile", requires_approval=False)}
+    history = _crashed_run(_agent(Script(calls), _ledger(db, [send_email], tools)),
+                           user_prompt="mail ada")
+    ts = _ledger(db, [send_email], tools)
+    first = _agent(Script(calls), ts).run_sync(message_history=history, conversation_id=CONV)
+    req = first.output
+    assert isinstance(req, DeferredToolRequests) and req.metadata["c1"]["next"] == "reconcile"
+    ts.session(CONV).reconcile(req.metadata["c1"][APPROVAL_KEY], lambda call, attempt: answer)
+    out = _agent(Script(calls), ts).run_sync(
+        message_history=first.all_messages(),
+        deferred_tool_results=req.build_results(approve_all=True, metadata=req.metadata)).output
+    assert out == f"done: [{result!r}]"
+    assert len(outbox) == emails  # re-sent only after the server fenced the first attempt
