@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from toolledger import notebook_evidence as ev
 from toolledger import notebook_support as ns
+from toolledger import protocol as p
+from toolledger.adapters import ToolRegistry
 from toolledger.figures_matrix import SpecRun, run_cell
+from toolledger.manifest import load_manifest
+from toolledger.simulate import ARGUMENTS, run_simulation
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,3 +101,94 @@ def test_a_reused_call_id_gets_its_own_execution_id_and_approval(tmp_path: Path)
     assert len(reuse.legacy_asked) == 1 and reuse.legacy_effects == 2 and reuse.legacy_reuse_log
     assert "bob@example.com" in reuse.describe() and len(reuse.call_rows()) == 2
     turn.close()
+
+
+# --------------------------------------------------------------------------- notebook 06
+
+
+def test_the_one_call_models_answer_and_a_cut_lasso_is_not_a_stutter(tmp_path: Path) -> None:
+    manifest = load_manifest(ROOT)
+    workspace = ns.TLCWorkspace(ROOT)
+    try:
+        runs = ev.tlc_checks_the_models_behind_the_five_answers(
+            manifest, workspace, manifest_models=("SuccessOnlyRecord",))
+    finally:
+        workspace.close()
+    assert list(runs) == ["SuccessOnlyRecord", *ev.ONE_CALL_QUESTIONS]
+    assert [r.verdict.split(":")[0] for r in runs.values()] == [
+        "AtMostOnceEffect is violated", "no error", "no error", "EventuallySettled is violated"]
+    unfair = runs["OneManualCallNoHuman"].result
+    stuck = ev.where_the_behaviour_stutters(unfair)
+    assert stuck.last_action == "Stuttering" and "pending" in stuck.approvals
+    assert "pending" in stuck.describe()
+    # The same counterexample without its stuttering step does not end in a stutter.
+    cut = dataclasses.replace(unfair, trace=unfair.trace[:-1])
+    assert ev.where_the_behaviour_stutters(cut).last_action != "Stuttering"
+
+
+def test_without_the_record_every_one_of_rows_1_to_4_needs_a_human() -> None:
+    reviews = ev.without_the_record_never_replay_needs_a_human_at_every_row()
+    assert (reviews.reviews_with_record, reviews.reviews_without_record) == (2, 4)
+    assert [row[0] for row in reviews.rows()] == [1, 2, 3, 4]
+    assert reviews.rows()[0][2] == "recovery_required, effects 0"   # nothing was sent
+
+
+def test_the_policy_crash_rows_and_where_each_policy_halts() -> None:
+    idempotent = run_simulation("ledger", "idempotent", "after ExternalApply")
+    (row,) = ev.policy_crash_rows([idempotent])
+    assert row[:5] == ["idempotent", "retry_same_id", "done", 2, 1]
+    assert str(row[5]).count("…") == 2
+    halts = ev.crash_points_where_each_policy_halts_for_a_human(("manual", "idempotent"))
+    assert "after ExternalApply" in halts["manual"] and len(halts["manual"]) == 3
+    assert halts["idempotent"] == []
+
+
+def test_the_policy_decides_and_a_spent_retry_budget_changes_the_decision() -> None:
+    assert ev.the_policy_decides_an_unknown_outcome() == {
+        "readonly": "execute", "manual": "recovery_required", "idempotent": "retry_same_id",
+        "reconcile": "reconcile"}
+    assert ev.the_policy_decides_an_unknown_outcome(max_attempts=1)["idempotent"] != (
+        "retry_same_id")
+
+
+def test_the_registry_check_reports_a_registry_that_accepts_anything() -> None:
+    real = ev.the_registry_checks_each_tools_policy()
+    assert real.default_policy is p.RecoveryPolicy.MANUAL and real.names == ["send_email"]
+    assert all(real.refused.values()) and "at_most_once" in str(real.refused["send_sms"])
+
+    class Permissive(ToolRegistry):      # broken: ignores the declared policy
+        def register(self, name: str, adapter: Any, **_: Any) -> p.ToolProfile:
+            return super().register(name, adapter)
+
+    lax = ev.the_registry_checks_each_tools_policy(Permissive())
+    assert lax.refused == {"send_sms": None, "create_ticket": None} and len(lax.names) == 3
+
+
+def test_a_model_supplied_key_is_refused_and_plain_arguments_are_not() -> None:
+    key = ev.a_key_in_the_models_arguments_is_refused_before_anything_is_recorded()
+    assert key.refusal and (key.calls_recorded, key.invocations) == (0, 0)
+    plain = ev.a_key_in_the_models_arguments_is_refused_before_anything_is_recorded(ARGUMENTS)
+    assert plain.refusal is None and (plain.calls_recorded, plain.invocations) == (1, 1)
+
+
+def test_a_halted_call_stays_halted_and_one_halted_before_sending_has_no_effect() -> None:
+    halt = ev.a_halted_call_stays_halted_across_restarts(restarts=3)
+    assert [(r.status, len(r.items), r.invocations) for r in halt.restarts] == [
+        ("recovery_required", 1, 1)] * 3
+    assert halt.new_turn_refusal and (halt.answered, halt.effects) == ("done", 1)
+    assert "restart 3" in halt.describe()
+    before = ev.a_halted_call_stays_halted_across_restarts(
+        restarts=1, crash_at="after EnginePersistDispatched")
+    assert before.restarts[0].invocations == 0 and before.effects == 0
+
+
+def test_the_legacy_default_cells_and_a_retry_after_the_email_went_out() -> None:
+    legacy = ev.the_ledger_engine_halts_an_adopted_call_the_legacy_engine_sends_twice()
+    assert (legacy.legacy_resume.effects, legacy.adopted.effects, legacy.not_sent.effects,
+            legacy.pending.effects) == (2, 1, 0, 1)
+    assert all(len(row) == len(ev.LEGACY_DEFAULT_HEADERS) for row in legacy.rows())
+    retry = ev.a_human_retry_of_an_adopted_call_sends_it_once()
+    assert (retry.done, retry.effects, retry.attempt, retry.authorization) == (
+        "done", 1, 1, "human")
+    # A human who says "retry" after the email went out is obeyed: the effect is counted twice.
+    assert ev.a_human_retry_of_an_adopted_call_sends_it_once("after ExternalApply").effects == 2

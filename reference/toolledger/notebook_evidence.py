@@ -11,6 +11,7 @@ helpers (tables, figures, TLC runs); this module holds the evidence.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from toolledger import protocol as p
-from toolledger.adapters import CountingExternalSystem
+from toolledger.adapters import CountingAdapter, CountingExternalSystem, ToolRegistry
 from toolledger.engine import (
     CrashInjector,
     MemoryConversationStore,
@@ -29,6 +30,8 @@ from toolledger.engine import (
     SimulatedCrash,
     TurnEngine,
     TurnResult,
+    crash_points,
+    parse_crash_point,
     tool_call,
 )
 from toolledger.figures_matrix import (
@@ -36,12 +39,24 @@ from toolledger.figures_matrix import (
     MatrixCell,
     SpecRun,
     invariant_violations,
+    run_cell,
     scenario_engine,
     spec_run,
 )
-from toolledger.notebook_support import SqliteWorld, short_id
-from toolledger.simulate import ARGUMENTS, HUMAN_RESULT, TOOL
-from toolledger.stores import AuditRow
+from toolledger.manifest import Manifest
+from toolledger.notebook_support import (
+    ModelRun,
+    SqliteWorld,
+    TLCWorkspace,
+    invariants_of,
+    one_call_model,
+    run_manifest_model,
+    short_id,
+    step_value,
+)
+from toolledger.simulate import ARGUMENTS, HUMAN_RESULT, TOOL, USER_TEXT, SimulationReport
+from toolledger.stores import AuditRow, MemoryStore
+from toolledger.tlc import TLCResult
 from toolledger.tracecheck import Trace, TraceValidation, trace_of, validate_traces
 
 # --------------------------------------------------------------------------
@@ -296,3 +311,333 @@ def a_reused_call_id_on_the_next_turn_asks_the_human_again(turn: SqliteWorld) ->
         legacy_asked=tuple((r.position, r.arguments["to"]) for r in legacy_human.asked),
         legacy_effects=legacy_system.effects(),
         legacy_reuse_log=tuple(line for line in legacy.log if "reused" in line))
+
+
+# --------------------------------------------------------------------------
+# Notebook 06: the five questions
+# --------------------------------------------------------------------------
+
+#: The manifest models notebook 06 runs as they are.
+MANIFEST_MODELS: tuple[str, ...] = ("LegacyUpgrade", "SuccessOnlyRecord", "KeyByToolCallId")
+
+#: The one-call models notebook 06 builds: name -> (specification, properties, question).
+#: ``OneManualCall`` checks every safety invariant; the two others check liveness.
+ONE_CALL_QUESTIONS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "OneManualCall": ("Spec", (), "one manual call, a crash anywhere, a human who may retry: "
+                      "does every invariant hold?"),
+    "OneManualCallFair": ("FairSpec", ("EventuallySettled",), "with fair engine steps and "
+                          "humans who answer: does every call settle?"),
+    "OneManualCallNoHuman": ("EngineFairSpec", ("EventuallySettled",), "fair engine steps, no "
+                             "fairness for humans: does every call settle?"),
+}
+
+
+def tlc_checks_the_models_behind_the_five_answers(
+        manifest: Manifest, workspace: TLCWorkspace, *, workers: int = 2,
+        manifest_models: Sequence[str] = MANIFEST_MODELS) -> dict[str, ModelRun]:
+    """Run ``manifest_models`` (by default :data:`MANIFEST_MODELS`) and the one-call models of
+    :data:`ONE_CALL_QUESTIONS` (one manual ``send_email`` call, 1 crash, 2 attempts),
+    ``workers`` TLC runs at a time.
+
+    Returned in that order, by name.  ``OneManualCall`` checks every safety invariant the CI
+    models check (``TwoCalls``'s); the liveness models check ``TypeOK`` and their property.
+    """
+    safety = invariants_of(manifest.get("TwoCalls"))
+    one_manual = one_call_model("manual")
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        jobs = [pool.submit(run_manifest_model, manifest, name) for name in manifest_models]
+        jobs += [pool.submit(workspace.model_check, one_manual, name, specification=spec,
+                             invariants=list(safety) if not props else ["TypeOK"],
+                             properties=list(props), question=question)
+                 for name, (spec, props, question) in ONE_CALL_QUESTIONS.items()]
+        return {run.name: run for run in (job.result() for job in jobs)}
+
+
+@dataclass(frozen=True)
+class HumanReviews:
+    """After a crash at the issue's rows 1-4, with a ``manual`` tool: the ledger engine with
+    its record (a new session) against the conservative no-replay rule without a record (the
+    ledger engine on an adopted legacy session, where it has no record to read)."""
+
+    with_record: tuple[MatrixCell, ...]
+    without_record: tuple[MatrixCell, ...]
+
+    @property
+    def reviews_with_record(self) -> int:
+        return sum(c.status == "recovery_required" for c in self.with_record)
+
+    @property
+    def reviews_without_record(self) -> int:
+        return sum(c.status == "recovery_required" for c in self.without_record)
+
+    def rows(self) -> list[list[object]]:
+        return [[n, f"{a.status}, effects {a.effects}", f"{b.status}, effects {b.effects}"]
+                for n, (a, b) in enumerate(zip(self.with_record, self.without_record,
+                                               strict=True), 1)]
+
+
+#: The issue's rows 1-4 as (ledger crash point, legacy crash point): row 4, "succeeded but
+#: not in the conversation", is a different step on each engine.
+ISSUE_ROWS_1_TO_4: tuple[tuple[str, str], ...] = (
+    ("after HumanApprove", "after HumanApprove"),
+    ("after EngineInvokeAdapter", "after EngineInvokeAdapter"),
+    ("after ExternalApply", "after ExternalApply"),
+    ("after EngineRecordSucceeded", "after EngineAppendResult"))
+
+
+def without_the_record_never_replay_needs_a_human_at_every_row() -> HumanReviews:
+    """Run the issue's rows 1-4 with a ``manual`` tool with and without the record."""
+    return HumanReviews(
+        tuple(run_cell("ledger", "new", "manual", ledger) for ledger, _ in ISSUE_ROWS_1_TO_4),
+        tuple(run_cell("ledger", "legacy", "manual", legacy) for _, legacy in ISSUE_ROWS_1_TO_4))
+
+
+def policy_crash_rows(reports: Sequence[SimulationReport]) -> list[list[object]]:
+    """One row per simulation: policy, decisions, turn, invocations, effects, the
+    idempotency keys the external system received (cut to 13 characters)."""
+    return [[r.policy, ", ".join(r.decision_names), r.turn_status, r.adapter_invocations,
+             r.effects_applied,
+             ", ".join(str(q["idempotency_key"])[:13] + "…" if q["idempotency_key"] else "(none)"
+                       for q in r.external_requests)] for r in reports]
+
+
+def crash_points_where_each_policy_halts_for_a_human(
+        policies: Sequence[str] = ("manual", "idempotent", "reconcile")) -> dict[str, list[str]]:
+    """For each policy, the ledger crash points after which the resumed turn ends in
+    ``recovery_required`` (a new session, one crash)."""
+    return {policy: [cp.name for cp in crash_points("ledger")
+                     if run_cell("ledger", "new", policy, cp).status == "recovery_required"]
+            for policy in policies}
+
+
+def the_policy_decides_an_unknown_outcome(max_attempts: int = 3) -> dict[str, str]:
+    """``decide_recovery`` for an approved call found ``dispatched`` (outcome unknown, first
+    attempt), per policy: policy -> decision."""
+    out = {}
+    for policy in p.RecoveryPolicy:
+        inputs = p.RecoveryInputs(status=p.LedgerStatus.DISPATCHED, attempt=1,
+                                  digest_matches=True, approval=p.ApprovalState.APPROVED,
+                                  has_result=False, policy=policy, legacy=False,
+                                  requires_approval=True, max_attempts=max_attempts)
+        out[policy.value] = p.decide_recovery(inputs).decision.value
+    return out
+
+
+class _InvokeOnly:
+    """An adapter with ``invoke`` but no ``reconcile``: not enough for a ``reconcile`` tool."""
+
+    def invoke(self, arguments: Mapping[str, Any], *, execution_id: str, idempotency_key: str,
+               attempt: int) -> Any:
+        raise AssertionError("never called")
+
+
+@dataclass(frozen=True)
+class RegistryCheck:
+    """What a registry did with one good and two bad declarations."""
+
+    default_policy: p.RecoveryPolicy  # the policy of a tool registered without one
+    refused: dict[str, str | None]  # tool name -> the refusal, or None if it was registered
+    names: list[str]  # what the registry holds afterwards
+
+
+def the_registry_checks_each_tools_policy(registry: ToolRegistry | None = None) -> RegistryCheck:
+    """Register ``send_email`` without a policy, then ``send_sms`` with an unknown policy and
+    ``create_ticket`` as ``reconcile`` with an adapter that cannot reconcile."""
+    registry = ToolRegistry() if registry is None else registry
+    adapter = CountingAdapter(CountingExternalSystem(), TOOL)
+    default = registry.register("send_email", adapter).policy
+    refused: dict[str, str | None] = {}
+    for name, tool_adapter, policy in (("send_sms", adapter, "at_most_once"),
+                                       ("create_ticket", _InvokeOnly(), "reconcile")):
+        try:
+            registry.register(name, tool_adapter, policy=policy)  # type: ignore[arg-type]
+            refused[name] = None
+        except p.InvalidInput as refusal:
+            refused[name] = str(refusal)
+    return RegistryCheck(default, refused, registry.names())
+
+
+@dataclass(frozen=True)
+class ModelSuppliedKey:
+    """A turn whose model wrote ``arguments``: refused or not, and what it left behind."""
+
+    refusal: str | None
+    calls_recorded: int  # calls in the session's durable ledger
+    invocations: int
+
+
+def a_key_in_the_models_arguments_is_refused_before_anything_is_recorded(
+        arguments: Mapping[str, Any] | None = None) -> ModelSuppliedKey:
+    """Run an ``idempotent`` ``send_email`` turn whose model put ``arguments`` in its call
+    (by default, the email's arguments plus an ``Idempotency-Key`` header)."""
+    if arguments is None:
+        arguments = {**ARGUMENTS, "headers": {"Idempotency-Key": "k1"}}
+    store, system = MemoryStore(), CountingExternalSystem()
+    engine = scenario_engine("ledger", "idempotent", store=store,
+                             conversations=MemoryConversationStore(), system=system,
+                             crash=CrashInjector(None),
+                             script=[[tool_call("call_0", TOOL, dict(arguments))], "Sent."])
+    try:
+        engine.run(USER_TEXT)
+        refusal = None
+    except p.InvalidInput as refused:
+        refusal = str(refused)
+    return ModelSuppliedKey(refusal, len(engine.ledger.full_state().calls), system.invocations())
+
+
+@dataclass(frozen=True)
+class Stutter:
+    """Where a liveness counterexample ends: the state it stutters in forever."""
+
+    last_action: str
+    msg: object
+    stage: object
+    approvals: frozenset[str]
+    result: object
+
+    def describe(self) -> str:
+        return (f"msg {self.msg}, stage {self.stage}, approval {set(self.approvals)}, "
+                f"result {self.result}")
+
+
+def where_the_behaviour_stutters(result: TLCResult) -> Stutter:
+    """The last state of ``result``'s lasso counterexample before it stutters (for ``c1``)."""
+    stuck = result.trace[-2]
+    approvals = stuck.state["approval"]
+    assert isinstance(approvals, Mapping)   # TLC's function values map keys to values
+    call_result = step_value(stuck, "result")
+    assert isinstance(call_result, Mapping)
+    return Stutter(result.trace[-1].action, step_value(stuck, "msg"), step_value(stuck, "stage"),
+                   frozenset(str(a) for a in approvals.values()), call_result["kind"])
+
+
+@dataclass(frozen=True)
+class Restart:
+    status: str  # what resume() returned
+    items: tuple[tuple[str, p.CallPosition, int], ...]  # (tool, position, attempt) per item
+    invocations: int  # the external system's count after the restart
+
+
+@dataclass(frozen=True)
+class HaltAcrossRestarts:
+    """A manual call halted by a crash after the email went out, then restarted and answered."""
+
+    ended: TurnResult  # the first resume
+    restarts: tuple[Restart, ...]
+    new_turn_refusal: str | None  # why a new turn was refused (None: it was not)
+    answered: str  # the turn status after a human answered "applied"
+    effects: int  # the external system's count at the end
+
+    def describe(self) -> str:
+        lines = [f"turn ends: {self.ended.status.value}, halted {self.ended.halted}"]
+        lines += [f"restart {n}: {r.status}; the item: {list(r.items)}; invocations "
+                  f"{r.invocations}" for n, r in enumerate(self.restarts, 1)]
+        lines.append(f"new turn refused: {(self.new_turn_refusal or '(not refused)')[:90]}…")
+        lines.append(f"a human answers 'applied': {self.answered}; effects {self.effects}")
+        return "\n".join(lines)
+
+
+def a_halted_call_stays_halted_across_restarts(
+        restarts: int = 2, *, crash_at: str = "after ExternalApply") -> HaltAcrossRestarts:
+    """Crash a ``manual`` call at ``crash_at``; resume; restart ``restarts`` more times; try a
+    new turn; then a human answers ``applied``.  Every process shares only durable things."""
+    store, conversations, system = (MemoryStore(), MemoryConversationStore(),
+                                    CountingExternalSystem())
+
+    def process(crash: str | None = None) -> TurnEngine:   # a (re)started process
+        return scenario_engine("ledger", "manual", store=store, conversations=conversations,
+                               system=system, crash=CrashInjector(
+                                   parse_crash_point("ledger", crash) if crash else None))
+
+    with contextlib.suppress(SimulatedCrash):
+        process(crash_at).run(USER_TEXT)
+    ended = process().resume()
+    seen = []
+    items: list[RecoveryItem] = []
+    for _ in range(restarts):
+        later = process()
+        again = later.resume()
+        items = later.recovery_required()
+        seen.append(Restart(again.status.value,
+                            tuple((i.tool, i.position, i.attempt) for i in items),
+                            system.invocations()))
+    try:
+        process().run("Email Bob too.")
+        refusal = None
+    except p.InvalidInput as refused:
+        refusal = str(refused)
+    position = items[0].position if items else ended.halted[0]
+    answered = process().resolve_recovery(position, "applied", result_text="sent")
+    return HaltAcrossRestarts(ended, tuple(seen), refusal, answered.status.value,
+                              system.effects())
+
+
+@dataclass(frozen=True)
+class LegacyDefault:
+    """The seed's crashes on a legacy session, resumed by either engine (``manual`` tool)."""
+
+    legacy_resume: MatrixCell  # the legacy engine resumes its own session
+    adopted: MatrixCell  # the ledger engine adopts it: the email went out
+    not_sent: MatrixCell  # the ledger engine adopts it: approved, nothing sent
+    pending: MatrixCell  # the ledger engine adopts it: the approval still pending
+
+    def rows(self) -> list[list[object]]:
+        def row(died: str, by: str, c: MatrixCell) -> list[object]:
+            return [died, by, ", ".join(c.decisions) or "(none)", c.status, c.effects]
+        adopted = "the ledger engine (adopted)"
+        return [row("after the email went out", "the legacy engine", self.legacy_resume),
+                row("after the email went out", adopted, self.adopted),
+                row("after approval, nothing sent", adopted, self.not_sent),
+                row("approval still pending", adopted, self.pending)]
+
+
+LEGACY_DEFAULT_HEADERS: tuple[str, ...] = ("the legacy engine died", "resumed by", "decision",
+                                           "turn", "effects")
+
+
+def the_ledger_engine_halts_an_adopted_call_the_legacy_engine_sends_twice() -> LegacyDefault:
+    """Run the four legacy-session cells of notebook 06's question 5 (a ``manual`` tool)."""
+    return LegacyDefault(
+        run_cell("legacy", "new", "manual", "after ExternalApply"),
+        run_cell("ledger", "legacy", "manual", "after ExternalApply"),
+        run_cell("ledger", "legacy", "manual", "after HumanApprove"),
+        run_cell("ledger", "legacy", "manual", "after EngineParkApproval"))
+
+
+@dataclass(frozen=True)
+class HumanRetry:
+    """A legacy call adopted by the ledger engine, halted, and retried by a human."""
+
+    marker: int  # the protocol marker the adoption set
+    halted: str
+    done: str
+    effects: int
+    attempt: int
+    authorization: str
+
+    def describe(self) -> str:
+        return (f"adopted at marker {self.marker}; {self.halted} -> human retry -> {self.done}; "
+                f"effects {self.effects}; record attempt {self.attempt} authorized by "
+                f"{self.authorization}")
+
+
+def a_human_retry_of_an_adopted_call_sends_it_once(
+        legacy_crash_at: str = "after HumanApprove") -> HumanRetry:
+    """The legacy engine dies at ``legacy_crash_at``; the ledger engine adopts the session,
+    halts the call, and a human answers ``retry``."""
+    store, conversations, system = (MemoryStore(), MemoryConversationStore(),
+                                    CountingExternalSystem())
+    with contextlib.suppress(SimulatedCrash):
+        scenario_engine("legacy", "manual", store=None, conversations=conversations,
+                        system=system, crash=CrashInjector(
+                            parse_crash_point("legacy", legacy_crash_at))).run(USER_TEXT)
+    tape = LedgerTape()
+    engine = scenario_engine("ledger", "manual", store=store, conversations=conversations,
+                             system=system, crash=CrashInjector(None), tape=tape)
+    halted = engine.resume()
+    done = engine.resolve_recovery(halted.halted[0], "retry")
+    record = engine.ledger.state.record(engine.ledger.state.calls[0].execution_id)
+    opened = tape.entries[0].after       # the session as the adoption left it
+    assert opened is not None
+    return HumanRetry(opened.marker, halted.status.value, done.status.value,
+                      system.effects(), record.attempt, record.authorization.value)
