@@ -12,6 +12,13 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import pytest
+
 from toolledger import notebook_evidence as ev
 from toolledger import notebook_support as ns
 from toolledger import protocol as p
@@ -19,6 +26,7 @@ from toolledger.adapters import ToolRegistry
 from toolledger.figures_matrix import SpecRun, run_cell
 from toolledger.manifest import load_manifest
 from toolledger.simulate import ARGUMENTS, run_simulation
+from toolledger.stategraph import StateGraph
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,6 +51,7 @@ def test_ledger_runs_map_to_the_model_and_a_tampered_count_is_reported() -> None
         tampered.label,)
 
 
+@pytest.mark.slow
 def test_tlc_accepts_a_mapped_run_and_refuses_one_with_a_step_cut_out() -> None:
     cell = run_cell("ledger", "new", "idempotent", "after ExternalApply")
     (mapped,) = ev.every_ledger_run_is_a_run_of_the_model([cell]).mapped
@@ -106,6 +115,7 @@ def test_a_reused_call_id_gets_its_own_execution_id_and_approval(tmp_path: Path)
 # --------------------------------------------------------------------------- notebook 06
 
 
+@pytest.mark.slow
 def test_the_one_call_models_answer_and_a_cut_lasso_is_not_a_stutter(tmp_path: Path) -> None:
     manifest = load_manifest(ROOT)
     workspace = ns.TLCWorkspace(ROOT)
@@ -192,3 +202,68 @@ def test_the_legacy_default_cells_and_a_retry_after_the_email_went_out() -> None
         "done", 1, 1, "human")
     # A human who says "retry" after the email went out is obeyed: the effect is counted twice.
     assert ev.a_human_retry_of_an_adopted_call_sends_it_once("after ExternalApply").effects == 2
+
+
+# --------------------------------------------------------------------------- notebook 04
+
+
+@pytest.mark.slow
+def test_graph_checks_pass_on_tlcs_graph_and_fail_on_a_graph_missing_steps() -> None:
+    manifest = load_manifest(ROOT)
+    with ns.TLCWorkspace(ROOT) as ws:
+        tiny = ns.every_state_of(ws, ns.manual_calls_model(1, 0, max_attempts=1), "Small",
+                                 ns.invariants_of(manifest.get("TwoCalls")))
+    eid = tiny.config.spec_exec_ids["c1"]
+    checks = ev.the_reference_agrees_with_every_state_and_every_end_is_settled(
+        tiny.config, tiny.graph, eid)
+    assert checks.report.ok and checks.report.states == len(tiny.graph.states)
+    assert not checks.broken and checks.unsettled == ()
+    assert sum(checks.ends.values()) == len(tiny.graph.terminal()) > 0
+    assert [len(row) for row in checks.end_rows()] == [len(ev.END_HEADERS)] * len(checks.ends)
+    assert checks.wrong_human == sum(n for (kind, _, applied), n in checks.ends.items()
+                                     if kind == "human" and applied == 0)
+
+    # A graph with the steps out of Init cut: the reference allows steps the graph lacks.
+    cut = StateGraph(tiny.graph.states,
+                     [e for e in tiny.graph.edges if e[0] not in tiny.graph.initial],
+                     set(tiny.graph.initial))
+    broken = ev.the_reference_agrees_with_every_state_and_every_end_is_settled(
+        tiny.config, cut, eid)
+    assert not broken.report.ok and broken.report.mismatch_count > 0
+    assert broken.unsettled                       # Init is now an end state, and not settled
+
+
+@pytest.mark.slow
+def test_state_space_growth_is_measured_and_a_shrinking_count_is_reported() -> None:
+    with ns.TLCWorkspace(ROOT) as ws:
+        growth = ev.the_state_space_grows_with_every_call_and_crash(
+            ws, ["TypeOK", "AtMostOnceEffect"], [(1, 1), (1, 0)])
+    assert growth.failed == [] and growth.not_growing == [] and growth.per_call == []
+    (factor,) = growth.per_crash
+    assert factor == growth.counts[1, 1] / growth.counts[1, 0] > 1
+    assert [row[:2] for row in growth.rows()] == [[1, 0], [1, 1]]
+
+    fewer = dataclasses.replace(growth.results[1, 1], distinct_states=growth.counts[1, 0])
+    flat = ev.StateSpaceGrowth({**growth.results, (1, 1): fewer}, growth.seconds)
+    assert flat.not_growing == [((1, 0), (1, 1))]
+
+
+@pytest.mark.slow
+def test_the_way_into_the_violating_region_is_drawn_and_counted() -> None:
+    manifest = load_manifest(ROOT)
+    with ns.TLCWorkspace(ROOT) as ws:
+        study = ns.study_broken_twin(manifest, ws, "UnfencedReconcile",
+                                     ns.spec_at_most_once_effect, "fence_on_reconcile")
+    key = study.twin.spec_exec_ids["c1"]
+    way = ev.the_shortest_way_into_the_violating_region(
+        study, key, ringed="effect applied twice", legend_title="ledger status of c1")
+    assert way.drawn.highlighted == len(study.violating)
+    assert way.drawn.path_edges == len(study.path) - 1
+    assert sum(way.violating_status.values()) == len(study.violating)
+    assert f"{len(study.violating)} of them ringed in red (effect applied twice)" in way.alt
+    assert "AtMostOnceEffect" in way.path_table_html
+    # Nothing violating: nothing ringed, and the alt text says so.
+    none = ev.the_shortest_way_into_the_violating_region(
+        dataclasses.replace(study, violating=frozenset()), key, ringed="x", legend_title="")
+    assert none.drawn.highlighted == 0 and "0 of them ringed" in none.alt
+    plt.close("all")

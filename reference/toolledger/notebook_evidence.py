@@ -14,14 +14,16 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolledger import protocol as p
 from toolledger.adapters import CountingAdapter, CountingExternalSystem, ToolRegistry
+from toolledger.conformance import ConformanceReport, check_graph
 from toolledger.engine import (
     CrashInjector,
     MemoryConversationStore,
@@ -34,6 +36,7 @@ from toolledger.engine import (
     parse_crash_point,
     tool_call,
 )
+from toolledger.figures import GraphDrawing, draw_state_graph, ledger_status, trace_table_html
 from toolledger.figures_matrix import (
     LedgerTape,
     MatrixCell,
@@ -43,21 +46,31 @@ from toolledger.figures_matrix import (
     scenario_engine,
     spec_run,
 )
+from toolledger.invariants import INVARIANTS, settled
 from toolledger.manifest import Manifest
+from toolledger.mapping import from_spec
 from toolledger.notebook_support import (
     ModelRun,
     SqliteWorld,
     TLCWorkspace,
+    TwinStudy,
     invariants_of,
+    manual_calls_model,
     one_call_model,
     run_manifest_model,
     short_id,
     step_value,
 )
 from toolledger.simulate import ARGUMENTS, HUMAN_RESULT, TOOL, USER_TEXT, SimulationReport
+from toolledger.stategraph import StateGraph
 from toolledger.stores import AuditRow, MemoryStore
-from toolledger.tlc import TLCResult
+from toolledger.system import ModelConfig
+from toolledger.tlavalues import Value
+from toolledger.tlc import Outcome, TLCResult
 from toolledger.tracecheck import Trace, TraceValidation, trace_of, validate_traces
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 # --------------------------------------------------------------------------
 # Notebook 03: the fault matrix against the spec and TLC
@@ -161,6 +174,160 @@ def tlc_accepts_every_mapped_run_as_a_behaviour_of_the_spec(
     with ThreadPoolExecutor(max_workers=workers) as pool:
         verdicts = dict(pool.map(validate, order))
     return TraceVerdicts(verdicts, time.monotonic() - started)
+
+
+# --------------------------------------------------------------------------
+# Notebook 04: the state space
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GraphChecks:
+    """A state graph checked three more ways: conformance, Python invariants, end states.
+
+    ``ends`` counts the end states (no successor) by (tool result kind in the conversation,
+    ledger status, times the effect was applied) of the call ``exec_id``.
+    """
+
+    report: ConformanceReport
+    broken: Mapping[str, int]  # Python invariant -> states where it fails
+    unsettled: tuple[int, ...]  # end states that are not settled
+    ends: Mapping[tuple[str, str, int], int]
+
+    @property
+    def wrong_human(self) -> int:
+        """End states where a human said "applied" although the effect never happened."""
+        return sum(n for (kind, _, applied), n in self.ends.items()
+                   if kind == "human" and applied == 0)
+
+    def end_rows(self) -> list[list[object]]:
+        return [[kind, status, applied, n] for (kind, status, applied), n in
+                sorted(self.ends.items())]
+
+
+END_HEADERS: tuple[str, ...] = ("tool result in the conversation", "ledger status",
+                                "effect applied (times)", "end states")
+
+
+def the_reference_agrees_with_every_state_and_every_end_is_settled(
+        cfg: ModelConfig, graph: StateGraph, exec_id: Value, *, model: str = "Tiny"
+) -> GraphChecks:
+    """Check ``graph`` (TLC's whole state graph of ``cfg``) against the Python reference: its
+    steps (:func:`~toolledger.conformance.check_graph`), its invariants in every state, and
+    :func:`~toolledger.invariants.settled` in every end state; count the end states."""
+    report = check_graph(cfg, graph, model=model)
+    broken: Counter[str] = Counter(
+        name for s in graph.states.values() for name in INVARIANTS
+        if INVARIANTS[name](cfg, from_spec(cfg, s)))
+    unsettled, ends = [], Counter[tuple[str, str, int]]()
+    for node in graph.terminal():
+        state = graph.states[node]
+        if settled(cfg, from_spec(cfg, state)):   # settled() lists what is not settled
+            unsettled.append(node)
+        result, applied = state["result"], state["applied"]
+        assert isinstance(result, Mapping) and isinstance(applied, Mapping)
+        kind, times = result["c1"], applied[exec_id]
+        assert isinstance(kind, Mapping) and isinstance(times, int)
+        ends[(str(kind["kind"]), ledger_status(state, exec_id), times)] += 1
+    return GraphChecks(report, dict(broken), tuple(unsettled), dict(ends))
+
+
+@dataclass(frozen=True)
+class StateSpaceGrowth:
+    """TLC's distinct states for manual-call models, by (calls, MaxCrashes)."""
+
+    results: dict[tuple[int, int], TLCResult]
+    seconds: float
+
+    @property
+    def counts(self) -> dict[tuple[int, int], int]:
+        """(calls, crashes) -> distinct states (0 where TLC reported none)."""
+        return {pt: r.distinct_states or 0 for pt, r in self.results.items()}
+
+    @property
+    def failed(self) -> list[tuple[tuple[int, int], Outcome]]:
+        """The models where TLC found an error (every invariant must hold)."""
+        return [(pt, r.outcome) for pt, r in sorted(self.results.items())
+                if r.outcome is not Outcome.PASS]
+
+    @property
+    def not_growing(self) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+        """Pairs (smaller, bigger) where one more call or crash did not add states."""
+        c = self.counts
+        return [(pt, nxt) for pt in sorted(c) for nxt in ((pt[0], pt[1] + 1), (pt[0] + 1, pt[1]))
+                if nxt in c and c[nxt] <= c[pt]]
+
+    @property
+    def per_call(self) -> list[float]:
+        """How much a second call multiplies the states, per MaxCrashes both models have."""
+        c = self.counts
+        return [c[2, k] / c[1, k] for k in sorted({k for _, k in c}) if (1, k) in c and (2, k) in c]
+
+    @property
+    def per_crash(self) -> list[float]:
+        """How much one more crash multiplies the states, per model and crash count."""
+        c = self.counts
+        return [c[n, k + 1] / c[n, k] for n, k in sorted(c) if (n, k + 1) in c]
+
+    def rows(self) -> list[list[object]]:
+        return [[n, k, f"{self.counts[n, k]:,}", r.depth, f"{r.wall_seconds:.1f} s"]
+                for (n, k), r in sorted(self.results.items())]
+
+
+GROWTH_HEADERS: tuple[str, ...] = ("calls", "MaxCrashes", "distinct states", "depth",
+                                   "TLC time")
+
+
+def the_state_space_grows_with_every_call_and_crash(
+        workspace: TLCWorkspace, invariants: Sequence[str],
+        points: Sequence[tuple[int, int]], *, workers: int = 2) -> StateSpaceGrowth:
+    """Model-check :func:`~toolledger.notebook_support.manual_calls_model` at each
+    ``(calls, crashes)`` of ``points`` with ``invariants``, ``workers`` at a time (give the
+    biggest first)."""
+    def check(point: tuple[int, int]) -> tuple[tuple[int, int], TLCResult]:
+        calls, crashes = point
+        run = workspace.model_check(manual_calls_model(calls, crashes),
+                                    f"Family{calls}x{crashes}", invariants=invariants)
+        return point, run.result
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = dict(pool.map(check, points))
+    return StateSpaceGrowth(results, time.monotonic() - started)
+
+
+@dataclass(frozen=True)
+class WayIntoTheViolatingRegion:
+    """A broken twin's state graph drawn with its violating states and the shortest path to
+    them, and that path as a table."""
+
+    violating_status: Mapping[str, int]  # ledger status -> violating states with it
+    figure: Figure
+    drawn: GraphDrawing
+    alt: str
+    path_table_html: str
+
+
+def the_shortest_way_into_the_violating_region(
+        study: TwinStudy, exec_id: Value, *, ringed: str, legend_title: str,
+        hide: Sequence[str] = ()) -> WayIntoTheViolatingRegion:
+    """Draw ``study``'s graph coloured by the ledger status of ``exec_id``, the violating states
+    ringed (``ringed`` says what they are, for the alt text) and the shortest path to the
+    nearest one thick; and the path as a table (``hide``: variables left out)."""
+    graph = study.graph
+    status = {n: ledger_status(s, exec_id) for n, s in graph.states.items()}
+    fig, drawn = draw_state_graph(
+        graph, status, highlight=study.violating, path=study.path, legend_title=legend_title,
+        title=f"{study.name} (0 crashes): where {study.invariant} breaks")
+    alt = (f"State graph of {study.name} without crashes: {len(graph.states)} faint states, "
+           f"{len(study.violating)} of them ringed in red ({ringed}), and a thick numbered path "
+           f"of {len(study.path)} states from Init to the nearest one.")
+    table = trace_table_html(graph.trace_to(study.nearest), violated=study.invariant,
+                             show_init=False, hide=tuple(hide),
+                             caption="the numbered path: the shortest way into the violating "
+                                     "region")
+    return WayIntoTheViolatingRegion(dict(Counter(status[n] for n in study.violating)), fig,
+                                     drawn, alt, table)
 
 
 # --------------------------------------------------------------------------
