@@ -267,3 +267,13 @@ def test_the_way_into_the_violating_region_is_drawn_and_counted() -> None:
         dataclasses.replace(study, violating=frozenset()), key, ringed="x", legend_title="")
     assert none.drawn.highlighted == 0 and "0 of them ringed" in none.alt
     plt.close("all")
+
+
+def test_simulate_measures_a_cell_the_same_and_a_tampered_cell_differs() -> None:
+    cell = run_cell("ledger", "new", "manual", "after ExternalApply")
+    adopted = run_cell("ledger", "legacy", "manual", "after ExternalApply")  # no twin
+    same = ev.toolledger_simulate_measures_every_new_session_cell_the_same([cell, adopted])
+    assert (same.compared, same.differing) == (1, ())
+    tampered = dataclasses.replace(cell, decisions=("retry_same_id",))
+    assert ev.toolledger_simulate_measures_every_new_session_cell_the_same(
+        [tampered]).differing == (tampered.label,)

@@ -61,7 +61,14 @@ from toolledger.notebook_support import (
     short_id,
     step_value,
 )
-from toolledger.simulate import ARGUMENTS, HUMAN_RESULT, TOOL, USER_TEXT, SimulationReport
+from toolledger.simulate import (
+    ARGUMENTS,
+    HUMAN_RESULT,
+    TOOL,
+    USER_TEXT,
+    SimulationReport,
+    run_simulation,
+)
 from toolledger.stategraph import StateGraph
 from toolledger.stores import AuditRow, MemoryStore
 from toolledger.system import ModelConfig
@@ -75,6 +82,31 @@ if TYPE_CHECKING:
 # --------------------------------------------------------------------------
 # Notebook 03: the fault matrix against the spec and TLC
 # --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SimulateTwins:
+    """The new-session cells of the fault matrix, measured again by ``run_simulation``."""
+
+    compared: int
+    differing: tuple[str, ...]  # labels of the cells toolledger simulate measured otherwise
+
+
+def toolledger_simulate_measures_every_new_session_cell_the_same(
+        cells: Sequence[MatrixCell]) -> SimulateTwins:
+    """Run ``toolledger simulate`` (in-process, exception mode) for every new-session cell and
+    compare effects, invocations, decisions, turn status, tool result status and crash."""
+    differing, compared = [], 0
+    for c in cells:
+        if c.session != "new":
+            continue       # run_simulation has no legacy-session mode
+        sim = run_simulation(c.engine, c.policy, c.point)
+        if ((sim.effects_applied, sim.adapter_invocations, tuple(sim.decision_names),
+             sim.turn_status, sim.final_tool_status, sim.crashed)
+                != (c.effects, c.invocations, c.decisions, c.status, c.tool_status, c.crashed)):
+            differing.append(c.label)
+        compared += 1
+    return SimulateTwins(compared, tuple(differing))
 
 
 @dataclass(frozen=True)
