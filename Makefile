@@ -11,14 +11,16 @@ BIN := $(VENV)/bin
 # Rebuilt whenever pyproject.toml changes (dependencies, entry points).
 SETUP := $(VENV)/.installed
 NOTEBOOKS := $(wildcard notebooks/*.ipynb)
+NOTEBOOKS_HTML ?= build/notebooks-html
 
-.PHONY: help setup check test lint typecheck pytest bench notebooks clean distclean
+.PHONY: help setup check test lint typecheck pytest bench notebooks notebooks-html clean distclean
 
 help:
 	@echo "make check      model-check every model in model/manifest.toml (toolledger check)"
 	@echo "make test       ruff, mypy --strict, pytest and the notebooks (HYPOTHESIS_PROFILE=$(HYPOTHESIS_PROFILE))"
 	@echo "make bench      run benchmarks/run_all.py"
 	@echo "make notebooks  re-execute notebooks/*.ipynb in place"
+	@echo "make notebooks-html  render the committed notebooks, code hidden, into $(NOTEBOOKS_HTML)/"
 	@echo "make setup      only create $(VENV) and install into it (the others do this first)"
 	@echo "make clean      remove caches and build output; make distclean also removes $(VENV)"
 
@@ -58,6 +60,11 @@ ifeq ($(NOTEBOOKS),)
 else
 	$(BIN)/jupyter-execute --inplace $(NOTEBOOKS)
 endif
+
+# For reviewers who do not run Jupyter: the notebooks as committed (not re-run), code
+# inputs hidden; refuses a notebook whose outputs name a machine path.
+notebooks-html: $(SETUP)
+	$(BIN)/python -m toolledger.notebook_html --out $(NOTEBOOKS_HTML) $(NOTEBOOKS)
 
 clean:
 	rm -rf build dist reference/*.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -81,7 +81,7 @@ ASSUME /\ Policy \in [Calls -> Policies]
 (* position and the provider's tool_call_id, never from tool arguments.    *)
 (* Gemini numbers calls call_0, call_1, ... on every turn, so the          *)
 (* tool_call_id alone is not a key: with KeyByPosition = FALSE two calls   *)
-(* of different turns share an id (the shortcut of PROTOCOL.md sec. 5).    *)
+(* of different turns share an id (docs/protocol.md#what-must-fail).       *)
 (***************************************************************************)
 ExecId(c) == IF KeyByPosition THEN <<Turn[c], Slot[c], ToolCallId[c]>>
                               ELSE <<0, 0, ToolCallId[c]>>
@@ -698,7 +698,7 @@ EngineFairSpec ==
     /\ \A c \in Calls : WF_vars(EngineStep(c))
 
 (***************************************************************************)
-(* INVARIANTS (PROTOCOL.md section 4).                                     *)
+(* INVARIANTS (docs/protocol.md#invariants).                               *)
 (***************************************************************************)
 Protected(c) == Policy[c] # "readonly"
 

@@ -7,7 +7,7 @@
 (* reuses its already-resolved approval.                                   *)
 (*                                                                         *)
 (* With RecordSuccess = TRUE it is the "record only success" shortcut of   *)
-(* PROTOCOL.md section 5: a success record is written right after the      *)
+(* docs/protocol.md#what-must-fail: a success record right after the       *)
 (* adapter returns, but nothing is written before it is invoked.  Both    *)
 (* break AtMostOnceEffect; TLC's counterexample for the first is the      *)
 (* seed's reproduction step by step.  Safety only.                         *)

@@ -7,8 +7,12 @@
 """
 
 import os
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import settings
+
+from pg_cluster import NoPostgres, PgCluster
 
 settings.register_profile(
     "ci",
@@ -22,3 +26,23 @@ settings.register_profile(
 settings.register_profile("dev")
 settings.register_profile("deep", max_examples=5000, stateful_step_count=200, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+# --------------------------------------------------------------------------
+# A real PostgreSQL server, once per pytest session (tests/pg_cluster.py)
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PgCluster]:
+    """A throwaway cluster started on first use and stopped (fast) at the end.
+
+    Without server binaries every test using it FAILS with what to install:
+    a PostgreSQL store that was never run must not look green.
+    """
+    try:
+        cluster = PgCluster()
+    except NoPostgres as exc:
+        pytest.fail(str(exc), pytrace=False)
+    with cluster:
+        yield cluster

@@ -11,17 +11,24 @@ say why. ``render_trace`` is checked on hand-made traces.
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from toolledger import cli
 from toolledger.cli import Row, Subcommand, changes, main, render_trace
-from toolledger.manifest import Manifest, ModelEntry
+from toolledger.manifest import Manifest, ModelEntry, load_manifest
 from toolledger.tlavalues import FnValue, ModelValue, Value
-from toolledger.tlc import TraceStep
+from toolledger.tlc import Cancellation, TraceStep
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tla"
 
@@ -104,9 +111,16 @@ def test_table_of_all_ci_models(tmp_path: Path, capsys: pytest.CaptureFixture[st
     lines = out.splitlines()
     assert lines[0].split()[:3] == ["model", "expected", "got"]
     assert "status" in lines[0]
-    rows = {ln.split()[0]: ln.split() for ln in lines[2:] if not ln.startswith("total ")}
+    rows = {
+        ln.split()[0]: ln.split() for ln in lines[2:] if not ln.startswith(("total ", "checked: "))
+    }
     assert set(rows) == {"LedgerPass", "LedgerRetry", "Stuck"}  # CI models only
     assert lines[-1].startswith("total wall time ")
+    # what was checked: this root, and no Python (no conformance model here)
+    assert lines[-2] == (
+        f"checked: spec/ and model/ of {tmp_path} (not a git checkout); "
+        "the reference was not checked (no conformance model selected)"
+    )
     assert rows["LedgerPass"][:3] == ["LedgerPass", "pass", "pass"]
     assert rows["LedgerRetry"][1:3] == ["AtMostOneAttempt", "AtMostOneAttempt"]
     assert rows["Stuck"][1:3] == ["deadlock", "deadlock"]
@@ -118,6 +132,7 @@ def test_table_of_all_ci_models(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "LedgerPass: pass, 108 distinct states" in err
     assert "Stuck: deadlock, 3 distinct states" in err
     assert "[3/3] " in err
+    assert "1 models" not in err and "(0 s)" not in err
 
 
 @pytest.mark.slow
@@ -136,7 +151,8 @@ def test_json_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_drifted_state_count_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = make_root(tmp_path, MANIFEST.replace("distinct_states = 108", "distinct_states = 107"))
     assert check(root, "--model", "LedgerPass") == 1
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "running 1 model with TLC, 1 at a time" in err  # not "1 models ... 2 at a time"
     assert "DRIFT" in out
     assert "LedgerPass: expected 107 distinct states, got 108" in out
 
@@ -180,14 +196,57 @@ def test_model_option_runs_a_non_ci_model(
 
 
 @pytest.mark.slow
-def test_parse_error_is_an_error_row_with_sany_text(
+def test_parse_error_is_reported_once_and_its_model_not_checked(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert check(make_root(tmp_path), "--model", "Broken") == 1
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     row = next(ln for ln in out.splitlines() if ln.startswith("Broken "))
-    assert row.split()[2] == "parse-error" and row.split()[-1] == "ERROR"
-    assert "***Parse Error***" in out
+    assert row.split()[2:4] == ["not", "checked"] and row.endswith("NOT CHECKED")
+    # SANY's message, once, as file:line:col, before anything ran
+    assert err.splitlines()[0] == (
+        'spec/Broken.tla:4:9: Was expecting "Expression or Instance"; '
+        'Encountered "Beginning of definition" at line 4, column 9 and token "=="'
+    )
+    assert (out + err).count("Was expecting") == 1
+    assert "running" not in err  # no TLC run was started
+    assert "not checked: Broken: the spec does not parse" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("typo", "message"),
+    [
+        # a parse error: SANY exits 255
+        ("Recover == == /\\ ~up", 'Was expecting "Expression or Instance"'),
+        # a semantic error: SANY exits 0 and only prints "*** Errors: 1"
+        ("Recover == /\\ ~up /\\ Bogus", "Unknown operator: `Bogus'."),
+    ],
+)
+def test_a_typo_in_a_shared_module_is_one_error_and_no_drift(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], typo: str, message: str
+) -> None:
+    root = make_root(tmp_path)
+    ledger = root / "spec" / "Ledger.tla"
+    text = ledger.read_text()
+    assert "Recover == /\\ ~up" in text
+    broken_line = next(
+        i for i, ln in enumerate(text.splitlines(), 1) if ln.startswith("Recover ==")
+    )
+    ledger.write_text(text.replace("Recover == /\\ ~up", typo, 1))
+    assert check(root, "--json") == 1
+    out, err = capsys.readouterr()
+    rows = {r["model"]: r for r in json.loads(out)}
+    # both models of the broken module are not checked (not DRIFT, not ERROR) ...
+    assert {n: r["status"] for n, r in rows.items()} == {
+        "LedgerPass": "NOT CHECKED", "LedgerRetry": "NOT CHECKED", "Stuck": "ok"}
+    assert rows["LedgerPass"]["distinct_states"] is None
+    # ... and the error is printed once, as file:line:col: SANY's message
+    errors = [ln for ln in err.splitlines() if ln.startswith("spec/Ledger.tla:")]
+    assert len(errors) == 1, err
+    assert errors[0].startswith(f"spec/Ledger.tla:{broken_line}:")
+    assert message in errors[0]
+    assert err.index(errors[0]) < err.index("running 1 model with TLC")  # before any model
 
 
 # ---------------------------------------------------------------------------
@@ -227,6 +286,67 @@ def test_bad_arguments_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["nonsense"]) == 2
     assert main(["--help"]) == 0
     assert "check" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--timeout", "-5"], "argument --timeout: -5 is not positive: give a number of seconds"),
+        (["--timeout", "0"], "argument --timeout: 0 is not positive"),
+        (["--timeout", "nan"], "argument --timeout: nan is not positive"),
+        (["--timeout", "soon"], "argument --timeout: 'soon' is not a number"),
+        (["--jobs", "0"], "argument --jobs: 0 is not positive: give a whole number of TLC runs"),
+        (["--jobs", "1.5"], "argument --jobs: '1.5' is not a number"),
+    ],
+)
+def test_timeout_and_jobs_must_be_positive(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    assert check(make_root(tmp_path), *args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and message in err and "usage: toolledger check" in err
+
+
+def test_live_status_shows_the_time_each_model_has_run(tmp_path: Path) -> None:
+    root = make_root(tmp_path)
+    manifest = load_manifest(root)
+    args = cli.build_parser().parse_args(["check", "--root", str(root)])
+    run = cli._CheckRun(manifest, manifest.ci_models(), [], None, tmp_path, args,
+                        Cancellation())
+    run.to_run = manifest.ci_models()
+    now = time.monotonic()
+    run.started = now - 75
+    run.running = {"LedgerRetry": now - 12, "LedgerPass": now - 61}
+    run.started_runs, run.finished = 3, 1
+    run.states = {"LedgerPass": (1_234_567, 60.2), "LedgerRetry": (1, 0.9)}
+    assert run._status() == (
+        "75 s: running LedgerPass 61 s (1,234,567 states at 60 s), "
+        "LedgerRetry 12 s (1 state at 1 s); 1/3 done"
+    )
+    run.started_runs = 2
+    assert run._status().endswith("; 1 waiting; 1/3 done")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_live_line_on_a_terminal_is_redrawn_every_second() -> None:
+    term = _Terminal()
+    line = cli._ProgressLine(term)
+    t0 = time.monotonic()
+    line.live(lambda: f"running TwoCalls {time.monotonic() - t0:.0f} s")
+    time.sleep(2.3)
+    line.note("[1/1] TwoCalls: pass")
+    line.close()
+    drawn = [d for d in term.getvalue().split("\r\033[K") if d]
+    seconds = [int(d.split()[2]) for d in drawn if d.startswith("running")]
+    # redrawn as time passes (not frozen at "0 s"), in order
+    assert seconds[0] == 0 and len(set(seconds)) >= 2 and seconds == sorted(seconds), drawn
+    # a note stays, and the live line comes back below it
+    assert any(d.startswith("[1/1] TwoCalls: pass\nrunning TwoCalls") for d in drawn), drawn
+    assert term.getvalue().endswith("\r\033[K")  # the live line is cleared at the end
 
 
 def test_root_defaults_to_the_project_of_the_current_directory(
@@ -315,3 +435,282 @@ def test_render_trace_stuttering_lasso_and_long_values() -> None:
     assert stutter.splitlines()[-1].split()[:2] == ["2", "Stuttering"]
     assert "nothing changes from here on" in stutter
     assert render_trace([]) == "(no counterexample)"
+
+
+# ---------------------------------------------------------------------------
+# Against a copy of this repository: which code does `toolledger check` check?
+
+REPO = Path(__file__).resolve().parents[1]
+TOOLLEDGER = Path(sys.executable).parent / "toolledger"  # this checkout's (editable) install
+
+
+def copy_repo(dst: Path) -> Path:
+    """A second checkout: spec/, model/ and reference/ of this one (no git, no venv)."""
+    for d in ("spec", "model", "reference"):
+        skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
+        shutil.copytree(REPO / d, dst / d, ignore=skip)
+    return dst
+
+
+def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None,
+            ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(TOOLLEDGER), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600, stdin=subprocess.DEVNULL)
+
+
+def test_the_command_under_test_is_this_checkouts_install() -> None:
+    import toolledger
+
+    assert TOOLLEDGER.is_file()
+    assert Path(toolledger.__file__).resolve().parent == REPO / "reference" / "toolledger"
+
+
+@pytest.mark.slow
+def test_a_second_checkout_checks_its_own_reference(tmp_path: Path) -> None:
+    """This checkout's `toolledger` (an editable install of *this* reference)
+    run in a copy whose recovery rule is broken must check the copy's code."""
+    other = copy_repo(tmp_path / "other")
+    protocol = other / "reference" / "toolledger" / "protocol.py"
+    text = protocol.read_text()
+    rule = (
+        "        elif i.policy is RecoveryPolicy.RECONCILE:\n"
+        "            d = Decision.RECONCILE\n"
+    )
+    assert text.count(rule) == 1
+    # broken: a reconcile call found dispatched halts for a human instead of reconciling
+    protocol.write_text(text.replace(rule, rule.replace("Decision.RECONCILE",
+                                                        "Decision.RECOVERY_REQUIRED")))
+    # --root relative to the current directory: the checker runs elsewhere
+    done = run_cli("check", "--root", "other", "--model", "ReconcileReadonly", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    rows = {ln.split("  ")[0].strip(): ln for ln in done.stdout.splitlines()}
+    conformance = rows["ReconcileReadonly [conformance]"]
+    assert conformance.endswith("DRIFT") and " 0 mismatches" not in conformance
+    assert "conforms ok" not in done.stdout
+    assert rows["ReconcileReadonly"].endswith("ok")  # the spec copy itself is fine
+    # it says which code it checked, and that the command runs from elsewhere
+    checked = next(ln for ln in done.stdout.splitlines() if ln.startswith("checked: "))
+    assert f"the reference {other / 'reference' / 'toolledger'}" in checked
+    assert f"this toolledger command itself runs from {REPO / 'reference' / 'toolledger'}" in (
+        checked)
+    assert "(not a git checkout)" in checked
+
+
+def test_a_checkout_without_its_reference_is_refused(tmp_path: Path) -> None:
+    other = copy_repo(tmp_path / "other")
+    shutil.rmtree(other / "reference")
+    done = run_cli("check", "--model", "ReconcileReadonly", cwd=other)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert f"{other / 'reference' / 'toolledger'} does not exist" in done.stderr
+    assert "--no-conformance" in done.stderr
+    assert "running" not in done.stderr  # refused before any model ran
+
+
+def test_a_reference_shadowed_by_another_package_is_refused(tmp_path: Path) -> None:
+    """If Python would import toolledger from anywhere but the root's reference/
+    even with it first on PYTHONPATH (here: a sitecustomize that imports
+    another package as toolledger, as an import hook of a .pth file could,
+    only in processes started in the root's reference/ as the check's child
+    processes are), check refuses and names both paths."""
+    other = copy_repo(tmp_path / "other")
+    shadow, site = tmp_path / "shadow", tmp_path / "site"
+    (shadow / "toolledger").mkdir(parents=True)
+    (shadow / "toolledger" / "__init__.py").write_text("")
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        f"if os.getcwd() == {str(other / 'reference')!r}:\n"
+        f"    sys.path.insert(0, {str(shadow)!r})\n"
+        "    import toolledger\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    done = run_cli("check", "--model", "ReconcileReadonly", cwd=other, env=env)
+    assert done.returncode == 2, done.stderr
+    assert "refusing to check" in done.stderr
+    assert str(shadow / "toolledger") in done.stderr
+    assert str(other / "reference" / "toolledger") in done.stderr
+
+
+def test_a_spec_typo_leaves_tlc_and_conformance_rows_not_checked(tmp_path: Path) -> None:
+    other = copy_repo(tmp_path / "other")
+    spec = other / "spec" / "DurableToolExecution.tla"
+    text = spec.read_text()
+    assert text.count("\nCrash ==\n") == 1
+    line = text[: text.index("\nCrash ==\n")].count("\n") + 2
+    spec.write_text(text.replace("\nCrash ==\n", "\nCrash == ==\n"))
+    done = run_cli("check", "--model", "ReconcileReadonly", "--json", cwd=other)
+    assert done.returncode == 1
+    rows = json.loads(done.stdout)
+    assert [(r["model"], r["check"], r["status"]) for r in rows] == [
+        ("ReconcileReadonly", "tlc", "NOT CHECKED"),
+        ("ReconcileReadonly", "conformance", "NOT CHECKED"),
+    ]
+    errors = [ln for ln in done.stderr.splitlines() if ln.startswith("spec/")]
+    assert errors == [
+        f'spec/DurableToolExecution.tla:{line}:10: Was expecting "Expression or Instance"; '
+        f'Encountered "==" at line {line}, column 10 and token "=="'
+    ]
+    assert "DRIFT" not in done.stdout + done.stderr
+
+
+# ---------------------------------------------------------------------------
+# One Ctrl-C stops everything.
+
+# LedgerPass takes about a second, each Big about a minute.
+SLOW_MANIFEST = "[[model]]" + MANIFEST.split("[[model]]")[1] + "".join(
+    f"""
+[[model]]
+name = "Big{i}"
+module = "Ledger"
+cfg = "LedgerBig.cfg"
+check_deadlock = false
+ci = true
+expect = "pass"
+distinct_states = 1
+question = "about a minute of TLC: only here to be interrupted"
+"""
+    for i in (1, 2, 3)
+)
+
+
+def processes_under(marker: Path, program: bytes = b"java") -> list[int]:
+    """Pids of live ``program`` processes whose command line names ``marker``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        zombie = stat.rpartition(")")[2].split()[0] == "Z"  # exited, not yet reaped
+        name = argv[0].rpartition(b"/")[2]
+        if program in name and not zombie and str(marker).encode() in b" ".join(argv):
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("target", "signum", "status", "name"),
+    [
+        ("process", signal.SIGINT, 130, "Ctrl-C"),
+        ("process group", signal.SIGINT, 130, "Ctrl-C"),
+        ("process", signal.SIGTERM, 143, "SIGTERM"),
+    ],
+)
+def test_one_sigint_stops_the_check(
+    tmp_path: Path, target: str, signum: int, status: int, name: str
+) -> None:
+    """A real SIGINT to a real `toolledger check` with two JVMs running and
+    one model queued: exit 130 with the rows finished so far and an
+    "interrupted" line; the queued model never starts; no java process and
+    no temporary directory is left. "process group" is what a Ctrl-C in a
+    terminal does: the signal also reaches everything in the foreground group.
+    A SIGTERM (a cancelled CI job) is handled the same way (exit 143)."""
+    root = make_root(tmp_path / "proj", SLOW_MANIFEST)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    proc = subprocess.Popen(
+        [str(TOOLLEDGER), "check", "--root", str(root), "--jobs", "2", "--no-conformance"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        env=env, start_new_session=True,
+    )
+    err_lines: list[str] = []
+    assert proc.stderr is not None
+    reader = threading.Thread(target=lambda: err_lines.extend(proc.stderr or ()), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        # LedgerPass finished, Big1 and Big2 run (two JVMs), Big3 waits
+        while not (any(ln.startswith("[1/4] LedgerPass") for ln in err_lines)
+                   and any(ln.startswith("started Big2") for ln in err_lines)
+                   and len(processes_under(temp)) == 2):
+            assert proc.poll() is None, "".join(err_lines)
+            assert time.monotonic() < deadline, "".join(err_lines)
+            time.sleep(0.05)
+        if target == "process":
+            proc.send_signal(signum)
+        else:
+            os.killpg(proc.pid, signum)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=10)
+    err = "".join(err_lines)
+    assert proc.returncode == status, out + err
+    assert "Traceback" not in out + err
+    rows = {ln.split()[0]: ln.split() for ln in out.splitlines()[2:] if ln.startswith("LedgerPass")}
+    assert rows["LedgerPass"][-1] == "ok"  # the finished row is reported
+    assert not any(ln.startswith("Big") for ln in out.splitlines())
+    interrupted = [ln for ln in out.splitlines() if ln.startswith(f"interrupted ({name}) after")]
+    assert len(interrupted) == 1, out
+    assert "1 of 4 models finished" in interrupted[0]
+    assert "not finished: Big1, Big2, Big3" in interrupted[0]
+    assert "started Big3" not in err  # no new model after the SIGINT
+    assert processes_under(temp) == []
+    assert list(temp.iterdir()) == []  # every toolledger-* directory was removed
+
+
+@pytest.mark.slow
+def test_sigint_during_conformance_kills_the_checker_and_its_workers(tmp_path: Path) -> None:
+    other = copy_repo(tmp_path / "other")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    proc = subprocess.Popen(
+        [str(TOOLLEDGER), "check", "--model", "ReconcileReadonly"], cwd=other,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        env={**os.environ, "TMPDIR": str(temp)},
+    )
+    err_lines: list[str] = []
+    reader = threading.Thread(target=lambda: err_lines.extend(proc.stderr or ()), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 180
+        # the conformance process and its 2 workers (fork) hold the dump's path
+        while len(processes_under(temp, b"python")) < 2:
+            assert proc.poll() is None, "".join(err_lines)
+            assert time.monotonic() < deadline, "".join(err_lines)
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=10)
+    err = "".join(err_lines)
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in out + err
+    assert next(ln for ln in out.splitlines() if ln.startswith("ReconcileReadonly ")).endswith("ok")
+    assert "ReconcileReadonly [conformance]" not in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("interrupted (Ctrl-C)"))
+    assert "1 of 1 model finished" in line and "conformance not checked: ReconcileReadonly" in line
+    assert processes_under(temp, b"python") == [] and processes_under(temp) == []
+    assert list(temp.iterdir()) == []
+
+
+def test_checked_line_names_the_commit_and_uncommitted_changes(tmp_path: Path) -> None:
+    root = make_root(tmp_path / "proj")
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org"}
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], env=env, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    assert cli._git_state(root) == "not a git checkout"
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "models")
+    head = git("rev-parse", "HEAD")
+    assert cli._git_state(root) == f"git {head[:12]}"
+    (root / "spec" / "Stuck.tla").write_text("changed")
+    assert cli._git_state(root) == f"git {head[:12]}, with uncommitted changes"
+    # a directory inside some other checkout is not that checkout
+    assert cli._git_state(root / "spec") == "not a git checkout"

@@ -20,7 +20,7 @@ delivers requests still in flight when the machine says so (late originals).
 Humans approve or reject parked approvals and resolve ``recovery_required``
 items ("applied", "retry", "abandon").
 
-The oracle: after every step, the spec's invariants (PROTOCOL.md section 4,
+The oracle: after every step, the spec's invariants (docs/protocol.md#invariants,
 under the names of ``toolledger.invariants.INVARIANTS``), checked on what
 SURVIVES: a freshly opened ``SqliteStore`` on the file (calls, approvals,
 records, audit rows), the conversation file and a fresh

@@ -1,7 +1,7 @@
 """The fault matrix measures what the engine kit does, and maps it to the spec faithfully.
 
 Under test: ``toolledger.figures_matrix``. The oracles are the engine kit's
-own counters and the cases whose answer the seed issue and PROTOCOL.md fix
+own counters and the cases whose answer issue #443 and docs/protocol.md fix
 (a legacy engine delivers twice after the external success; the ledger halts
 a ``manual`` call; the conservative legacy rule halts an adopted call), the
 store's commit counters for the tape, the closed-world model and TLC for the
@@ -55,6 +55,7 @@ from toolledger.figures_matrix import (
     spec_run,
     spec_run_of_tape,
 )
+from toolledger.notebook_support import MIN_TEXT_PT, PAGE_WIDTH_PX, smallest_text
 from toolledger.simulate import ARGUMENTS, TOOL, USER_TEXT, run_simulation
 from toolledger.stores import MemoryStore
 from toolledger.tracecheck import trace_of, validate_traces
@@ -214,7 +215,11 @@ def test_tlc_accepts_a_mapped_run_and_refuses_a_reordered_one() -> None:
 def test_the_picture_shows_each_cells_category() -> None:
     cells = run_matrix(policies=("manual", "readonly"))
     fig, drawn = fault_matrix_figure(cells, policies=("manual", "readonly"), title="t")
-    assert len(drawn.panels) == 3 and fig.axes[0].get_title() == drawn.panels[0]
+    assert len(drawn.panels) == 3
+    assert fig.axes[0].get_title(loc="left") == " ".join(drawn.panels[0].split())
+    # Stacked one page wide: every text reads at 10 pt or more in a notebook.
+    assert fig.get_figwidth() <= PAGE_WIDTH_PX / 96
+    assert smallest_text(fig)[0] >= MIN_TEXT_PT
     for (engine, session, mode), title in zip(panels(), drawn.panels, strict=True):
         mine = [c for c in cells if (c.engine, c.session) == (engine, session)]
         assert drawn.counts[title] == dict(Counter(category(c) for c in mine))

@@ -80,7 +80,7 @@ def test_create_and_load_an_empty_session() -> None:
 def test_creating_a_session_twice_is_refused() -> None:
     store = MemoryStore()
     store.create_session(SID, marker=0, max_attempts=3)
-    with pytest.raises(SessionExists, match="'s1' already exists: load"):
+    with pytest.raises(SessionExists, match=r"'s1' already exists: open it with Ledger\("):
         store.create_session(SID, marker=1, max_attempts=3)
     assert store.load(SID).marker == 0
 
@@ -204,7 +204,11 @@ def test_a_stale_before_is_refused() -> None:
     before, after = dispatched(store)
     rows = [row_for(after, k) for k in after.audit - before.audit]
     store.commit(SID, before, after, rows)
-    with pytest.raises(StaleState, match=r"ledger record .* not the one this engine saw"):
+    with pytest.raises(
+        StaleState,
+        match=r"changed since this engine loaded it \(audit keys written since: "
+        r"\[\('dispatch', 1\)\]; its record differs\)",
+    ):
         store.commit(SID, before, after, rows)  # a second engine, same decision
     assert len(store.audit(SID)) == 1
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 from checker_support import ROOT
 from toolledger.manifest import load_manifest, markdown_table
@@ -25,13 +29,32 @@ def test_models_table_is_generated_from_the_manifest() -> None:
     )
 
 
-def test_adoption_example_runs_and_prints_what_the_readme_says() -> None:
-    section = README.split("## Adopting toolledger in an engine", 1)[1]
-    code = section.split("```python", 1)[1].split("```", 1)[0]
+def adoption_blocks() -> list[str]:
+    section = README.split("## Adopting toolledger in an engine", 1)[1].split("\n## ", 1)[0]
+    return [part.split("```", 1)[0] for part in section.split("```python")[1:]]
+
+
+def run_block(code: str) -> str:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(code, "README.md", "exec"), {"__name__": "readme_example"})
-    text = out.getvalue()
+    return out.getvalue()
+
+
+def test_first_time_users_flow_fits_in_15_lines_and_recovers() -> None:
+    code = adoption_blocks()[0]
+    lines = [line for line in code.splitlines() if line.strip()]
+    assert len(lines) <= 15, f"the README's first adoption block has {len(lines)} lines"
+    assert "toolledger.session" not in code and "Event(" not in code  # the API, not the spec
+    text = run_block(code)
+    assert text.startswith("retry retry_same_id {'role': 'tool', 'tool_call_id': 'call_0', "
+                           "'content': 'sent', 'status': 'ok'}"), text
+    assert text.rstrip().endswith(" 1"), text  # one email for two requests
+
+
+def test_adoption_example_runs_and_prints_what_the_readme_says() -> None:
+    [kit] = [b for b in adoption_blocks() if "toolledger.engine" in b]
+    text = run_block(kit)
     assert "emails sent: 1 requests: 2" in text
     rows = [line for line in text.splitlines() if line.startswith(("dispatch", "retry_same_id"))]
     assert [r.split()[:3] for r in rows] == [
@@ -39,3 +62,58 @@ def test_adoption_example_runs_and_prints_what_the_readme_says() -> None:
         ["retry_same_id", "1", "approval"],
         ["dispatch", "2", "policy"],
     ], text
+
+
+def simulate_lines() -> list[tuple[list[str], int]]:
+    """The README's ``$ toolledger simulate`` lines: (argv, the exit status its comment says)."""
+    section = README.split("To try any crash point", 1)[1]
+    block = section.split("```console", 1)[1].split("```", 1)[0]
+    joined = re.sub(r"\\\n\s*", " ", block)  # backslash continuations, as a shell reads them
+    lines = []
+    for line in joined.splitlines():
+        if not line.startswith("$ "):
+            continue
+        command, _, comment = line[2:].partition("#")
+        status = re.search(r"exit status (\d+)", comment)
+        lines.append((shlex.split(command), int(status.group(1)) if status else 0))
+    return lines
+
+
+def toolledger_command() -> list[str]:
+    """The console script the README's lines call, from this interpreter's environment."""
+    script = Path(sys.executable).with_name("toolledger")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "toolledger.cli"]
+
+
+def test_the_readme_lists_the_simulate_lines_this_test_runs() -> None:
+    lines = simulate_lines()
+    assert [argv[:2] for argv, _ in lines] == [["toolledger", "simulate"]] * 4
+    assert [status for _, status in lines] == [0, 3, 0, 0]
+    assert any("--db" in argv for argv, _ in lines)  # the SQLite line is among them
+
+
+def test_the_readme_simulate_lines_work_as_printed_twice_in_a_row(tmp_path: Path) -> None:
+    """Each line, run twice in a row in one directory, exits as the README says.
+
+    The SQLite line writes its store and side files into the current
+    directory; the second run starts over (``--fresh``) instead of failing on
+    them, and leaves exactly the files the README names.
+    """
+    for argv, status in simulate_lines():
+        outputs = []
+        for _ in range(2):
+            done = subprocess.run([*toolledger_command(), *argv[1:]], cwd=tmp_path,
+                                  capture_output=True, text=True, timeout=300, check=False)
+            assert done.returncode == status, (argv, done.stderr)
+            assert done.stderr == "", (argv, done.stderr)
+            outputs.append(done.stdout)
+        if status == 3:
+            assert "DUPLICATE: the effect was applied 2 times for 1 approval" in outputs[1]
+        if "--db" in argv:
+            for out in outputs:
+                assert "effects applied:      1" in out
+                assert "human resolution:     applied" in out
+    db = "run1.sqlite3"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        db, f"{db}.conversation", f"{db}.external.jsonl"]
+    assert "`DB.conversation/`" in README and "`DB.external.jsonl`" in README

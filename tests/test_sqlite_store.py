@@ -435,11 +435,15 @@ def test_two_connections_cannot_both_write_the_same_step(tmp_path: Path) -> None
             second.step(E(A.EnginePersistCall, (0, 0)))
         second.crash()
         first.step(E(A.EnginePersistDispatched, (0, 0)))
-        second.step(E(A.Recover, (0, 0)))  # it saw no record: execute
-        with pytest.raises(StaleState, match="ledger record"):
-            second.step(E(A.EnginePersistDispatched, (0, 0)))
+        # It saw no record and would decide execute: an audit-only commit on
+        # stale inputs, refused before it writes its decision row.
+        with pytest.raises(StaleState, match=r"audit keys written since: \[\('dispatch', 1\)\]"):
+            second.step(E(A.Recover, (0, 0)))
         assert two.load(SID).ledger == one.load(SID).ledger
-        assert [r.kind for r in one.audit(SID)] == ["dispatch", "execute"]
+        assert [r.kind for r in one.audit(SID)] == ["dispatch"]
+        second.reload()  # sees the dispatched attempt: decides on what is durable
+        second.step(E(A.Recover, (0, 0)))
+        assert [r.kind for r in one.audit(SID)] == ["dispatch", "retry_same_id"]
 
 
 def test_a_store_can_be_used_from_another_thread(tmp_path: Path) -> None:

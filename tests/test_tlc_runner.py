@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,8 @@ import pytest
 
 from toolledger.tlavalues import FnValue
 from toolledger.tlc import (
+    Cancellation,
+    Cancelled,
     Outcome,
     Progress,
     TLCMessage,
@@ -27,6 +31,8 @@ from toolledger.tlc import (
     check_java,
     find_jar,
     parse_cfg,
+    parse_modules,
+    parse_sany_output,
     parse_tool_output,
     run_tlc,
 )
@@ -198,6 +204,136 @@ def test_timeout_kills_tlc_and_says_so() -> None:
     assert r.outcome is Outcome.TIMEOUT
     assert "timeout" in r.error_text
     assert r.wall_seconds < 30
+
+
+# ---------------------------------------------------------------------------
+# Cancellation: no run starts once cancelled, a running one is killed.
+
+
+def test_a_cancelled_run_does_not_start() -> None:
+    cancel = Cancellation()
+    cancel.cancel()
+    with pytest.raises(Cancelled):
+        run("Stuck", cancel=cancel)
+
+
+@pytest.mark.slow
+def test_cancel_kills_a_running_tlc_and_removes_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)  # re-read TMPDIR
+    cancel = Cancellation()
+    seen: list[Progress] = []
+    raised: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            run("LedgerBig", "Ledger", check_deadlock=False, cancel=cancel,
+                on_progress=seen.append)  # about a minute if not killed
+        except BaseException as e:
+            raised.append(e)
+
+    worker = threading.Thread(target=target)
+    worker.start()
+    deadline = time.monotonic() + 60
+    while not seen:  # TLC runs: it reported its initial states
+        assert time.monotonic() < deadline and worker.is_alive()
+        time.sleep(0.02)
+    started = time.monotonic()
+    cancel.cancel()
+    worker.join(timeout=30)
+    assert not worker.is_alive() and time.monotonic() - started < 10
+    assert len(raised) == 1 and isinstance(raised[0], Cancelled), raised
+    assert list(tmp_path.iterdir()) == []  # its temporary directory is gone
+    assert not any(
+        str(tmp_path) in (p / "cmdline").read_text(errors="replace")
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and (p / "cmdline").exists()
+    )
+
+
+def test_a_run_that_finished_before_cancel_keeps_its_result() -> None:
+    cancel = Cancellation()
+    r = run("Stuck", cancel=cancel)
+    cancel.cancel()
+    assert r.outcome is Outcome.DEADLOCK
+
+
+# ---------------------------------------------------------------------------
+# Parsing only: SANY once, errors as file:line:col.
+
+
+@pytest.mark.slow
+def test_parse_modules_reports_file_line_col_and_sany_message(tmp_path: Path) -> None:
+    for f in FIXTURES.glob("*.tla"):
+        shutil.copyfile(f, tmp_path / f.name)
+    (tmp_path / "Lexical.tla").write_text('---- MODULE Lexical ----\nx == "abc\n====\n')
+    (tmp_path / "Missing.tla").write_text("---- MODULE Missing ----\nEXTENDS Nope\n====\n")
+    errors = parse_modules(
+        ["Ledger", "Broken", "Stuck", "Undefined", "Lexical", "Missing", "Live"],
+        search_dirs=[tmp_path],
+    )
+    rendered = {m: [e.render(tmp_path) for e in errs] for m, errs in errors.items()}
+    assert rendered == {
+        "Ledger": [],
+        # a parse error: SANY stops here (exit 255) and gets another run for the rest
+        "Broken": [
+            'Broken.tla:4:9: Was expecting "Expression or Instance"; '
+            'Encountered "Beginning of definition" at line 4, column 9 and token "=="'
+        ],
+        "Stuck": [],
+        # a semantic error: SANY goes on and exits 0
+        "Undefined": ["Undefined.tla:4:13: Unknown operator: `NoSuchOperator'."],
+        "Lexical": ['Lexical.tla:2:10: Lexical error: Encountered: "\\n" (10), after : "\\"abc"'],
+        "Missing": ["Missing.tla: Cannot find source file for module Nope imported in module "
+                    "Missing."],
+        "Live": [],
+    }
+    assert errors["Undefined"][0].path == tmp_path / "Undefined.tla"  # not SANY's copy
+
+
+def test_sany_output_of_an_error_in_an_imported_module_names_that_module() -> None:
+    out = """
+****** SANY2 Version 2.1 created 24 February 2014
+
+Parsing file /tmp/x/model/MCTwo.tla
+Parsing file /tmp/x/model/Base.tla
+Parsing file /tmp/x/java-tmp/Naturals.tla
+Semantic processing of module Naturals
+Semantic processing of module Base
+Semantic errors:
+
+*** Errors: 1
+
+line 509, col 32 to line 509, col 36 of module Base
+
+Unknown operator: `Bogus'.
+
+
+
+Semantic processing of module MCTwo
+Semantic errors:
+
+*** Errors: 1
+
+line 509, col 32 to line 509, col 36 of module Base
+
+Unknown operator: `Bogus'.
+
+
+*** Warnings: 1
+
+line 4, col 1 to line 4, col 6 of module MCTwo
+
+Multiple declarations or definitions for symbol x.
+"""
+    files = {"MCTwo.tla": Path("model/MCTwo.tla"), "Base.tla": Path("spec/Base.tla")}
+    errors, aborted = parse_sany_output(out, files)
+    assert not aborted
+    assert [e.render() for e in errors["MCTwo"]] == [
+        "spec/Base.tla:509:32: Unknown operator: `Bogus'."
+    ]
 
 
 # ---------------------------------------------------------------------------

@@ -29,7 +29,7 @@ only, never through ``arguments``: the arguments are model-controlled text,
 and a model that could write the key could make two different calls share one
 execution, or make one call look like a new one.  The ``attempt`` keyword
 carries the attempt number so that a reconcile connector can fence attempts
-*per attempt* (PROTOCOL.md section 7): the late original (attempt n) is
+*per attempt* (``docs/protocol.md#subtleties``): the late original (attempt n) is
 rejected, the retry (attempt n+1) is not.
 
 This module must never decide recovery (that is

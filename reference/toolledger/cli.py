@@ -3,8 +3,18 @@
 ``toolledger check`` runs every ``ci = true`` model of ``model/manifest.toml``
 with TLC and fails on any drift from the manifest (a different outcome, a
 different violated invariant or property, a different number of distinct
-states). Exit status: 0 everything matches, 1 drift (or TLC failed), 2 the
-check could not run as asked (usage error, invalid manifest, no java or jar).
+states). Before any model runs, SANY parses every model's module once: a
+spec that does not parse is reported once (``file:line:col: message``) and
+the models it breaks are ``NOT CHECKED`` rows, never drift. The conformance
+rows check the reference under the checked root's ``reference/`` (in a child
+process; see :func:`_reference_package`), and the output names it.
+
+Exit status: 0 everything matches; 1 drift, a TLC failure or a model not
+checked because the spec does not parse (the repository under check is
+broken); 2 the check could not run as asked (usage error, invalid manifest,
+no java or jar, a root whose reference cannot be checked); 130 after a
+Ctrl-C (143 after a SIGTERM): the first one stops everything, prints the
+rows finished so far and an ``interrupted`` line.
 
 Adding a subcommand: write ``_configure_NAME(parser)`` and ``cmd_NAME(args) ->
 int`` and append a :class:`Subcommand` to :data:`SUBCOMMANDS`. Adding rows to
@@ -25,6 +35,8 @@ import argparse
 import concurrent.futures
 import json
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -37,7 +49,18 @@ from typing import TextIO
 from .manifest import Manifest, ManifestError, ModelEntry, drift, find_root, load_manifest
 from .manifest import result_label as _result_label
 from .tlavalues import FnValue, Value, pretty, serialize
-from .tlc import Outcome, TLCResult, ToolchainError, TraceStep, run_tlc
+from .tlc import (
+    Cancellation,
+    Cancelled,
+    Outcome,
+    Progress,
+    SpecError,
+    TLCResult,
+    ToolchainError,
+    TraceStep,
+    parse_modules,
+    run_tlc,
+)
 
 __all__ = [
     "CHECK_ROW_PROVIDERS",
@@ -76,11 +99,12 @@ class Row:
     distinct_states: int | None
     expected_distinct_states: int | None
     wall_seconds: float
-    status: str  # "ok", "DRIFT" or "ERROR"
+    status: str  # "ok", "DRIFT", "ERROR" or "NOT CHECKED" (its module does not parse)
     check: str = "tlc"
     reasons: list[str] = field(default_factory=list)
     error: str = ""
     trace: list[dict[str, object]] | None = None
+    reference: str = ""  # conformance rows: the reference package that was checked
 
     @property
     def ok(self) -> bool:
@@ -234,51 +258,86 @@ def resolve_root(args: argparse.Namespace) -> Path:
 
 
 class _ProgressLine:
-    """One live status line on stderr (rewritten in place on a terminal)."""
+    """Progress on stderr: permanent notes, and on a terminal one live status
+    line below them, redrawn every second from ``status()`` (a function, so
+    the elapsed times it shows are current, not frozen at the last event)."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
         self.tty = stream.isatty()
         self.lock = threading.Lock()
-        self.text = ""
-        self.started = time.monotonic()
+        self.status: Callable[[], str] | None = None
         self.stop = threading.Event()
         self.ticker: threading.Thread | None = None
 
-    def begin(self, text: str) -> None:
-        self.started = time.monotonic()
-        self.update(text)
-        if self.tty:
+    def note(self, text: str) -> None:
+        """A line that stays (on a terminal: above the live status line)."""
+        with self.lock:
+            if self.tty:
+                self.stream.write("\r\033[K" + text + "\n")
+                if self.status is not None:
+                    self.stream.write(self.status())
+            else:
+                self.stream.write(text + "\n")
+            self.stream.flush()
+
+    def live(self, status: Callable[[], str] | None) -> None:
+        """Show ``status()`` as the live line (terminal only); None clears it."""
+        with self.lock:
+            self.status = status
+        if not self.tty:
+            return
+        self._draw()
+        if status is not None and self.ticker is None:
             self.stop.clear()
             self.ticker = threading.Thread(target=self._tick, daemon=True)
             self.ticker.start()
 
     def _tick(self) -> None:
         while not self.stop.wait(1.0):
-            self.update(self.text)
+            self._draw()
 
-    def update(self, text: str) -> None:
+    def _draw(self) -> None:
         with self.lock:
-            self.text = text
-            line = f"{text} ({time.monotonic() - self.started:.0f} s)"
-            if self.tty:
-                self.stream.write("\r\033[K" + line)
-            else:
-                self.stream.write(line + "\n")
+            self.stream.write("\r\033[K" + (self.status() if self.status is not None else ""))
             self.stream.flush()
 
-    def end(self, text: str) -> None:
+    def close(self) -> None:
         self.stop.set()
         if self.ticker is not None:
             self.ticker.join()
             self.ticker = None
-        with self.lock:
-            self.stream.write(("\r\033[K" if self.tty else "") + text + "\n")
-            self.stream.flush()
+        self.live(None)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.0f} s" if s < 600 else f"{s / 60:.0f} min"
+
+
+def _since(text: str, t0: float) -> Callable[[], str]:
+    """A live status: ``text (N s)``, N counting from ``t0``."""
+    return lambda: f"{text} ({_seconds(time.monotonic() - t0)})"
 
 
 # ----------------------------------------------------------------------------
 # toolledger check
+
+
+def _positive(kind: type[int] | type[float], what: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number: give {what}") from None
+        if not value > 0 or value != value or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"{text} is not positive: give {what}")
+        return value
+
+    return parse
 
 
 def _configure_check(p: argparse.ArgumentParser) -> None:
@@ -291,10 +350,15 @@ def _configure_check(p: argparse.ArgumentParser) -> None:
         help="show the counterexample of each violating model as a step table "
         "(only the variables that change)",
     )
-    p.add_argument("--timeout", type=float, metavar="SECONDS", help="kill TLC after this long")
+    p.add_argument(
+        "--timeout",
+        type=_positive(float, "a number of seconds > 0"),
+        metavar="SECONDS",
+        help="kill TLC after this long (per model)",
+    )
     p.add_argument(
         "--jobs",
-        type=int,
+        type=_positive(int, "a whole number of TLC runs >= 1"),
         default=min(2, os.cpu_count() or 1),
         metavar="N",
         help="TLC runs side by side (default: 2, or 1 on a single core)",
@@ -306,36 +370,125 @@ def _configure_check(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _conformance_row(root: Path, entry: ModelEntry, tlc: TLCResult, dot: Path) -> Row:
-    """Check the reference against the state graph TLC dumped for ``entry``."""
-    # imported here: the conformance checker pulls in the whole reference
-    from . import conformance
-    from .stategraph import load_dot
-    from .system import ModelConfig
+# The reference a conformance check checks is the one under the root's
+# reference/ directory: the check runs in a child process whose import path
+# starts there. Without that, a second checkout run with the venv of another
+# checkout (an editable install) would check the other checkout's Python
+# against this checkout's spec and report "conforms" for code nobody looked at.
 
+
+def _reference_env(root: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    rest = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(root / "reference") + (os.pathsep + rest if rest else "")
+    return env
+
+
+def _reference_package(root: Path) -> Path:
+    """The root's reference package, once a child process proved it imports that one.
+
+    Raises :class:`UsageError` (nothing was run) if the root has no
+    reference, or if Python would import ``toolledger`` from elsewhere."""
+    expected = (root / "reference" / "toolledger").resolve()
+    if not (expected / "__init__.py").is_file():
+        raise UsageError(
+            f"{expected} does not exist: a conformance check checks the reference of the "
+            "checkout whose spec it checks; run it in a complete checkout, or pass "
+            "--no-conformance to run TLC only"
+        )
+    probe = "import pathlib, toolledger; print(pathlib.Path(toolledger.__file__).resolve().parent)"
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", probe], env=_reference_env(root), cwd=root / "reference",
+            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise UsageError(f"cannot run {sys.executable} to import the reference: {e}") from None
+    found = proc.stdout.strip()
+    if proc.returncode != 0 or Path(found) != expected:
+        why = proc.stderr.strip().splitlines()[-1:] if proc.returncode else [f"it imported {found}"]
+        raise UsageError(
+            f"refusing to check: with {root / 'reference'} first on PYTHONPATH, {sys.executable} "
+            f"does not import the reference {expected} ({'; '.join(why)}); "
+            "run the check with that checkout's own virtualenv"
+        )
+    return expected
+
+
+def _git_state(root: Path) -> str:
+    """``git <commit>`` of ``root`` (and whether spec/, model/ or reference/ differ from it)."""
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                              timeout=30, stdin=subprocess.DEVNULL)
+
+    try:
+        top = git("rev-parse", "--show-toplevel", "HEAD")
+        lines = top.stdout.split()
+        if top.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != root.resolve():
+            return "not a git checkout"
+        dirty = git("status", "--porcelain", "--", "spec", "model", "reference").stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "git not available"
+    return f"git {lines[1][:12]}" + (", with uncommitted changes" if dirty else "")
+
+
+def _conformance_row(
+    root: Path, entry: ModelEntry, tlc: TLCResult, dot: Path, package: Path, cancel: Cancellation
+) -> Row:
+    """Check the root's reference against the state graph TLC dumped for ``entry``
+    (in a child process: see :func:`_reference_package`)."""
     def row(got: str, status: str, reasons: list[str], seconds: float = 0.0,
-            states: int | None = None) -> Row:
+            states: int | None = None, error: str = "") -> Row:
         return Row(
             model=entry.name, expected="conforms", got=got, distinct_states=states,
             expected_distinct_states=entry.distinct_states, wall_seconds=round(seconds, 2),
-            status=status, check="conformance", reasons=reasons,
+            status=status, check="conformance", reasons=reasons, error=error,
+            reference=str(package),
         )
 
     if not dot.exists():
         return row("no state graph", "ERROR", [f"TLC wrote no state graph ({tlc.outcome.name})"])
+    cancel.check()
     started = time.monotonic()
-    graph = load_dot(dot)
-    cfg = ModelConfig.from_mc_module(conformance._module_path(root, entry.module))
-    report = conformance.check_graph(cfg, graph, model=entry.name,
-                                     workers=min(2, os.cpu_count() or 1))
+    cmd = [sys.executable, "-m", "toolledger.conformance", "--root", str(root),
+           "--module", entry.module, "--dot", str(dot),
+           "--workers", str(min(2, os.cpu_count() or 1))]
+    proc = subprocess.Popen(
+        cmd, env=_reference_env(root), cwd=root / "reference", stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,  # its worker processes die with it (see Cancellation)
+    )
+    killed = False
+    try:
+        if not cancel.register(proc):
+            proc.wait()
+            raise Cancelled("cancelled as it started")
+        out, err = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        killed = cancel.unregister(proc)
+    if killed:
+        raise Cancelled(f"conformance of {entry.name} was stopped")
     seconds = time.monotonic() - started
+    try:
+        report = json.loads(out)
+    except ValueError:
+        tail = "\n".join(err.strip().splitlines()[-15:])
+        return row("not checked", "ERROR", [f"the conformance check of {package} failed "
+                                            f"(exit code {proc.returncode})"], seconds, error=tail)
+    if Path(report["package"]) != package:  # the probe said otherwise: refuse the result
+        return row("not checked", "ERROR", [f"the check imported {report['package']}, "
+                                            f"not {package}"], seconds)
     ratio = seconds / tlc.wall_seconds if tlc.wall_seconds else 0.0
-    got = (f"{report.mismatch_count} mismatches, {report.edges:,} edges, "
-           f"{ratio:.1f}x TLC time")
-    reasons = [conformance.render_mismatch(report, m) for m in report.mismatches]
-    if report.mismatch_count > len(reasons):
-        reasons.append(f"... and {report.mismatch_count - len(reasons)} more mismatches")
-    return row(got, "ok" if report.ok else "DRIFT", reasons, seconds, report.states)
+    count = int(report["mismatch_count"])
+    got = f"{count:,} mismatches, {report['edges']:,} edges, {ratio:.1f}x TLC time"
+    reasons = [str(r) for r in report["reasons"]]
+    if count > len(reasons):
+        reasons.append(f"... and {count - len(reasons)} more mismatches")
+    ok = count == 0 and int(report["states"]) > 0
+    return row(got, "ok" if ok else "DRIFT", reasons, seconds, int(report["states"]))
 
 
 def _row_for(entry: ModelEntry, result: TLCResult, with_trace: bool) -> Row:
@@ -355,6 +508,21 @@ def _row_for(entry: ModelEntry, result: TLCResult, with_trace: bool) -> Row:
         reasons=reasons,
         error=result.error_text,
         trace=_trace_json(result.trace) if with_trace and result.trace else None,
+    )
+
+
+def _not_checked_row(entry: ModelEntry, check: str, errors: Sequence[SpecError],
+                     root: Path) -> Row:
+    return Row(
+        model=entry.name,
+        expected=entry.expect if check == "tlc" else "conforms",
+        got="not checked",
+        distinct_states=None,
+        expected_distinct_states=entry.distinct_states,
+        wall_seconds=0.0,
+        status=NOT_CHECKED,
+        check=check,
+        error="\n".join(e.render(root) for e in errors),
     )
 
 
@@ -387,8 +555,53 @@ def _table(rows: Sequence[Row]) -> str:
     return "\n".join([line(head), line(["-" * w for w in widths]), *(line(b) for b in body)])
 
 
+class _Interrupt:
+    """SIGINT (Ctrl-C) or SIGTERM during ``toolledger check``: the first one
+    cancels everything (no new model starts, running JVMs and conformance
+    processes are killed) and raises KeyboardInterrupt in the main thread;
+    later ones are ignored, so the cleanup and the report of the rows
+    finished so far always run."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, cancel: Cancellation) -> None:
+        self.cancel = cancel
+        self.signum: int | None = None
+        self.raising = True  # False once the run is over: cleanup and report must not break
+        self.previous: dict[int, object] = {}
+
+    def __enter__(self) -> _Interrupt:
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                self.previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.signum is not None:
+            return
+        self.signum = signum
+        self.cancel.cancel()
+        if self.raising:
+            raise KeyboardInterrupt
+
+    @property
+    def name(self) -> str:
+        return "Ctrl-C" if self.signum in (None, signal.SIGINT) else signal.Signals(
+            self.signum).name
+
+    @property
+    def exit_status(self) -> int:
+        """128 + the signal number, what shells report (130 for a Ctrl-C)."""
+        return 128 + (self.signum if self.signum is not None else signal.SIGINT)
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+
+
 def cmd_check(args: argparse.Namespace) -> int:
-    root = resolve_root(args)
+    # absolute: child processes run in <root>/reference and get paths under root
+    root = resolve_root(args).resolve()
     manifest = load_manifest(root)
     if args.model is not None:
         try:
@@ -401,71 +614,271 @@ def cmd_check(args: argparse.Namespace) -> int:
         models = manifest.ci_models()
         if not models:
             raise UsageError(f"{manifest.path} has no model with ci = true: nothing to check")
-
-    jobs = max(1, args.jobs)
-    progress = _ProgressLine(sys.stderr)
-    rows_by_name: dict[str, Row] = {}
-    results: dict[str, TLCResult] = {}
-    dumps = tempfile.TemporaryDirectory(prefix="toolledger-check-")
     conform = [e for e in models if e.conformance and not args.no_conformance]
-    dot_of = {e.name: Path(dumps.name) / f"{e.name}.dot" for e in conform}
-    started = time.monotonic()
 
-    def run_one(entry: ModelEntry) -> TLCResult:
-        return run_tlc(
-            entry.module,
-            entry.cfg_path,
-            search_dirs=manifest.search_dirs,
-            check_deadlock=entry.check_deadlock,
-            workers=entry.workers,
-            dump_dot=dot_of.get(entry.name),
-            timeout=args.timeout,
-        )
+    cancel = Cancellation()
+    with _Interrupt(cancel) as interrupt, tempfile.TemporaryDirectory(
+        prefix="toolledger-check-"
+    ) as dumps:
+        run = _CheckRun(manifest, models, conform, None, Path(dumps), args, cancel)
+        try:
+            run.run()
+        except KeyboardInterrupt:
+            if interrupt.signum is None:  # raised by Python's own handler, not ours
+                interrupt.signum = signal.SIGINT
+        finally:
+            interrupt.raising = False
+            run.stop()
+        if interrupt.signum is None:
+            return run.report()
+        return run.report(interrupted=interrupt)
 
-    # TLC runs one worker per model (identical counterexamples run to run);
-    # several models run side by side instead, one per core.
-    progress.begin(f"running {len(models)} models with TLC, {jobs} at a time")
-    with dumps, concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(run_one, e): e for e in models}
-        for n, fut in enumerate(concurrent.futures.as_completed(futures), 1):
+
+NOT_CHECKED = "NOT CHECKED"
+
+
+class _CheckRun:
+    """One ``toolledger check``: parse, run TLC, check conformance, report."""
+
+    def __init__(self, manifest: Manifest, models: list[ModelEntry], conform: list[ModelEntry],
+                 package: Path | None, dumps: Path, args: argparse.Namespace,
+                 cancel: Cancellation) -> None:
+        self.manifest, self.models, self.conform = manifest, models, conform
+        self.package, self.args, self.cancel = package, args, cancel
+        self.root = manifest.root
+        self.dot_of = {e.name: dumps / f"{e.name}.dot" for e in conform}
+        self.jobs: int = args.jobs
+        self.progress = _ProgressLine(sys.stderr)
+        self.started = time.monotonic()
+        self.lock = threading.Lock()
+        self.running: dict[str, float] = {}  # model -> when its TLC run started
+        # model -> TLC's last report: (distinct states, seconds into the run);
+        # TLC reports once a minute, so the count says when it was counted
+        self.states: dict[str, tuple[int, float]] = {}
+        self.started_runs = 0
+        self.finished = 0
+        self.to_run: list[ModelEntry] = []
+        self.unparsed: dict[str, tuple[SpecError, ...]] = {}
+        self.results: dict[str, TLCResult] = {}
+        self.tlc_rows: dict[str, Row] = {}
+        self.conformance_rows: dict[str, Row] = {}
+        self.pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    # -- running
+
+    def run(self) -> None:
+        if self.conform:  # refuses (exit 2) before anything runs if it cannot be checked
+            self.package = _reference_package(self.root)
+        self._parse()
+        self._run_tlc()
+        self._run_conformance()
+
+    def _parse(self) -> None:
+        """SANY once over every model's module, before any model runs: a spec
+        that does not parse is reported once, here, and its models are not
+        checked (rather than failing one by one as parse errors or drift)."""
+        modules = list(dict.fromkeys(e.module for e in self.models))
+        self.progress.live(lambda: f"parsing {_plural(len(modules), 'module')} with SANY "
+                                   f"({_seconds(time.monotonic() - self.started)})")
+        errors = parse_modules(modules, search_dirs=self.manifest.search_dirs, cancel=self.cancel)
+        self.progress.live(None)
+        self.unparsed = {m: errs for m, errs in errors.items() if errs}
+        shown: set[str] = set()
+        for errs in self.unparsed.values():
+            for e in errs:
+                text = e.render(self.root)
+                if text not in shown:
+                    shown.add(text)
+                    self.progress.note(text)
+        if self.unparsed:
+            names = [e.name for e in self.models if e.module in self.unparsed]
+            self.progress.note(
+                f"the spec does not parse: {_plural(len(names), 'model')} will not be checked "
+                f"({', '.join(names)})"
+            )
+        self.to_run = [e for e in self.models if e.module not in self.unparsed]
+
+    def _status(self) -> str:
+        now = time.monotonic()
+        with self.lock:
+            running = sorted(self.running.items(), key=lambda kv: kv[1])
+            parts = [
+                f"{name} {_seconds(now - t0)}"
+                + (f" ({_plural(self.states[name][0], 'state')} at "
+                   f"{_seconds(self.states[name][1])})" if name in self.states else "")
+                for name, t0 in running
+            ]
+            waiting = len(self.to_run) - self.started_runs
+        text = f"{_seconds(now - self.started)}: " + (
+            f"running {', '.join(parts)}" if parts else "starting TLC" if waiting else "finishing")
+        if waiting > 0:
+            text += f"; {waiting} waiting"
+        return text + f"; {self.finished}/{len(self.to_run)} done"
+
+    def _run_one(self, entry: ModelEntry) -> TLCResult:
+        self.cancel.check()  # a queued model never starts after Ctrl-C
+
+        def seen(p: Progress) -> None:
+            with self.lock:
+                self.states[entry.name] = (p.distinct, p.elapsed)
+
+        with self.lock:
+            self.running[entry.name] = time.monotonic()
+            self.started_runs += 1
+            count = len(self.running)
+            waiting = len(self.to_run) - self.started_runs
+        if not self.progress.tty:
+            self.progress.note(f"started {entry.name} ({count} running, {waiting} waiting)")
+        try:
+            return run_tlc(
+                entry.module,
+                entry.cfg_path,
+                search_dirs=self.manifest.search_dirs,
+                check_deadlock=entry.check_deadlock,
+                workers=entry.workers,
+                dump_dot=self.dot_of.get(entry.name),
+                timeout=self.args.timeout,
+                on_progress=seen,
+                cancel=self.cancel,
+            )
+        finally:
+            with self.lock:
+                self.running.pop(entry.name, None)
+                self.states.pop(entry.name, None)
+
+    def _run_tlc(self) -> None:
+        # TLC runs one worker per model (identical counterexamples run to run);
+        # several models run side by side instead, one per core.
+        todo = self.to_run
+        if not todo:
+            return
+        self.progress.note(f"running {_plural(len(todo), 'model')} with TLC, "
+                           f"{min(self.jobs, len(todo))} at a time")
+        self.progress.live(self._status)
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.jobs)
+        futures = {self.pool.submit(self._run_one, e): e for e in todo}
+        for fut in concurrent.futures.as_completed(futures):
             entry = futures[fut]
             result = fut.result()
-            results[entry.name] = result
-            row = _row_for(entry, result, args.trace)
-            rows_by_name[entry.name] = row
-            progress.end(
-                f"[{n}/{len(models)}] {entry.name}: {row.got}, "
+            with self.lock:
+                self.finished += 1
+                n = self.finished
+            self.results[entry.name] = result
+            row = _row_for(entry, result, self.args.trace)
+            self.tlc_rows[entry.name] = row
+            self.progress.note(
+                f"[{n}/{len(todo)}] {entry.name}: {row.got}, "
                 f"{_fmt_count(result.distinct_states)} distinct states, "
                 f"{result.wall_seconds:.1f} s: {row.status}"
+                + ("" if self.progress.tty or n == len(todo) else f"  ({self._status()})")
             )
-            if n < len(models):
-                progress.begin(f"{len(models) - n} models still running")
-        rows: list[Row] = [rows_by_name[e.name] for e in models]
-        for entry in conform:
-            progress.begin(f"{entry.name}: conformance of the reference with every state and edge")
-            rows.append(_conformance_row(manifest.root, entry, results[entry.name],
-                                         dot_of[entry.name]))
-            progress.end(f"{entry.name}: conformance {rows[-1].got}: {rows[-1].status}")
-    total = time.monotonic() - started
-    for provider in CHECK_ROW_PROVIDERS:
-        rows.extend(provider(manifest, models, args))
+        self.progress.live(None)
 
-    if args.json:
-        print(json.dumps([asdict(r) for r in rows], indent=2))
-    else:
-        print(_table(rows))
-        print(f"total wall time {total:.1f} s ({jobs} TLC runs at a time)")
-        for r in rows:
-            for reason in r.reasons:
-                print(f"{r.model}: {reason}")
-            if r.error and r.status == "ERROR":
-                print(f"\n{r.model}: TLC said:\n{r.error}\n")
-        if args.trace:
-            for name, result in results.items():
-                if result.trace:
-                    print(f"\n== {name}: {_result_label(result)} ({len(result.trace)} steps)")
-                    print(render_trace(result.trace))
-    return 0 if all(r.ok for r in rows) else 1
+    def _run_conformance(self) -> None:
+        assert self.package is not None or not self.conform
+        for entry in self.conform:
+            if entry.name not in self.results:
+                continue  # not parsed: reported as not checked
+            t0 = time.monotonic()
+            what = f"{entry.name}: conformance of {self.package} with every state and edge"
+            if not self.progress.tty:
+                self.progress.note(what)
+            self.progress.live(_since(what, t0))
+            assert self.package is not None
+            row = _conformance_row(self.root, entry, self.results[entry.name],
+                                   self.dot_of[entry.name], self.package, self.cancel)
+            self.conformance_rows[entry.name] = row
+            self.progress.live(None)
+            self.progress.note(f"{entry.name}: conformance {row.got}: {row.status} "
+                               f"({row.wall_seconds:.1f} s)")
+
+    def stop(self) -> None:
+        """Kill what still runs (after Ctrl-C or an error) and wait until every
+        runner has removed its temporary directory."""
+        done = len(self.tlc_rows) == len(self.to_run) and len(self.conformance_rows) == len(
+            [e for e in self.conform if e.name in self.results]
+        )
+        if not done:
+            self.cancel.cancel()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        self.progress.close()
+
+    # -- reporting
+
+    def report(self, *, interrupted: _Interrupt | None = None) -> int:
+        rows: list[Row] = []
+        for e in self.models:
+            if e.name in self.tlc_rows:
+                rows.append(self.tlc_rows[e.name])
+            elif e.module in self.unparsed:
+                rows.append(_not_checked_row(e, "tlc", self.unparsed[e.module], self.root))
+        for e in self.conform:
+            if e.name in self.conformance_rows:
+                rows.append(self.conformance_rows[e.name])
+            elif e.module in self.unparsed:
+                rows.append(_not_checked_row(e, "conformance", self.unparsed[e.module],
+                                             self.root))
+        if not interrupted:
+            for provider in CHECK_ROW_PROVIDERS:
+                rows.extend(provider(self.manifest, self.models, self.args))
+        total = time.monotonic() - self.started
+        checked = self._checked_line()
+        if self.args.json:
+            print(json.dumps([asdict(r) for r in rows], indent=2))
+            print(checked, file=sys.stderr)
+        else:
+            if rows:
+                print(_table(rows))
+            print(checked)
+            side_by_side = min(self.jobs, max(1, len(self.to_run)))
+            print(f"total wall time {total:.1f} s ({_plural(side_by_side, 'TLC run')} at a time)")
+            for r in rows:
+                if r.status == NOT_CHECKED:
+                    continue  # its parse errors were printed once, before any model ran
+                for reason in r.reasons:
+                    print(f"{r.model}: {reason}")
+                if r.error and r.status == "ERROR":
+                    print(f"\n{r.model}: {'TLC' if r.check == 'tlc' else r.check} said:\n"
+                          f"{r.error}\n")
+            if self.unparsed:
+                names = sorted({r.model for r in rows if r.status == NOT_CHECKED})
+                print(f"not checked: {', '.join(names)}: the spec does not parse "
+                      "(SANY's errors are printed above, before any model ran)")
+            if self.args.trace:
+                for name, result in self.results.items():
+                    if result.trace:
+                        print(f"\n== {name}: {_result_label(result)} ({len(result.trace)} steps)")
+                        print(render_trace(result.trace))
+        if interrupted is not None:
+            print(self._interrupted_line(total, interrupted.name),
+                  file=sys.stderr if self.args.json else sys.stdout)
+            return interrupted.exit_status
+        return 0 if all(r.ok for r in rows) else 1
+
+    def _checked_line(self) -> str:
+        where = f"{self.root} ({_git_state(self.root)})"
+        if self.package is not None:
+            line = f"checked: spec/ and model/ of {where}, and the reference {self.package}"
+            running = Path(__file__).resolve().parent
+            if running != self.package:
+                line += f" (this toolledger command itself runs from {running})"
+            return line
+        why = "--no-conformance" if self.args.no_conformance else "no conformance model selected"
+        return f"checked: spec/ and model/ of {where}; the reference was not checked ({why})"
+
+    def _interrupted_line(self, total: float, signal_name: str) -> str:
+        runnable = [e for e in self.models if e.module not in self.unparsed]
+        stopped = [e.name for e in runnable if e.name not in self.tlc_rows]
+        conf = [e.name for e in self.conform
+                if e.name in self.tlc_rows and e.name not in self.conformance_rows]
+        parts = [f"interrupted ({signal_name}) after {total:.1f} s: "
+                 f"{len(self.tlc_rows)} of {_plural(len(runnable), 'model')} finished"]
+        if stopped:
+            parts.append(f"not finished: {', '.join(stopped)}")
+        if conf:
+            parts.append(f"conformance not checked: {', '.join(conf)}")
+        return "; ".join(parts) + "; nothing is left running"
 
 
 def _configure_simulate(p: argparse.ArgumentParser) -> None:
@@ -492,14 +905,23 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 
 def _configure_verify_store(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="the SqliteStore file to check (it is never written)")
+    p.add_argument(
+        "path",
+        help="the SqliteStore file to check; none of its files (database, -wal, -shm) is "
+        "written: a private copy of the file and its -wal is checked",
+    )
+    p.epilog = (
+        "exit status: 0 the store passed; 1 it is damaged or not a toolledger store; "
+        "2 it was not checked (no such file, it changed while being copied, no space for "
+        "the copy)"
+    )
 
 
 def _cmd_verify_store(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .sqlite_store import SqliteStore
-    from .stores import StoreError
+    from .sqlite_store import verify_file
+    from .stores import StoreCorrupt, StoreError, UnsupportedSchema
 
     path = Path(args.path)
     if not path.is_file():
@@ -507,13 +929,21 @@ def _cmd_verify_store(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     try:
-        with SqliteStore(path) as store:
-            store.verify()
-            sessions = store.sessions()
-    except StoreError as e:
+        report = verify_file(path)
+    except (StoreCorrupt, UnsupportedSchema) as e:
         print(f"toolledger verify-store: {e}", file=sys.stderr)
         return 1
-    print(f"{path}: ok ({len(sessions)} sessions; every page, row checksum and record checked)")
+    except StoreError as e:
+        print(f"toolledger verify-store: {e}", file=sys.stderr)
+        return 2
+    print(f"{path}: ok ({report.sessions} sessions; every page, row checksum and record "
+          "checked, on a private copy: the store's files were only read)")
+    for name, size in report.side_files:
+        if size:
+            print(f"note: {name} ({size} bytes) is present: the last process that wrote the "
+                  "store did not close it (killed?) or still has it open. The check included "
+                  f"the transactions committed in it; a backup must copy {name} together "
+                  f"with {path.name} (see the README's backups paragraph).")
     return 0
 
 
@@ -538,7 +968,8 @@ SUBCOMMANDS: list[Subcommand] = [
     ),
     Subcommand(
         "verify-store",
-        "check a whole SqliteStore file (SQLite pages, every row's checksum, every session)",
+        "check a whole SqliteStore file (SQLite pages, every row's checksum, every "
+        "session) without writing any of its files",
         _configure_verify_store,
         _cmd_verify_store,
     ),

@@ -16,12 +16,22 @@ what the spec allows versus what the reference did.
 
 The check can be spread over several processes (``workers``); each takes a
 slice of the states.  It never modifies the graph or the model files.
+
+``python -m toolledger.conformance --root R --module MCFoo --dot FILE`` is
+the form ``toolledger check`` runs: a child process whose ``PYTHONPATH``
+starts with ``R/reference``, so that the reference checked is the one of the
+checkout whose spec and models TLC checked (not whichever checkout the
+running ``toolledger`` command was installed from).  It prints one JSON
+object, which names the package it checked (``package``).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import multiprocessing
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +50,8 @@ __all__ = [
     "ConformanceReport",
     "Mismatch",
     "check_graph",
+    "main",
+    "package_dir",
     "render_mismatch",
     "run_conformance",
 ]
@@ -322,3 +334,54 @@ def render_mismatch(report: ConformanceReport, m: Mismatch) -> str:
         lines.append("  differs in:")
         lines.extend(_changed(m.expected, m.got))
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
+# The child process of `toolledger check`
+# --------------------------------------------------------------------------
+
+
+def package_dir() -> Path:
+    """The directory of the ``toolledger`` package this code was imported from."""
+    return Path(__file__).resolve().parent
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Check this package against a dumped state graph; print the report as JSON.
+
+    Exit status 0 whenever the check ran (the JSON says whether it
+    conforms); anything else is a failure to check, explained on stderr.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m toolledger.conformance",
+        description="check this toolledger package against a TLC state graph (-dump dot)",
+    )
+    parser.add_argument("--root", type=Path, required=True, help="the checkout (spec/, model/)")
+    parser.add_argument("--module", required=True, help="the model's MC module, e.g. MCTwoCalls")
+    parser.add_argument("--dot", type=Path, required=True, help="TLC's state graph of the model")
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--max-mismatches", type=int, default=10)
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    cfg = ModelConfig.from_mc_module(_module_path(args.root, args.module))
+    graph = load_dot(args.dot)
+    report = check_graph(cfg, graph, model=args.module, workers=max(1, args.workers),
+                         max_mismatches=args.max_mismatches)
+    json.dump(
+        {
+            "package": str(package_dir()),
+            "states": report.states,
+            "edges": report.edges,
+            "reference_edges": report.reference_edges,
+            "mismatch_count": report.mismatch_count,
+            "reasons": [render_mismatch(report, m) for m in report.mismatches],
+            "seconds": time.perf_counter() - started,
+        },
+        sys.stdout,
+    )
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -20,7 +20,7 @@ resume.  It runs in one of two modes:
   tool_call_id)``.  It is here to be measured, not to be used.
 - ``ledger``: the protocol.  Every step is a :class:`~toolledger.protocol.Event`
   named after an action of ``spec/DurableToolExecution.tla``, fed to a
-  :class:`~toolledger.ledger.Ledger`, in the order of PROTOCOL.md section 3.
+  :class:`~toolledger.ledger.Ledger`, in the order of ``docs/protocol.md#the-live-path``.
 
 Adopting it in an engine (the ``ledger`` mode, step by step)
 ------------------------------------------------------------
@@ -38,15 +38,19 @@ guide; in one place:
 3. Approvals are ledger events keyed by execution id
    (``EngineParkApproval``, ``HumanApprove``/``HumanReject``), not inbox
    items keyed by ``(session_id, tool_call_id)``.
-4. ``EnginePersistDispatched`` returns before the adapter is invoked; the
-   adapter gets the execution id (and, for ``idempotent`` tools, the same id
-   as its idempotency key, through a keyword the model cannot write).
-5. ``Applied`` -> ``ExternalApply`` then ``EngineRecordSucceeded`` +
-   ``EngineAppendResult`` in ONE ``step_many`` (the result's text goes with
-   it), then the conversation checkpoint (``EngineCheckpoint``).  A
-   ``DefiniteFailure`` is recorded the same way with ``EngineRecordFailed``.
-   ``Unknown`` (or an exception) -> ``EngineTimeout`` -> ``Recover``: the
-   same decision a restarted engine would make.
+4. Running a call goes through the adopter's API, :meth:`toolledger.Session.execute`
+   (:mod:`toolledger.session`): ``EnginePersistDispatched`` is durable before
+   the body runs; the body gets the execution id (and, for ``idempotent``
+   tools, the same id as its idempotency key, through a keyword the model
+   cannot write) and calls ``sending()`` before the adapter's request leaves.
+5. The body's return (``Applied``) becomes ``ExternalApply`` then
+   ``EngineRecordSucceeded`` + ``EngineAppendResult`` in ONE transaction (the
+   result's text goes with it), then the conversation checkpoint
+   (``EngineCheckpoint``).  A ``DefiniteFailure`` is raised as
+   :class:`DefiniteFailureError` (a ``NotApplied``) and recorded the same way
+   with ``EngineRecordFailed``.  ``Unknown`` (or an exception) ->
+   ``EngineTimeout`` -> ``Recover``: the same decision a restarted engine
+   would make.  A reconcile goes through :meth:`toolledger.Session.reconcile`.
 6. On resume, re-read the conversation and the ledger, repair the
    conversation from the ledger (a result the ledger holds and the
    conversation lost is appended from the record: never re-invoked), then
@@ -130,13 +134,11 @@ from .adapters import (
     Applied,
     CannotTell,
     DefiniteFailure,
-    NotAppliedFenced,
     ReconcileAnswer,
     ReconcilingAdapter,
     RegisteredTool,
     ToolRegistry,
     Unknown,
-    WasApplied,
     frozen_arguments,
 )
 from .ledger import Ledger
@@ -161,6 +163,7 @@ from .protocol import (
     derive_execution_id,
     recovery_inputs,
 )
+from .session import Attempt, CallRef, CallStatus, NotApplied, Outcome, Session, Tool
 from .stores import Store
 
 __all__ = [
@@ -172,6 +175,7 @@ __all__ = [
     "CrashInjector",
     "CrashPoint",
     "DecisionTaken",
+    "DefiniteFailureError",
     "EngineMode",
     "EngineStep",
     "FileConversationStore",
@@ -187,6 +191,7 @@ __all__ = [
     "TurnEngine",
     "TurnResult",
     "TurnStatus",
+    "UnknownOutcome",
     "adopt_legacy_session",
     "crash_points",
     "parse_crash_point",
@@ -720,6 +725,14 @@ class DecisionTaken:
     inputs: Mapping[str, object]
 
 
+class DefiniteFailureError(NotApplied):
+    """An adapter's :class:`~toolledger.adapters.DefiniteFailure`, raised to the session."""
+
+
+class UnknownOutcome(Exception):
+    """An adapter's :class:`~toolledger.adapters.Unknown`, raised to the session."""
+
+
 class _Outcome(StrEnum):
     SETTLED = "settled"
     READY = "ready"
@@ -807,8 +820,15 @@ class TurnEngine:
         self._messages: list[Message] = conversations.load_messages(session_id)
         self._inbox: list[InboxItem] = conversations.load_inbox(session_id)
         self._ledger: Ledger | None = None
+        self._session: Session | None = None
         if self.mode is EngineMode.LEDGER:
             self._ledger = self._open_ledger()
+            # LEDGER: running a call (dispatch, invoke, classify, record) and
+            # reconciling go through the adopter's API; marks_send: the body
+            # says when the request leaves.
+            self._session = Session(self._ledger, {
+                t.name: Tool(t.profile.policy, t.profile.requires_approval, marks_send=True)
+                for t in registry}, observe=self._stepped)
 
     # -- public -----------------------------------------------------------------
 
@@ -816,6 +836,13 @@ class TurnEngine:
     def messages(self) -> list[Message]:
         """A copy of the conversation as this engine holds it."""
         return copy.deepcopy(self._messages)
+
+    @property
+    def session(self) -> Session:
+        """The adopter's API on the ledger (ledger mode only)."""
+        if self._session is None:
+            raise InvalidInput("the legacy engine has no ledger")
+        return self._session
 
     @property
     def ledger(self) -> Ledger:
@@ -1066,17 +1093,12 @@ class TurnEngine:
                     continue
                 if not execute:
                     return _Outcome.READY
-                if not c.tool.protected:
-                    self._invoke_readonly(c)
-                    continue
-                self._dispatch(c)
+                self._run(c)
                 continue
             if not execute:
                 return _Outcome.READY
-            if c.stage is Stage.RETRY:
-                self._dispatch(c)
-            elif c.stage is Stage.DISPATCHED:
-                self._invoke(c)
+            if c.stage in (Stage.RETRY, Stage.DISPATCHED):  # DISPATCHED: a human's retry
+                self._run(c)
             elif c.stage is Stage.RECONCILING:
                 self._reconcile(c)
             elif c.stage is Stage.RECORDED:
@@ -1095,108 +1117,82 @@ class TurnEngine:
                                             decision.inputs.as_dict()))
         self.log.append(f"Recover {c.position}: {decision.decision.value}")
 
-    def _dispatch(self, c: CallState) -> None:
-        # LEDGER: dispatched(n) is durable, with its audit row, BEFORE the
-        # adapter runs.  From here on a crash means "outcome unknown".
-        self.ledger.step(Event(Action.EnginePersistDispatched, c.position))
-        attempt = self.ledger.state.record(c.execution_id).attempt
-        self.log.append(f"EnginePersistDispatched {c.position} attempt {attempt}")
-        self._at("EnginePersistDispatched")
+    def _run(self, c: CallState) -> None:
+        # LEDGER: the session makes dispatched(n) durable, with its audit row,
+        # BEFORE the body runs; from a.sending() on, a crash means "outcome
+        # unknown".  The body's return is applied (succeeded + the tool result,
+        # ONE transaction), NotApplied a definite failure, anything else
+        # unknown: the session then makes the decision a restart would.
+        pos, readonly = c.position, not c.tool.protected
+        adapter = self.registry.get(c.tool.name).adapter
 
-    def _invoke(self, c: CallState) -> None:
-        ledger = self.ledger
-        pos = c.position
-        rec = ledger.state.record(c.execution_id)
-        tool = self.registry.get(c.tool.name)
-        arguments = self._call_arguments(c)
-        ledger.step(Event(Action.EngineInvokeAdapter, pos))  # volatile: nothing to commit
-        # LEDGER: the key travels as a keyword, never inside the arguments.
-        key = c.execution_id if c.tool.policy is RecoveryPolicy.IDEMPOTENT else None
-        self.crash.sending(self.mode, "EngineInvokeAdapter")
-        try:
-            outcome = tool.adapter.invoke(
-                frozen_arguments(arguments), execution_id=c.execution_id,
-                idempotency_key=key, attempt=rec.attempt,
-            )
-        except Exception as exc:  # an adapter that raises: outcome unknown
-            outcome = Unknown(f"the adapter raised {type(exc).__name__}: {exc}")
-        finally:
-            self.crash.done_sending()
-        self.log.append(f"EngineInvokeAdapter {pos} attempt {rec.attempt}: "
-                        f"{type(outcome).__name__}")
-        if isinstance(outcome, Applied):
-            ledger.step(Event(Action.ExternalApply, pos, attempt=rec.attempt))
+        def body(a: Attempt) -> str:
+            step = "EngineInvokeReadonly" if readonly else "EngineInvokeAdapter"
+            a.sending()
+            self.crash.sending(self.mode, step)
+            try:  # LEDGER: the key travels as a keyword, never inside the arguments.
+                outcome = adapter.invoke(a.arguments, execution_id=a.execution_id,
+                                         idempotency_key=a.idempotency_key, attempt=a.attempt)
+            except Exception as exc:  # an adapter that raises: outcome unknown
+                outcome = Unknown(f"the adapter raised {type(exc).__name__}: {exc}")
+            finally:
+                self.crash.done_sending()
+            self.log.append(f"{step} {pos}{'' if readonly else f' attempt {a.attempt}'}: "
+                            f"{type(outcome).__name__}")
+            if isinstance(outcome, Applied):
+                if readonly:  # no ledger step to follow (_stepped does it for the others)
+                    self._at("ExternalApply")
+                return outcome.result
+            if not readonly and isinstance(outcome, DefiniteFailure):
+                raise DefiniteFailureError(outcome.error)
+            if not readonly:
+                assert isinstance(outcome, Unknown)
+                raise UnknownOutcome(outcome.reason)
+            reason = outcome.error if isinstance(outcome, DefiniteFailure) else outcome.reason
+            return json.dumps({"error": reason, "error_type": type(outcome).__name__})
+
+        status = self.session.execute(c.execution_id, body)
+        if status.outcome is Outcome.UNKNOWN:
+            self.log.append(f"EngineTimeout {pos}: {status.error}")
+        self._taken(status)
+
+    def _stepped(self, events: Sequence[Event]) -> None:
+        """The session made a step: the crash points that follow it (fault injection)."""
+        actions = [ev.action for ev in events]
+        pos = events[0].position
+        if actions == [Action.EnginePersistDispatched]:
+            assert pos is not None
+            attempt = self.ledger.state.record(self._call(pos).execution_id).attempt
+            self.log.append(f"EnginePersistDispatched {pos} attempt {attempt}")
+            self._at("EnginePersistDispatched")
+        elif actions == [Action.ExternalApply]:
             self._at("ExternalApply")
-            # LEDGER: succeeded(result) and the tool result, ONE transaction,
-            # immediately after the adapter returned.
-            ledger.step_many([Event(Action.EngineRecordSucceeded, pos),
-                              Event(Action.EngineAppendResult, pos)],
-                             result_content={pos: outcome.result})
+        elif actions[0] is Action.EngineRecordSucceeded:
             self._at("EngineRecordSucceeded")
             self._at("EngineAppendResult")
-        elif isinstance(outcome, DefiniteFailure):
-            ledger.step(Event(Action.ExternalRejectDefinite, pos, attempt=rec.attempt))
-            ledger.step_many([Event(Action.EngineRecordFailed, pos),
-                              Event(Action.EngineAppendResult, pos)],
-                             result_content={pos: json.dumps({"error": outcome.error,
-                                                              "error_type": "DefiniteFailure"})})
-        else:
-            # LEDGER: an unknown outcome live is a crash without the restart:
-            # EngineTimeout puts the call in RESUME and Recover decides.
-            self.log.append(f"EngineTimeout {pos}: {outcome.reason}")
-            ledger.step(Event(Action.EngineTimeout, pos))
+        elif actions in ([Action.EngineAppendResult],
+                         [Action.EngineReconcileApplied, Action.EngineAppendResult]):
+            self._at("EngineAppendResult")
 
-    def _invoke_readonly(self, c: CallState) -> None:
-        pos = c.position
-        tool = self.registry.get(c.tool.name)
-        arguments = self._call_arguments(c)
-        # readonly: no record, replay is safe; the answer goes straight into
-        # the conversation (EngineAppendResult).
-        self.ledger.step(Event(Action.EngineInvokeReadonly, pos))
-        self.crash.sending(self.mode, "EngineInvokeReadonly")
-        try:
-            outcome = tool.adapter.invoke(
-                frozen_arguments(arguments), execution_id=c.execution_id,
-                idempotency_key=None, attempt=1,
-            )
-        except Exception as exc:
-            outcome = Unknown(f"the adapter raised {type(exc).__name__}: {exc}")
-        finally:
-            self.crash.done_sending()
-        self.log.append(f"EngineInvokeReadonly {pos}: {type(outcome).__name__}")
-        if isinstance(outcome, Applied):
-            text = outcome.result
-            self._at("ExternalApply")
-        else:
-            reason = outcome.error if isinstance(outcome, DefiniteFailure) else outcome.reason
-            text = json.dumps({"error": reason, "error_type": type(outcome).__name__})
-        self.ledger.step(Event(Action.EngineAppendResult, pos), result_content=text)
-        self._at("EngineAppendResult")
+    def _taken(self, status: CallStatus) -> None:
+        if status.recovered and status.decision is not None and status.inputs is not None:
+            self.decisions.append(DecisionTaken(status.call.position, status.key,
+                                                status.decision, status.inputs.as_dict()))
+            self.log.append(f"Recover {status.call.position}: {status.decision.value}")
 
     def _reconcile(self, c: CallState) -> None:
-        pos = c.position
-        rec = self.ledger.state.record(c.execution_id)
         adapter = self.registry.get(c.tool.name).adapter
-        answer: ReconcileAnswer
-        if not isinstance(adapter, ReconcilingAdapter):
-            answer = CannotTell("the adapter has no reconcile()")
-        else:
-            try:
-                answer = adapter.reconcile(c.execution_id, attempt=rec.attempt)
-            except Exception as exc:
-                answer = CannotTell(f"reconcile raised {type(exc).__name__}: {exc}")
-        self.log.append(f"reconcile {pos} attempt {rec.attempt}: {type(answer).__name__}")
-        if isinstance(answer, WasApplied):
-            self.ledger.step_many([Event(Action.EngineReconcileApplied, pos),
-                                   Event(Action.EngineAppendResult, pos)],
-                                  result_content={pos: answer.result})
-            self._at("EngineAppendResult")
-        elif isinstance(answer, NotAppliedFenced) and rec.attempt < self.ledger.state.max_attempts:
-            # the connector fenced attempts <= n; the retry is attempt n+1
-            self.ledger.step(Event(Action.EngineReconcileNotApplied, pos))
-        else:
-            # cannot tell, or not applied with the retry budget spent: a human decides
-            self.ledger.step(Event(Action.EngineReconcileUnknown, pos))
+
+        def ask(call: CallRef, attempt: int) -> ReconcileAnswer:
+            answer: ReconcileAnswer = (
+                adapter.reconcile(call.key, attempt=attempt)
+                if isinstance(adapter, ReconcilingAdapter)
+                else CannotTell("the adapter has no reconcile()"))
+            self.log.append(f"reconcile {c.position} attempt {attempt}: "
+                            f"{type(answer).__name__}")
+            return answer
+
+        self.session.reconcile(c.execution_id, ask)
 
     def _call_arguments(self, c: CallState) -> dict[str, Any]:
         """The call's arguments: from the ledger, else the conversation; digest-checked."""
@@ -1390,6 +1386,6 @@ def adopt_legacy_session(
     if calls:
         after = replace(before, calls=tuple(calls), approvals=approvals)
         store.commit(session_id, before, after, [], arguments=arguments)
-        ledger.crash()  # reload: exactly what the store now holds
+        ledger.reload()  # exactly what the store now holds: what a restart sees
     return ledger
 

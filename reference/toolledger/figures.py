@@ -114,9 +114,16 @@ def _root(path: str) -> str:
 
 
 _TABLE_STYLE: Final = (
-    "border-collapse:collapse;font-size:12px;text-align:left;margin:4px 0 12px 0"
+    "border-collapse:collapse;font-size:14px;text-align:left;margin:4px 0 12px 0"
 )
 _CELL: Final = "border:1px solid #ccc;padding:2px 8px;vertical-align:top;text-align:left"
+
+#: Figures are drawn one notebook page wide (toolledger.notebook_support shows them at
+#: their natural size up to 960 CSS px = 10 in), so these point sizes are what a reader
+#: sees; notebook_support refuses a figure with text under 10 pt at the width shown.
+FIGURE_WIDTH_IN: Final = 10.0
+FONT_PT: Final = 10.0
+TITLE_PT: Final = 12.0
 
 
 def trace_table_html(
@@ -323,25 +330,27 @@ def sequence_diagram(
     arrows = sequence_arrows(trace)
     gap, row = 2.6, 0.9
     xs = {name: i * gap for i, name in enumerate(LIFELINES)}
-    height = 1.6 + row * len(arrows) * 0.62
-    fig, ax = plt.subplots(figsize=(11, max(3.0, height)))
+    height = 1.8 + row * len(arrows) * 0.8
+    # 10 in wide: shown at its natural size on a notebook page, so FONT_PT is what a reader sees.
+    fig, ax = plt.subplots(figsize=(FIGURE_WIDTH_IN, max(3.0, height)))
     bottom = -(len(arrows) + 0.6) * row
     for name, x in xs.items():
         ax.plot([x, x], [0.2, bottom], color="#999", lw=1, ls="--", zorder=0)
-        ax.text(x, 0.45, LIFELINE_TITLES[name], ha="center", va="bottom", fontsize=9,
+        ax.text(x, 0.45, LIFELINE_TITLES[name], ha="center", va="bottom", fontsize=FONT_PT,
                 fontweight="bold",
                 bbox={"boxstyle": "round,pad=0.3", "fc": "#eef3fb", "ec": "#6b8cc7"})
     for n, arrow in enumerate(arrows):
         y = -(n + 0.6) * row
         bad = violated is not None and n == len(arrows) - 1
         colour = "#b00" if bad else "#222"
-        ax.text(-1.2, y, str(arrow.step), ha="right", va="center", fontsize=8, color="#666")
+        ax.text(-1.2, y, str(arrow.step), ha="right", va="center", fontsize=FONT_PT,
+                color="#666")
         detail = "\n".join(arrow.changes[:max_changes])
         if arrow.kind == "crash":
             ax.axhspan(y - 0.25 * row, y + 0.25 * row, color="#f6c9c9", zorder=0)
             ax.plot([xs["engine"]], [y], marker="X", ms=14, color="#b00", zorder=3)
             ax.text(xs["engine"] + 0.25, y, f"{arrow.action}: the engine's memory is lost",
-                    va="center", fontsize=9, color="#b00", fontweight="bold")
+                    va="center", fontsize=FONT_PT, color="#b00", fontweight="bold")
             continue
         x0 = xs[arrow.sender]
         if arrow.kind == "self":
@@ -354,19 +363,19 @@ def sequence_diagram(
             ax.annotate("", xy=(x1, y), xytext=(x0, y),
                         arrowprops={"arrowstyle": "->", "color": colour, "lw": 1.5})
             lx, ha = (x0 + x1) / 2, "center"
-        ax.text(lx, y + 0.06 * row, arrow.action, ha=ha, va="bottom", fontsize=9,
+        ax.text(lx, y + 0.06 * row, arrow.action, ha=ha, va="bottom", fontsize=FONT_PT,
                 color=colour, fontweight="bold", bbox=_LABEL_BOX)
         if detail:
-            ax.text(lx, y - 0.06 * row, detail, ha=ha, va="top", fontsize=7, color="#555",
+            ax.text(lx, y - 0.06 * row, detail, ha=ha, va="top", fontsize=FONT_PT, color="#555",
                     family="monospace", bbox=_LABEL_BOX)
         if bad:
             ax.text(xs[LIFELINES[-1]] + 0.4, y, f"violates\n{violated}", va="center",
-                    fontsize=9, color="#b00", fontweight="bold")
+                    fontsize=FONT_PT, color="#b00", fontweight="bold")
     ax.set_xlim(-1.5, xs[LIFELINES[-1]] + 1.6)
     ax.set_ylim(bottom - 0.1, 1.4)
     ax.axis("off")
     if title:
-        ax.set_title(title, fontsize=11, loc="left")
+        ax.set_title(title, fontsize=TITLE_PT, loc="left")
     fig.tight_layout()
     return fig, arrows
 
@@ -458,19 +467,21 @@ def draw_state_graph(
         else:
             styles.setdefault((src, dst), "solid")
     pos = nx.multipartite_layout(g, subset_key="depth", align="vertical")
-    width = max(11.0, 0.45 * (max(depth.values(), default=0) + 1))
-    fig, ax = plt.subplots(figsize=(min(width, 18.0), 7.5))
+    # One page wide, so the legend and labels are read at FONT_PT.
+    fig, ax = plt.subplots(figsize=(FIGURE_WIDTH_IN, 6.5))
     solid = [e for e in g.edges if styles[e] == "solid"]
     dash = [e for e in g.edges if styles[e] == "dashed"]
-    nx.draw_networkx_edges(g, pos, edgelist=solid, ax=ax, width=0.4, alpha=0.35,
-                           arrows=False, edge_color="#555")
-    nx.draw_networkx_edges(g, pos, edgelist=dash, ax=ax, width=0.6, alpha=0.5, arrows=False,
-                           edge_color="#c03030", style="dashed")
     path_edges = [(a, b) for a, b in itertools.pairwise(path) if a != b]
+    # With a path to show, the rest of the graph is context: faint, so the path reads.
+    faint = 0.25 if path_edges else 1.0
+    nx.draw_networkx_edges(g, pos, edgelist=solid, ax=ax, width=0.4, alpha=0.35 * faint,
+                           arrows=False, edge_color="#555")
+    nx.draw_networkx_edges(g, pos, edgelist=dash, ax=ax, width=0.6, alpha=0.5 * faint,
+                           arrows=False, edge_color="#c03030", style="dashed")
     if path_edges:
         g.add_edges_from(path_edges)
         nx.draw_networkx_edges(g, pos, edgelist=path_edges, ax=ax, width=2.6,
-                               edge_color="#b00000", arrows=True, arrowsize=10)
+                               edge_color="#b00000", arrows=True, arrowsize=12)
     counts: Counter[str] = Counter()
     for name, colour in colours.items():
         nodes = [n for n in order if category[n] == name]
@@ -478,11 +489,21 @@ def draw_state_graph(
             continue
         counts[name] = len(nodes)
         nx.draw_networkx_nodes(g, pos, nodelist=nodes, node_color=colour, node_size=28,
-                               ax=ax, linewidths=0.3, edgecolors="#333")
+                               ax=ax, linewidths=0.3, edgecolors="#333",
+                               alpha=0.45 if path_edges else 1.0)
     ringed = sorted(set(highlight))
     if ringed:
         nx.draw_networkx_nodes(g, pos, nodelist=ringed, node_color="none", node_size=80,
                                ax=ax, linewidths=1.5, edgecolors="#b00000")
+    # The path's states numbered as the steps of graph.trace_to (1 = the initial state),
+    # so the picture and the step table below it read together.
+    numbered = [n for i, n in enumerate(path) if i == 0 or n != path[i - 1]]
+    if path_edges:
+        for step, node in enumerate(numbered, 1):
+            x, y = pos[node]
+            ax.annotate(str(step), (x, y), textcoords="offset points", xytext=(0, 8),
+                        ha="center", va="bottom", fontsize=FONT_PT, fontweight="bold",
+                        color="#b00000")
     handles = [
         Line2D([], [], marker="o", ls="", color=colours[name], markeredgecolor="#333",
                label=f"{name} ({counts[name]})")
@@ -496,16 +517,18 @@ def draw_state_graph(
                               markeredgecolor="#b00000", markeredgewidth=1.8,
                               label=f"violating ({len(ringed)})"))
     if path_edges:
-        handles.append(Line2D([], [], color="#b00000", lw=2.6, label="shortest path to one"))
+        handles.append(Line2D([], [], color="#b00000", lw=2.6,
+                              label="shortest path to one\n(numbers: its steps)"))
     ax.legend(handles=handles, title=legend_title or None, loc="upper left",
-              bbox_to_anchor=(1.0, 1.0), fontsize=8, title_fontsize=9, frameon=False)
-    ax.set_xlabel("distance from the initial state (steps)  →")
+              bbox_to_anchor=(1.0, 1.0), fontsize=FONT_PT, title_fontsize=FONT_PT,
+              frameon=False)
+    ax.set_xlabel("distance from the initial state (steps)  →", fontsize=FONT_PT)
     ax.set_yticks([])
     ax.set_xticks([])
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     if title:
-        ax.set_title(title, fontsize=11, loc="left")
+        ax.set_title(title, fontsize=TITLE_PT, loc="left")
     fig.tight_layout()
     return fig, GraphDrawing(
         nodes=g.number_of_nodes(),
@@ -543,7 +566,7 @@ def state_space_chart(
     """
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for calls in sorted({c for c, _ in counts}):
         points = sorted((k, v) for (c, k), v in counts.items() if c == calls)
         xs = [k for k, _ in points]
@@ -551,14 +574,15 @@ def state_space_chart(
         ax.plot(xs, ys, marker="o", label=f"{calls} call{'s' if calls > 1 else ''}")
         for x, y in points:
             ax.annotate(f"{y:,}", (x, y), textcoords="offset points", xytext=(6, -3),
-                        fontsize=8)
+                        fontsize=FONT_PT)
     ax.set_yscale("log")
-    ax.set_xlabel("MaxCrashes")
-    ax.set_ylabel("distinct states (TLC)")
+    ax.set_xlabel("MaxCrashes", fontsize=FONT_PT)
+    ax.set_ylabel("distinct states (TLC)", fontsize=FONT_PT)
     ax.set_xticks(sorted({k for _, k in counts}))
-    ax.legend(frameon=False)
+    ax.tick_params(labelsize=FONT_PT)
+    ax.legend(frameon=False, fontsize=FONT_PT)
     ax.grid(True, which="major", alpha=0.3)
     if title:
-        ax.set_title(title, fontsize=11, loc="left")
+        ax.set_title(title, fontsize=TITLE_PT, loc="left")
     fig.tight_layout()
     return fig

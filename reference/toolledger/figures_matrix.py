@@ -38,6 +38,7 @@ measure, or run TLC itself (the notebooks do, with the functions above).
 from __future__ import annotations
 
 import html
+import textwrap
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ from .engine import (
     parse_crash_point,
     tool_call,
 )
+from .figures import FIGURE_WIDTH_IN, FONT_PT, TITLE_PT
 from .invariants import check_all
 from .ledger import Ledger
 from .mapping import to_spec
@@ -786,15 +788,18 @@ def fault_matrix_figure(
     layout = [pan for pan in panels()
               if any((c.engine, c.session) == pan[:2] for c in cells)]
     heights = [len(crash_points(mode)) for _, _, mode in layout]
-    fig, axes = plt.subplots(1, len(layout), figsize=(5.2 * len(layout), 0.62 * max(heights) + 2.6),
-                             squeeze=False)
+    # Panels stacked, one page wide (10 in): every text is then read at FONT_PT or more.
+    row_in, panel_in, legend_in = 0.46, 0.75, 1.9
+    total_in = row_in * sum(heights) + panel_in * len(layout) + legend_in + 0.4
+    fig, axes = plt.subplots(len(layout), 1, figsize=(FIGURE_WIDTH_IN, total_in),
+                             gridspec_kw={"height_ratios": heights}, squeeze=False)
     seed_numbers = {name: i + 1 for i, name in enumerate(SEED_MATRIX)}
     titles: list[str] = []
     rows: dict[str, tuple[str, ...]] = {}
     counts: dict[str, Counter[CellCategory]] = {}
     framed: dict[str, tuple[str, ...]] = {}
     texts: dict[tuple[str, str, str], str] = {}
-    for ax, (engine, session, mode) in zip(axes[0], layout, strict=True):
+    for ax, (engine, session, mode) in zip(axes[:, 0], layout, strict=True):
         name = _panel_title(engine, session)
         titles.append(name)
         points = [cp.name for cp in crash_points(mode)]
@@ -818,14 +823,14 @@ def fault_matrix_figure(
                 text = _cell_text(by_key[pt, pol])
                 texts[name, pt, pol] = text
                 dark = category(by_key[pt, pol]) in (CellCategory.DUPLICATE, CellCategory.ERROR)
-                ax.text(k, r, text, ha="center", va="center", fontsize=7.5,
+                ax.text(k, r, text, ha="center", va="center", fontsize=FONT_PT,
                         color="white" if dark else "#222")
         rows[name] = tuple(points)
         framed[name] = tuple(seeds)
-        ax.set_yticks(range(len(points)), labels, fontsize=8)
-        ax.set_xticks(range(len(policies)), list(policies), fontsize=8)
+        ax.set_yticks(range(len(points)), labels, fontsize=FONT_PT)
+        ax.set_xticks(range(len(policies)), list(policies), fontsize=FONT_PT)
         ax.xaxis.tick_top()
-        ax.set_title(name, fontsize=10, pad=22)
+        ax.set_title(" ".join(name.split()), fontsize=TITLE_PT, pad=24, loc="left")
         ax.tick_params(length=0)
     handles = [Patch(facecolor=CATEGORY_COLOURS[c], edgecolor="#999", label=c.value)
                for c in order]
@@ -833,13 +838,15 @@ def fault_matrix_figure(
                          label="row of the seed's matrix"))
     taken = {d for c in cells for d in c.decisions}
     legend_decisions = ", ".join(f"{v} = {k}" for k, v in DECISION_SHORT.items() if k in taken)
-    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False,
+    fig.legend(handles=handles, loc="lower left", ncol=2, fontsize=FONT_PT, frameon=False,
                title="cell: the recovery decisions taken (— none was needed), then the effects "
-                     f"applied; {legend_decisions}",
-               title_fontsize=8)
+                     f"applied\n{legend_decisions}",
+               title_fontsize=FONT_PT, alignment="left")
+    top = 1.0
     if title:
-        fig.suptitle(title, fontsize=11, x=0.01, ha="left")
-    fig.tight_layout(rect=(0, 0.1, 1, 0.97))
+        fig.suptitle(textwrap.fill(title, 80), fontsize=TITLE_PT, x=0.01, ha="left")
+        top = 1.0 - (0.2 + 0.25 * (1 + len(title) // 80)) / total_in
+    fig.tight_layout(rect=(0, legend_in / total_in, 1, top))
     return fig, MatrixFigure(
         panels=tuple(titles),
         rows=rows,
@@ -853,7 +860,8 @@ def fault_matrix_figure(
 # Tables
 # --------------------------------------------------------------------------
 
-_TABLE: Final = "border-collapse:collapse;font-size:12px;margin:4px 0 12px 0"
+# 14 px (10.5 pt), the size of the notebook's own text: tables are read, not glanced at.
+_TABLE: Final = "border-collapse:collapse;font-size:14px;margin:4px 0 12px 0"
 _TD: Final = "border:1px solid #ccc;padding:2px 6px;vertical-align:top;text-align:left"
 _HIGHLIGHT: Final = "background:#fff3bf"
 

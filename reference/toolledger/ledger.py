@@ -31,15 +31,16 @@ text), attached to the result the transition creates; and the JSON arguments
 of a call, kept in memory from ``ProviderEmitCall`` and stored with the call
 when it becomes durable, so a retry after a crash can use them.
 
-:meth:`Ledger.crash` forgets everything in memory and reloads the session
-from the store: exactly what a restarted process sees.
+:meth:`Ledger.reload` forgets everything in memory and re-reads the
+session from the store: exactly what a restarted process sees (the
+protocol's ``Crash``; :meth:`Ledger.crash` is the same, named for tests).
 
 A Ledger keeps only the session's working set in memory
 (:func:`~toolledger.stores.working_set`: the calls without a result and the
 calls of the last durable turn, with their approvals, records and audit
 keys): after every commit the calls that are settled and behind the last
 turn leave :attr:`Ledger.state`, and loading (at start and on
-:meth:`Ledger.crash`) reads only the working set
+:meth:`Ledger.reload`) reads only the working set
 (:meth:`~toolledger.stores.Store.load_working_set`).  A session's past can
 grow without making transitions or recoveries slower.  The one guard of the
 core that looks at other calls, "no call is at that position yet" of
@@ -51,7 +52,7 @@ memory), for checkers and tools.
 What it must never do: act on a state before it is durable, write anything
 when ``apply`` refuses an event (``ProtocolError``) or the input is bad
 (``InvalidInput``), decide recovery itself (the core does), or keep going on
-its in-memory state after the store failed (call :meth:`Ledger.crash`).
+its in-memory state after the store failed (call :meth:`Ledger.reload`).
 A Ledger is not thread-safe: one per session per engine task.
 """
 
@@ -76,6 +77,7 @@ from .protocol import (
     Stage,
     apply,
     args_digest,
+    check_call_position,
     decide_recovery,
     recovery_inputs,
 )
@@ -113,13 +115,7 @@ _RECONCILE: Final = frozenset(
 
 
 def _position(value: object, what: str) -> CallPosition:
-    if (
-        not isinstance(value, tuple)
-        or len(value) != 2
-        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
-    ):
-        raise InvalidInput(f"{what} must be keyed by call positions (turn, slot), got {value!r}")
-    return (value[0], value[1])
+    return check_call_position(value, what)
 
 
 class Ledger:
@@ -208,7 +204,13 @@ class Ledger:
         (the adapter's answer for ``EngineRecordSucceeded``/``...Failed``, a
         readonly tool's answer for its ``EngineAppendResult``, ...).
         ``arguments`` are the JSON arguments of a ``ProviderEmitCall`` (checked
-        against its ``args_digest``).  A ``Crash`` event is :meth:`crash`.
+        against its ``args_digest``).  An event that creates a result whose
+        content comes from outside (``EngineRecordSucceeded``,
+        ``EngineRecordFailed``, ``EngineReconcileApplied``,
+        ``EngineRecordDenied``, ``HumanResolveApplied``, a readonly tool's
+        ``EngineAppendResult``) is refused without ``result_content``: an empty
+        tool result is never recorded by omission (pass ``""`` to record one).
+        A ``Crash`` event is :meth:`reload`.
 
         Raises ``ProtocolError`` (event not allowed), ``InvalidInput`` (bad
         input) or :class:`~toolledger.stores.StoreError`; then nothing was
@@ -244,12 +246,30 @@ class Ledger:
         """
         return self._advance(list(events), dict(result_content or {}), dict(arguments or {}), None)
 
-    def crash(self) -> SessionState:
-        """Forget everything in memory and reload the session: what a restart sees."""
+    def reload(self) -> SessionState:
+        """Drop the volatile state and re-read the durable state: what a restarted process sees.
+
+        Everything held only in memory is forgotten (volatile calls, the
+        stages of durable calls, arguments of calls not yet durable, the
+        decisions this process made) and the session's working set is read
+        from the store: every durable call without a result is at ``RESUME``,
+        ready for ``Recover``.  Call it after any
+        :class:`~toolledger.stores.StoreError` from a step (e.g.
+        :class:`~toolledger.stores.StaleState`: another engine changed the
+        session), then decide again on what is durable.
+        """
         self._state = self._store.load_working_set(self._session_id)
         self._arguments.clear()
         self._decisions.clear()
         return self._state
+
+    def crash(self) -> SessionState:
+        """The protocol's ``Crash``: exactly :meth:`reload`, named for tests and simulations.
+
+        A process that crashes and restarts sees what :meth:`reload` reads;
+        ``step(Event(Action.Crash))`` ends here too.
+        """
+        return self.reload()
 
     # -- humans -------------------------------------------------------------------
 
@@ -290,7 +310,7 @@ class Ledger:
             )
         if not isinstance(note, str):
             raise InvalidInput(f"note must be a string, got {type(note).__name__}")
-        pos = _position(position, "resolve()")
+        pos = _position(position, "resolve() position")
         events = [Event(RESOLUTIONS[resolution], pos)]
         call = self._state.call(pos)
         if call is not None and call.stage is Stage.RESUME and call in self.recovery_required():
@@ -306,6 +326,7 @@ class Ledger:
 
     def call_arguments(self, position: CallPosition) -> dict[str, Any] | None:
         """The arguments of the call at ``position``: from memory, else from the store."""
+        position = _position(position, "call_arguments() position")
         text = self._arguments.get(position)
         if text is not None:
             value: dict[str, Any] = json.loads(text)
@@ -329,17 +350,17 @@ class Ledger:
                 raise InvalidInput(f"expected Event values, got {type(ev).__name__}")
             if ev.action is Action.Crash:
                 raise InvalidInput(
-                    "a Crash cannot be part of a batch: commit the batch, then call crash()"
+                    "a Crash cannot be part of a batch: commit the batch, then call Ledger.reload()"
                 )
             if ev.position is not None:
-                _position(ev.position, f"{ev.action} events")
+                _position(ev.position, f"the position of {ev.action} events")
         for key, text in contents.items():
-            _position(key, "result_content")
+            _position(key, "a key of result_content")
             if not isinstance(text, str):
                 raise InvalidInput(f"result content for {key} must be a string, got {text!r}")
         emitted = {ev.position for ev in events if ev.action is Action.ProviderEmitCall}
         for key in arguments:
-            if _position(key, "arguments") not in emitted:
+            if _position(key, "a key of arguments") not in emitted:
                 raise InvalidInput(
                     f"arguments were given for {key}, but the events emit no call there: give "
                     "them with the call's ProviderEmitCall"
@@ -376,6 +397,14 @@ class Ledger:
                 after, used = _attach_content(ev, after, unused[pos])
                 if used:
                     del unused[pos]
+            elif pos is not None and ev.action is not Action.HumanResolveAbandon and (
+                _takes_content(ev, after)
+            ):
+                # The result's content is the answer the tool (or a human) gave: a
+                # result recorded without it would be an empty tool result forever.
+                raise InvalidInput(_NO_CONTENT.get(ev.action, _NO_CONTENT[None]).format(
+                    action=ev.action.value, pos=pos
+                ))
             rows.extend(self._rows(ev, before, after, decision, decisions, human_note))
             if pos is not None:
                 if decision is not None:
@@ -477,6 +506,34 @@ class Ledger:
                 )
             )
         return rows
+
+
+_NO_CONTENT: Final[Mapping[Action | None, str]] = {
+    Action.HumanResolveApplied: (
+        "{action} at {pos} creates the call's tool result, but no result content was given: "
+        "use resolve({pos}, 'applied', result_text=...) with what the external system "
+        "answered"
+    ),
+    None: (
+        "{action} at {pos} creates the call's tool result, but no result content was given: "
+        "pass the tool's answer, step(event, result_content=text) or "
+        "step_many(events, result_content={{{pos}: text}}) ('' only if the tool really "
+        "answered nothing); nothing was written"
+    ),
+}
+
+
+def _takes_content(ev: Event, after: SessionState) -> bool:
+    """Whether ``ev`` created a result whose content the caller gives (see ``_attach_content``)."""
+    assert ev.position is not None
+    call = after.call(ev.position)
+    if call is None:
+        return False
+    if ev.action in _RECORD_RESULT:
+        return True
+    return ev.action in _CALL_RESULT and (
+        ev.action is Action.EngineRecordDenied or not call.tool.protected
+    )
 
 
 def _attach_content(ev: Event, after: SessionState, text: str) -> tuple[SessionState, bool]:

@@ -26,8 +26,8 @@ business of :mod:`toolledger.system`, the closed-world model used by the
 checkers), and the content of tool results beyond their kind, execution and
 argument digest.  It must never perform I/O or read a clock.
 
-:func:`decide_recovery` is the total recovery function of PROTOCOL.md
-section 3; it returns the decision together with the inputs it used, so an
+:func:`decide_recovery` is the total recovery function of ``docs/protocol.md#recovery``;
+it returns the decision together with the inputs it used, so an
 audit row can carry them and anyone can recompute it.
 """
 
@@ -67,6 +67,7 @@ __all__ = [
     "TransitionSpec",
     "apply",
     "args_digest",
+    "check_call_position",
     "decide_recovery",
     "derive_execution_id",
     "durable_changes",
@@ -239,6 +240,22 @@ def _check_position(turn: object, slot: object) -> None:
             )
 
 
+def check_call_position(value: object, field: str) -> CallPosition:
+    """``value`` if it is a call position, a ``(turn, slot)`` tuple of two
+    non-negative ints; else :class:`InvalidInput` naming ``field``."""
+    if (
+        not isinstance(value, tuple)
+        or len(value) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+    ):
+        hint = " (a list: pass a tuple)" if isinstance(value, list) else ""
+        raise InvalidInput(
+            f"{field} must be a call position, a (turn, slot) tuple of two non-negative "
+            f"ints, e.g. (0, 1); got {value!r} of type {type(value).__name__}{hint}"
+        )
+    return (value[0], value[1])
+
+
 def derive_execution_id(session_id: str, turn: int, slot: int, tool_call_id: str) -> str:
     """The internal, stable identity of the execution of one call.
 
@@ -373,6 +390,9 @@ class SessionState:
     # -- lookups ----------------------------------------------------------
 
     def call(self, position: CallPosition) -> CallState | None:
+        given: object = position  # typed as a tuple, but callers pass what they have
+        if not isinstance(given, tuple):  # a list would silently match no call
+            check_call_position(given, "SessionState.call() position")
         for c in self.calls:
             if c.position == position:
                 return c
@@ -473,7 +493,7 @@ _KNOWN_OUTCOME: Final = frozenset(
 
 
 def decide_recovery(inputs: RecoveryInputs) -> RecoveryDecision:
-    """The recovery decision of PROTOCOL.md section 3: total and deterministic.
+    """The recovery decision of ``docs/protocol.md#recovery``: total and deterministic.
 
     Mirrors ``Decide`` in the spec line by line.  A record whose argument
     digest disagrees with the call at its position is a contradiction and
@@ -557,6 +577,12 @@ class Event:
     tool: ToolProfile | None = None
     args_digest: str | None = None
     attempt: int | None = None
+
+    def __post_init__(self) -> None:
+        # A list (e.g. a position read back from JSON) would be unhashable and
+        # never equal to a stored position: refuse it here, by name.
+        if self.position is not None:
+            check_call_position(self.position, "Event.position")
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,7 +86,10 @@ a damaged page it has to read ("malformed").  So a recovery reads, and
 checks, exactly the rows its decision depends on: the open calls and their
 records, never the settled history.  :meth:`SqliteStore.verify` checks the
 whole file (``PRAGMA quick_check``, every row, ownership of every record),
-for operators and backups.  A damaged, truncated, empty or foreign file raises
+for operators and backups; :func:`verify_file` (``toolledger verify-store``)
+runs it on a private copy of the file and its ``-wal``, because opening a
+store whose last writer was killed folds its ``-wal`` into the file.  A
+damaged, truncated, empty or foreign file raises
 :class:`~toolledger.stores.StoreCorrupt`; a file from a newer (or unknown)
 schema raises :class:`~toolledger.stores.UnsupportedSchema`.  Both name the
 file, say what was found and what to do; the file is left byte for byte as
@@ -106,6 +109,7 @@ import os
 import sqlite3
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -130,7 +134,9 @@ from .protocol import (
     derive_execution_id,
 )
 from .stores import (
+    RELOAD,
     AuditRow,
+    CallView,
     SessionExists,
     StaleState,
     StoreCorrupt,
@@ -141,7 +147,7 @@ from .stores import (
     plan_commit,
 )
 
-__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteStore"]
+__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "FileCheck", "SqliteStore", "verify_file"]
 
 SCHEMA_VERSION: Final = 2
 """The schema this version writes and reads; a file with another one is refused."""
@@ -744,8 +750,8 @@ class SqliteStore:
         def body(conn: sqlite3.Connection) -> None:
             if self._select(conn, "sessions", "WHERE session_id = ?", (session_id,)):
                 raise SessionExists(
-                    f"session {session_id!r} already exists in {self.path}: load() it instead "
-                    "of creating it"
+                    f"session {session_id!r} already exists in {self.path}: open it with "
+                    f"Ledger(store, {session_id!r}) instead of creating it"
                 )
             self._insert(
                 conn,
@@ -794,6 +800,42 @@ class SqliteStore:
             return found is not None
 
         return self._read(body)
+
+    def _differs(self, conn: sqlite3.Connection, session_id: str, seen: CallView) -> str | None:
+        """What of the call ``seen`` describes differs from what is stored: one statement.
+
+        Compared without decoding the rows (every commit pays for it): the
+        record by its checksum, the approval, the result columns and the
+        ``(kind, attempt)`` of the call's audit rows.  A damaged row can only
+        make them differ, i.e. refuse the commit.
+        """
+        found = conn.execute(
+            f"SELECT c.execution_id, {', '.join(f'c.{r}' for r in _RESULT)}, "
+            "(SELECT row_checksum FROM ledger WHERE execution_id = c.execution_id), "
+            "(SELECT state FROM approvals WHERE execution_id = c.execution_id), "
+            "(SELECT group_concat(kind || ' ' || attempt, ',') FROM audit "
+            "WHERE execution_id = c.execution_id) "
+            "FROM calls AS c WHERE c.session_id = ? AND c.turn = ? AND c.slot = ?",
+            (session_id, *seen.position),
+        ).fetchone()
+        if found is None or found[0] != seen.execution_id:
+            return "it is no longer a durable call of the session"
+        result, (record, approval, keys) = tuple(found[1:5]), found[5:]
+        audit: set[tuple[str, int]] = set()
+        for key in keys.split(",") if keys else ():
+            kind, _, attempt = key.rpartition(" ")
+            audit.add((kind, int(attempt) if attempt.isdigit() else -1))
+        expected = (
+            None
+            if seen.record is None
+            else _checksum("ledger", _record_values(session_id, seen.record))
+        )
+        return seen.difference(
+            audit=frozenset(audit),
+            record=record == expected,
+            approval=approval == (None if seen.approval is None else seen.approval.value),
+            result=result == tuple(_result_values(seen.result).values()),
+        )
 
     def _load(self, conn: sqlite3.Connection, session_id: str) -> SessionState:
         marker, max_attempts = self._session_row(conn, session_id)
@@ -879,7 +921,9 @@ class SqliteStore:
         audits and operators (``toolledger verify-store PATH``): SQLite's
         ``PRAGMA quick_check``, every row's checksum, that every approval,
         ledger record and audit row belongs to a call of its session, and
-        that every session decodes into a valid state.  Writes nothing.
+        that every session decodes into a valid state.  Writes nothing itself,
+        but opening the store may have folded a ``-wal`` into the file: to
+        leave every file of a store untouched use :func:`verify_file`.
         """
 
         def body(conn: sqlite3.Connection) -> None:
@@ -950,7 +994,12 @@ class SqliteStore:
             return
 
         def body(conn: sqlite3.Connection) -> None:
-            plan.check_session(session_id, self._session_row(conn, session_id), after)
+            plan.check_session(
+                session_id,
+                self._session_row(conn, session_id),
+                after,
+                lambda seen: self._differs(conn, session_id, seen),
+            )
             plan.write(
                 call=lambda c, text: self._write_call(conn, session_id, c, text),
                 result=lambda old, new: self._write_result(conn, session_id, old, new),
@@ -990,7 +1039,7 @@ class SqliteStore:
         except sqlite3.IntegrityError as exc:
             raise StaleState(
                 f"call {call.position} of session {session_id!r} is already durable ({exc}): "
-                "another engine persisted it; reload the session"
+                f"another engine persisted it; {RELOAD}"
             ) from exc
 
     def _write_result(
@@ -1005,7 +1054,7 @@ class SqliteStore:
         if not rows or any(rows[0][k] != v for k, v in _result_values(old.result).items()):
             raise StaleState(
                 f"the result of call {new.position} of session {session_id!r} is not the one "
-                "this engine saw: another engine wrote it; reload the session"
+                f"this engine saw: another engine wrote it; {RELOAD}"
             )
         self._update(conn, "calls", rows[0], _result_values(new.result))
 
@@ -1024,7 +1073,7 @@ class SqliteStore:
         ):
             raise StaleState(
                 f"the approval of {execution_id} in session {session_id!r} is {found or 'absent'},"
-                f" this engine saw {was.value if was else 'absent'}: reload the session"
+                f" this engine saw {was.value if was else 'absent'}: {RELOAD}"
             )
         if rows:
             self._update(conn, "approvals", rows[0], {"state": now.value})
@@ -1048,7 +1097,7 @@ class SqliteStore:
         values = _record_values(session_id, new)
         stale = StaleState(
             f"the ledger record of {new.execution_id} in session {session_id!r} is not the "
-            "one this engine saw: another engine wrote it; reload the session"
+            f"one this engine saw: another engine wrote it; {RELOAD}"
         )
         if old is None:
             try:
@@ -1159,6 +1208,110 @@ class SqliteStore:
             )
         except InvalidInput as exc:
             raise self._corrupt(f"{where}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------
+# Verifying a file without writing any of the store's files
+# --------------------------------------------------------------------------
+
+_SIDE_FILES: Final = ("-wal", "-journal")  # hold committed (or to-be-undone) pages
+
+
+@dataclass(frozen=True, slots=True)
+class FileCheck:
+    """What :func:`verify_file` checked: a store that passed.
+
+    ``sessions``: how many sessions it holds; ``side_files``: the ``-wal`` or
+    ``-journal`` files found beside it (name, size in bytes), whose
+    transactions the check included.
+    """
+
+    path: Path
+    sessions: int
+    side_files: tuple[tuple[str, int], ...]
+
+
+def _stats(path: Path) -> dict[str, tuple[int, int, int]]:
+    """(inode, size, mtime_ns) of the store file and each of its side files present."""
+    found = {}
+    for suffix in ("", *_SIDE_FILES, "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            st = os.stat(f"{path}{suffix}")
+            found[suffix] = (st.st_ino, st.st_size, st.st_mtime_ns)
+    return found
+
+
+def verify_file(path: str | os.PathLike[str]) -> FileCheck:
+    """Check the whole store at ``path`` (:meth:`SqliteStore.verify`) without writing its files.
+
+    Opening a store with SQLite is not read-only: if the last writer was
+    killed, its ``-wal`` file still holds committed transactions, and the
+    first connection folds them into the file and deletes ``-wal`` and
+    ``-shm``; even a ``mode=ro`` connection rebuilds the ``-shm`` index, and
+    ``immutable=1`` ignores the ``-wal``, i.e. checks a state that lacks the
+    last commits.  So the file and its ``-wal`` (or ``-journal``) are
+    *copied* into a private temporary directory, byte for byte, and the copy
+    is opened and verified: exactly what a restarted engine would see, while
+    the store's own files (database, ``-wal``, ``-shm``) are only read.  If
+    any of them changed while it was copied (a process is writing the
+    store), nothing is checked and :class:`~toolledger.stores.StoreError`
+    says so.  Raises :class:`~toolledger.stores.StoreCorrupt` /
+    :class:`~toolledger.stores.UnsupportedSchema` for a damaged or foreign
+    file, naming ``path`` (never the copy).
+    """
+    import filecmp
+    import shutil
+    import tempfile
+
+    original = Path(os.fspath(path))
+    if not original.is_file():
+        raise StoreError(f"{original} is not a file: give the path of a store's database file")
+    before = _stats(original)
+    with tempfile.TemporaryDirectory(prefix="toolledger-verify-") as tmp:
+        copy = Path(tmp) / "store.db"
+        side: list[tuple[str, int]] = []
+        try:
+            shutil.copyfile(original, copy)
+            for suffix in _SIDE_FILES:
+                if suffix in before:
+                    shutil.copyfile(f"{original}{suffix}", f"{copy}{suffix}")
+                    side.append((f"{original.name}{suffix}", before[suffix][1]))
+        except OSError as exc:
+            raise StoreError(
+                f"cannot copy {original} to check it ({exc}); nothing was checked and the "
+                "store was not touched: free space in the temporary directory (TMPDIR)"
+            ) from exc
+        # A write while copying would leave a torn copy.  Compare every copied
+        # byte with the store again (a write to a part already copied shows),
+        # and which side files exist (the -shm index is not copied: SQLite
+        # rebuilds it from the -wal, and readers may rewrite it).
+        after = _stats(original)
+        moved = sorted(
+            f"{original.name}{k}"
+            for k in before.keys() | after.keys()
+            if k != "-shm"
+            and (
+                before.get(k) != after.get(k)
+                or not filecmp.cmp(f"{original}{k}", f"{copy}{k}", shallow=False)
+            )
+        )
+        if moved:
+            raise StoreError(
+                f"{original} changed while it was copied to be checked ({', '.join(moved)}): "
+                "a process is writing the store. Nothing was checked and nothing was written; "
+                "check it again when no engine writes it, or check a backup of it"
+            )
+        try:
+            with SqliteStore(copy) as store:
+                store.verify()
+                sessions = len(store.sessions())
+        except (StoreCorrupt, UnsupportedSchema) as exc:
+            exc.path = str(original)
+            exc.args = (str(exc).replace(str(copy), str(original)),)
+            raise
+        except StoreError as exc:
+            raise StoreError(str(exc).replace(str(copy), str(original))) from exc
+    return FileCheck(original, sessions, tuple(side))
 
 
 def _text(value: object, where: str, store: SqliteStore, *, empty: bool = False) -> str:

@@ -34,7 +34,13 @@ it has nothing volatile, so its :meth:`MemoryStore.crash` loses nothing) and
 :class:`toolledger.sqlite_store.SqliteStore` (real durability).  Both plan a
 commit with :func:`plan_commit`, so they validate and write exactly the same
 things, and both refuse a commit whose ``before`` is not what is durable now
-(:class:`StaleState`): two engines resuming one session cannot both win.
+(:class:`StaleState`): two engines resuming one session cannot both win.  The
+check is a compare-and-set, inside the commit's transaction, of the durable
+state of every call the commit writes anything for (result, approval, ledger
+record and audit keys: :class:`CallView`), so it covers every commit, also
+one that only appends an audit row (a ``Recover`` deciding ``retry_same_id``
+changes no record): the losing resumer is refused before it writes, and the
+audit never holds two decisions for one attempt.
 
 Besides the protocol state a store keeps, per call, the JSON arguments the
 model emitted (optional, checked against the call's argument digest), because
@@ -67,6 +73,7 @@ from .protocol import (
     MessageState,
     SessionState,
     Stage,
+    ToolResult,
     apply,
     args_digest,
     derive_execution_id,
@@ -75,7 +82,9 @@ from .protocol import (
 )
 
 __all__ = [
+    "RELOAD",
     "AuditRow",
+    "CallView",
     "CommitPlan",
     "MemoryStore",
     "SessionExists",
@@ -86,6 +95,7 @@ __all__ = [
     "UnknownSession",
     "UnsupportedSchema",
     "arguments_json",
+    "call_view",
     "durable_projection",
     "plan_commit",
     "working_set",
@@ -101,8 +111,9 @@ class StoreError(Exception):
     """A store could not do what was asked; nothing was written.
 
     The message says what went wrong and what to do.  After a
-    :class:`StoreError` from a commit, reload the session (what a restarted
-    engine would do) before acting on anything.
+    :class:`StoreError` from a commit, reload the session with
+    :meth:`~toolledger.ledger.Ledger.reload` (what a restarted engine would
+    do) before acting on anything.
     """
 
 
@@ -121,8 +132,10 @@ class StaleState(StoreError):
     """A commit's ``before`` is not what is durable now.
 
     Another engine (or another :class:`~toolledger.ledger.Ledger`) changed the
-    session since this one loaded it.  Nothing was written; reload the session
-    and decide again.
+    session since this one loaded it: a call the commit writes for (its
+    result, approval, record or audit keys) or the session's marker.  Nothing
+    was written; reload the session with
+    :meth:`~toolledger.ledger.Ledger.reload` and decide again.
     """
 
 
@@ -399,6 +412,67 @@ def working_set(state: SessionState) -> SessionState:
     )
 
 
+RELOAD: Final = (
+    "reload the session with Ledger.reload() (what a restarted engine reads: the "
+    "durable state, volatile stages dropped)"
+)
+"""How every error that asks for a reload says it: naming the method to call."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallView:
+    """The durable state of one call that a decision about it reads.
+
+    Its result, its ledger record, its approval (``None``: absent) and the
+    ``(kind, attempt)`` of its audit keys: every input of
+    :func:`~toolledger.protocol.recovery_inputs` that can change, plus the
+    decisions already made.  A commit compares these, as its ``before``
+    has them, with what is stored (:meth:`CommitPlan.check_session`).
+    """
+
+    execution_id: str
+    position: CallPosition
+    result: ToolResult | None
+    record: ExecutionRecord | None
+    approval: ApprovalState | None
+    audit: frozenset[tuple[str, int]]
+
+    def difference(
+        self,
+        *,
+        audit: frozenset[tuple[str, int]],
+        record: bool,
+        approval: bool,
+        result: bool,
+    ) -> str | None:
+        """What differs from the stored call, for the error message; ``None``: nothing.
+
+        ``audit`` is the stored call's audit keys; ``record``, ``approval``
+        and ``result`` say whether the stored one equals this view's.
+        """
+        parts = []
+        if audit != self.audit:
+            new = sorted(audit - self.audit)
+            parts.append(f"audit keys written since: {new}" if new else "its audit keys differ")
+        for what, same in (("record", record), ("approval", approval), ("result", result)):
+            if not same:
+                parts.append(f"its {what} differs")
+        return "; ".join(parts) or None
+
+
+def call_view(state: SessionState, call: CallState) -> CallView:
+    """:class:`CallView` of ``call`` in ``state``."""
+    eid = call.execution_id
+    return CallView(
+        eid,
+        call.position,
+        call.result,
+        state.ledger.get(eid),
+        state.approvals.get(eid),
+        frozenset((kind, attempt) for e, kind, attempt in state.audit if e == eid),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class CommitPlan:
     """What one commit writes, checked and in write order.
@@ -407,7 +481,10 @@ class CommitPlan:
     ``None``); ``results``: durable calls whose result changes, with the result
     they had before (for the stale check); ``approvals``: (execution id, state
     before or ``None`` if absent, state after); ``records``: (record before or
-    ``None``, record after); ``audit_rows``: the rows to append.
+    ``None``, record after); ``audit_rows``: the rows to append; ``guards``:
+    the durable state, as ``before`` has it, of every already durable call the
+    commit writes anything for (a result, an approval, a record or an audit
+    row): what the transition was decided on.
     """
 
     new_calls: tuple[tuple[CallState, str | None], ...]
@@ -415,6 +492,7 @@ class CommitPlan:
     approvals: tuple[tuple[str, ApprovalState | None, ApprovalState], ...]
     records: tuple[tuple[ExecutionRecord | None, ExecutionRecord], ...]
     audit_rows: tuple[AuditRow, ...]
+    guards: tuple[CallView, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -428,15 +506,39 @@ class CommitPlan:
         """Whether the commit writes a ledger record (counted in ``ledger_commits``)."""
         return bool(self.records)
 
-    def check_session(self, session_id: str, stored: tuple[int, int], after: SessionState) -> None:
-        """Raise :class:`StaleState` unless the session is stored with ``after``'s
-        marker and max_attempts (``stored``: what the store holds)."""
+    def check_session(
+        self,
+        session_id: str,
+        stored: tuple[int, int],
+        after: SessionState,
+        differs: Callable[[CallView], str | None],
+    ) -> None:
+        """Raise :class:`StaleState` unless what the commit was decided on is still stored.
+
+        ``stored`` is the session's marker and max_attempts as the store holds
+        them; ``differs(view)`` compares, inside the commit's transaction, a
+        call's :class:`CallView` as ``before`` has it with what is stored, and
+        says what differs (``None``: nothing; see :meth:`CallView.difference`).
+        The compare-and-set covers EVERY commit, audit-only ones included: a
+        ``Recover`` whose decision only adds an audit row must be refused when
+        another engine has decided (or acted) on the call since this engine
+        loaded it, or two engines each record a decision for one attempt.  The
+        writers' own checks of what they replace stay as a second line.
+        """
         if stored != (after.marker, after.max_attempts):
             raise StaleState(
                 f"session {session_id!r} is stored with marker/max_attempts "
                 f"{stored[0]}/{stored[1]}, the state committed has "
-                f"{after.marker}/{after.max_attempts}: reload the session"
+                f"{after.marker}/{after.max_attempts}: {RELOAD}"
             )
+        for seen in self.guards:
+            why = differs(seen)
+            if why is not None:
+                raise StaleState(
+                    f"call {seen.position} of session {session_id!r} changed since this "
+                    f"engine loaded it ({why}): another engine acted on it; nothing was "
+                    f"written; {RELOAD}, and decide again"
+                )
 
     def write(
         self,
@@ -567,6 +669,17 @@ def plan_commit(
             "durable calls of the session: records and approvals belong to a persisted call"
         )
     planned_approvals = tuple((k, before.approvals.get(k), v) for k, v in approvals)
+    touched = (
+        {row.execution_id for row in audit_rows if isinstance(row, AuditRow)}
+        | {r.execution_id for r in records}
+        | {k for k, _ in approvals}
+        | {new.execution_id for _, new in results}
+    )
+    guards = tuple(
+        call_view(before, c)
+        for c in before.calls
+        if c.message is MessageState.DURABLE and c.execution_id in touched
+    )
     planned_records = tuple((before.ledger.get(r.execution_id), r) for r in records)
 
     rows = tuple(audit_rows)
@@ -596,7 +709,9 @@ def plan_commit(
             f"the transition adds audit keys {missing} without their audit rows: every "
             "invocation and decision is written with the transition it describes"
         )
-    return CommitPlan(tuple(new_calls), tuple(results), planned_approvals, planned_records, rows)
+    return CommitPlan(
+        tuple(new_calls), tuple(results), planned_approvals, planned_records, rows, guards
+    )
 
 
 def _identity(c: CallState) -> tuple[object, ...]:
@@ -627,6 +742,8 @@ class _MemorySession:
     approvals: dict[str, ApprovalState] = field(default_factory=dict)
     ledger: dict[str, ExecutionRecord] = field(default_factory=dict)
     audit: list[AuditRow] = field(default_factory=list)
+    # the same rows by execution id: a commit's stale check reads one call's keys
+    audit_of: dict[str, tuple[AuditRow, ...]] = field(default_factory=dict)
 
     def copy(self) -> _MemorySession:
         return _MemorySession(
@@ -637,6 +754,7 @@ class _MemorySession:
             dict(self.approvals),
             dict(self.ledger),
             list(self.audit),
+            dict(self.audit_of),
         )
 
 
@@ -699,7 +817,8 @@ class MemoryStore:
         _check_session_values(session_id, marker, max_attempts)
         if session_id in self._sessions:
             raise SessionExists(
-                f"session {session_id!r} already exists: load() it instead of creating it"
+                f"session {session_id!r} already exists: open it with "
+                f"Ledger(store, {session_id!r}) instead of creating it"
             )
         self._sessions[session_id] = _MemorySession(marker, max_attempts)
         self.commits += 1
@@ -726,6 +845,20 @@ class MemoryStore:
         """The working set of the session (see :func:`working_set`)."""
         return working_set(self.load(session_id))
 
+    @staticmethod
+    def _differs(s: _MemorySession, seen: CallView) -> str | None:
+        """What of the call ``seen`` describes differs from what is stored."""
+        call = s.calls.get(seen.position)
+        if call is None or call.execution_id != seen.execution_id:
+            return "it is no longer a durable call of the session"
+        eid = seen.execution_id
+        return seen.difference(
+            audit=frozenset((r.kind, r.attempt) for r in s.audit_of.get(eid, ())),
+            record=s.ledger.get(eid) == seen.record,
+            approval=s.approvals.get(eid) is seen.approval,
+            result=call.result == seen.result,
+        )
+
     def call_exists(self, session_id: str, position: CallPosition) -> bool:
         """Whether a durable call is at ``position``."""
         return (position[0], position[1]) in self._session(session_id).calls
@@ -744,7 +877,12 @@ class MemoryStore:
         plan = plan_commit(session_id, before, after, audit_rows, arguments)
         if plan.empty:
             return
-        plan.check_session(session_id, (s.marker, s.max_attempts), after)
+        plan.check_session(
+            session_id,
+            (s.marker, s.max_attempts),
+            after,
+            lambda seen: self._differs(s, seen),
+        )
         staged = s.copy()
         plan.write(
             call=lambda c, text: self._write_call(session_id, staged, c, text),
@@ -780,7 +918,7 @@ class MemoryStore:
         if call.position in s.calls:
             raise StaleState(
                 f"call {call.position} of session {session_id!r} is already durable: "
-                "another engine persisted it; reload the session"
+                f"another engine persisted it; {RELOAD}"
             )
         s.calls[call.position] = replace(call, stage=Stage.NONE)
         if arguments is not None:
@@ -793,7 +931,7 @@ class MemoryStore:
         if stored is None or stored.result != old.result:
             raise StaleState(
                 f"the result of call {new.position} of session {session_id!r} is not the one "
-                "this engine saw: another engine wrote it; reload the session"
+                f"this engine saw: another engine wrote it; {RELOAD}"
             )
         s.calls[new.position] = replace(stored, result=new.result)
 
@@ -808,7 +946,7 @@ class MemoryStore:
         if s.approvals.get(execution_id) is not was:
             raise StaleState(
                 f"the approval of {execution_id} in session {session_id!r} is "
-                f"{s.approvals.get(execution_id)}, this engine saw {was}: reload the session"
+                f"{s.approvals.get(execution_id)}, this engine saw {was}: {RELOAD}"
             )
         s.approvals[execution_id] = now
 
@@ -822,9 +960,11 @@ class MemoryStore:
         if s.ledger.get(new.execution_id) != old:
             raise StaleState(
                 f"the ledger record of {new.execution_id} in session {session_id!r} is not the "
-                "one this engine saw: another engine wrote it; reload the session"
+                f"one this engine saw: another engine wrote it; {RELOAD}"
             )
         s.ledger[new.execution_id] = new
 
     def _write_audit(self, s: _MemorySession, row: AuditRow) -> None:
-        s.audit.append(replace(row))  # replace() re-copies inputs through JSON
+        copied = replace(row)  # replace() re-copies inputs through JSON
+        s.audit.append(copied)
+        s.audit_of[row.execution_id] = (*s.audit_of.get(row.execution_id, ()), copied)

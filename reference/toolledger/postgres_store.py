@@ -1,0 +1,1009 @@
+"""PostgresStore: the store port on a PostgreSQL database, for many engine workers.
+
+What it is for
+--------------
+When several engine workers (processes, machines) share the sessions of one
+agent platform they need one ledger they can all reach: :class:`PostgresStore`
+keeps the same tables as :class:`~toolledger.sqlite_store.SqliteStore` (calls
+with their results, approvals, the execution ledger, the append-only audit
+log, the protocol marker) in one PostgreSQL schema, with the same guarantees:
+every durable transition is ONE transaction (a protected call costs two
+ledger commits, a readonly one none), every row carries a SHA-256
+``row_checksum`` checked on every read, a schema version is checked on open,
+and anything unexpected fails closed as :class:`~toolledger.stores.StoreCorrupt`.
+
+psycopg 3 is an optional dependency (``pip install toolledger[postgres]``):
+it is imported when a store is opened, so ``import toolledger`` never needs it.
+
+Concurrency: the compare-and-set
+--------------------------------
+Every commit runs ``BEGIN ISOLATION LEVEL READ COMMITTED`` and first takes
+the session's row lock (``SELECT ... FROM sessions WHERE session_id = %s FOR
+UPDATE``): commits to one session are serialized by the server, and since a
+READ COMMITTED statement sees everything committed before it started, the
+statements that follow the lock see the last commit of any other worker.
+Then :meth:`~toolledger.stores.CommitPlan.check_session` compares, in one
+statement per call, the durable state the commit was decided on (result,
+approval, ledger record by checksum, audit keys) with what is stored, exactly
+as SQLite's ``BEGIN IMMEDIATE`` does for a file: a stale commit raises
+:class:`~toolledger.stores.StaleState` before its first write, audit-only
+commits included.  The writers' own checks (``UPDATE ... WHERE row_checksum =
+old``, inserts refused by primary keys) stay as a second line.  Sessions do
+not block each other.
+
+Reads run in ``REPEATABLE READ READ ONLY`` transactions (one snapshot) ended
+by ``ROLLBACK``.  Durability is the server's: ``COMMIT`` returns once the WAL
+is flushed (``synchronous_commit`` on, checked on open).
+
+Connections
+-----------
+One object holds one connection (guarded by a lock), opened with a connect
+timeout and a ``statement_timeout``.  A server that cannot be reached raises
+:class:`StoreUnavailable` naming host, port and database.  If the connection
+drops inside a transaction the server rolls it back: nothing of it is
+written.  If it drops during ``COMMIT`` the outcome is unknown to the client,
+and the error says so: reload the session (``Ledger.reload()``), which reads
+what is durable; the store object is unusable afterwards (open a new one).
+
+Schema (version :data:`SCHEMA_VERSION`, in the PostgreSQL schema ``schema``)
+--------------------------------------------------------------------------
+The tables and checksummed columns of ``SqliteStore`` (``sessions``,
+``calls``, ``approvals``, ``ledger``, ``audit``) plus ``meta`` (singleton,
+application, schema_version, created).  Indexes ``calls_open`` (partial: the
+calls without a result), ``audit_by_session`` and ``audit_by_execution``
+keep a restart independent of the history; a trigger refuses UPDATE and
+DELETE on ``audit``.  Opening a schema with no tables creates them (under an
+advisory lock: concurrent openers create it once); :meth:`PostgresStore.create`
+refuses an existing store.
+
+Session ownership (a lease with a fencing epoch) is not part of this store
+yet: a worker that lost a session is refused by the compare-and-set of its
+next commit, not before.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar
+
+from .protocol import (
+    ApprovalState,
+    CallPosition,
+    CallState,
+    ExecutionRecord,
+    InvalidInput,
+    LedgerStatus,
+    MessageState,
+    RecoveryPolicy,
+    ResultKind,
+    SessionState,
+)
+from .sqlite_store import (
+    _DATA,
+    _KEY,
+    _RESULT,
+    SqliteStore,
+    _checksum,
+    _enum,
+    _int,
+    _json_object,
+    _one_of,
+    _record_values,
+    _result_values,
+)
+from .stores import (
+    RELOAD,
+    AuditRow,
+    CallView,
+    SessionExists,
+    StaleState,
+    StoreCorrupt,
+    StoreError,
+    UnknownSession,
+    UnsupportedSchema,
+    _check_session_values,
+    plan_commit,
+)
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["SCHEMA_VERSION", "PostgresStore", "StoreExists", "StoreUnavailable"]
+
+SCHEMA_VERSION: Final = 1
+"""The PostgreSQL schema version this version writes and reads."""
+
+APPLICATION: Final = "toolledger"
+
+Row = dict[str, Any]
+_T = TypeVar("_T")
+_IN_CHUNK: Final = 500
+
+_COLUMNS: Final[Mapping[str, tuple[str, ...]]] = {
+    "meta": ("singleton", "application", "schema_version", "created"),
+    **{
+        t: (("id",) if t == "audit" else ()) + cols + ("row_checksum",)
+        for t, cols in _DATA.items()
+    },
+}
+
+_RESULT_DDL: Final = (
+    f"result_kind TEXT CHECK (result_kind IS NULL OR result_kind IN ({_one_of(ResultKind)})),"
+    " result_content TEXT, result_execution_id TEXT, result_args_digest TEXT"
+)
+
+_SCHEMA: Final[tuple[str, ...]] = (
+    """CREATE TABLE meta (
+        singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+        application TEXT NOT NULL,
+        schema_version INTEGER NOT NULL,
+        created TEXT NOT NULL)""",
+    """CREATE TABLE sessions (
+        session_id TEXT PRIMARY KEY,
+        marker INTEGER NOT NULL CHECK (marker >= 0),
+        max_attempts INTEGER NOT NULL CHECK (max_attempts >= 1),
+        row_checksum TEXT NOT NULL)""",
+    f"""CREATE TABLE calls (
+        session_id TEXT NOT NULL REFERENCES sessions (session_id),
+        turn INTEGER NOT NULL CHECK (turn >= 0),
+        slot INTEGER NOT NULL CHECK (slot >= 0),
+        tool_call_id TEXT NOT NULL,
+        tool_name TEXT NOT NULL,
+        policy TEXT NOT NULL CHECK (policy IN ({_one_of(RecoveryPolicy)})),
+        requires_approval INTEGER NOT NULL CHECK (requires_approval IN (0, 1)),
+        execution_id TEXT NOT NULL UNIQUE,
+        args_digest TEXT NOT NULL,
+        arguments TEXT,
+        message_state TEXT NOT NULL CHECK (message_state = 'durable'),
+        {_RESULT_DDL},
+        row_checksum TEXT NOT NULL,
+        PRIMARY KEY (session_id, turn, slot))""",
+    f"""CREATE TABLE approvals (
+        execution_id TEXT PRIMARY KEY,
+        session_id TEXT NOT NULL REFERENCES sessions (session_id),
+        state TEXT NOT NULL CHECK (state IN ({_one_of(ApprovalState)})),
+        row_checksum TEXT NOT NULL)""",
+    f"""CREATE TABLE ledger (
+        execution_id TEXT PRIMARY KEY,
+        session_id TEXT NOT NULL REFERENCES sessions (session_id),
+        status TEXT NOT NULL CHECK (status IN ({_one_of(LedgerStatus)})),
+        attempt INTEGER NOT NULL CHECK (attempt >= 0),
+        args_digest TEXT,
+        "authorization" TEXT NOT NULL,
+        {_RESULT_DDL},
+        turn INTEGER,
+        slot INTEGER,
+        row_checksum TEXT NOT NULL)""",
+    """CREATE TABLE audit (
+        id BIGSERIAL PRIMARY KEY,
+        session_id TEXT NOT NULL REFERENCES sessions (session_id),
+        execution_id TEXT NOT NULL,
+        tool_call_id TEXT NOT NULL,
+        turn INTEGER NOT NULL,
+        slot INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        "authorization" TEXT NOT NULL,
+        recovery_decision TEXT,
+        inputs TEXT NOT NULL,
+        note TEXT NOT NULL,
+        recorded_at TEXT NOT NULL,
+        row_checksum TEXT NOT NULL)""",
+    "CREATE INDEX calls_open ON calls (session_id, turn, slot) WHERE result_kind IS NULL",
+    "CREATE INDEX audit_by_session ON audit (session_id, id)",
+    "CREATE INDEX audit_by_execution ON audit (execution_id)",
+    """CREATE FUNCTION audit_append_only() RETURNS trigger LANGUAGE plpgsql AS
+        $$ BEGIN RAISE EXCEPTION 'audit rows are append-only'; END $$""",
+    """CREATE TRIGGER audit_no_update BEFORE UPDATE OR DELETE ON audit
+        FOR EACH ROW EXECUTE FUNCTION audit_append_only()""",
+)
+
+def _q(columns: Sequence[str]) -> str:
+    """Column names quoted (``authorization`` is a reserved word in PostgreSQL)."""
+    return ", ".join(f'"{c}"' for c in columns)
+
+
+def _assign(columns: Sequence[str]) -> str:
+    return ", ".join(f'"{c}" = %s' for c in columns)
+
+
+_INDEXES: Final = frozenset({"calls_open", "audit_by_session", "audit_by_execution"})
+_SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+class StoreUnavailable(StoreError):
+    """The PostgreSQL server could not be reached, or the connection was lost.
+
+    ``host``, ``port`` and ``dbname`` name the server.  Nothing was written,
+    unless the message says a ``COMMIT``'s outcome is unknown: then reload.
+    """
+
+    def __init__(self, message: str, *, host: str, port: str, dbname: str) -> None:
+        super().__init__(message)
+        self.host, self.port, self.dbname = host, port, dbname
+
+
+class StoreExists(StoreError):
+    """:meth:`PostgresStore.create` found a store (or other tables) in the schema."""
+
+
+class _Rows(SqliteStore):
+    """The row decoders of SqliteStore, failing closed with PostgreSQL's wording.
+
+    Decoding is shared on purpose: both stores accept exactly the same rows.
+    Only ``_corrupt`` (and the methods it reaches) is used; no SQLite file is
+    ever opened through this object.
+    """
+
+    def __init__(self, where: str) -> None:  # no super().__init__: nothing to open
+        self.where = where
+
+    def _corrupt(self, what: str) -> StoreCorrupt:
+        return StoreCorrupt(
+            f"{self.where} is not a usable toolledger store: {what}. Nothing was executed "
+            "or written. Restore the database from a backup, or point the store at another "
+            "schema to start an empty one.",
+            path=self.where,
+        )
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError as exc:  # the core package works without it
+        raise StoreError(
+            "PostgresStore needs psycopg 3: pip install 'toolledger[postgres]'"
+        ) from exc
+    return psycopg
+
+
+class PostgresStore:
+    """A :class:`~toolledger.stores.Store` on a PostgreSQL database (see the module doc).
+
+    ``PostgresStore(conninfo, schema="toolledger")`` connects (libpq
+    connection string or URI), checks the schema's tables (creating them if
+    the schema holds none) and raises :class:`StoreUnavailable`,
+    :class:`~toolledger.stores.StoreCorrupt` or
+    :class:`~toolledger.stores.UnsupportedSchema` having written nothing.
+    ``connect_timeout`` and ``statement_timeout`` are in seconds.
+    ``trace``, if set, is called with the text and parameters of every
+    statement this object sends (for tests and diagnostics).
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        schema: str = "toolledger",
+        connect_timeout: float = 10.0,
+        statement_timeout: float = 30.0,
+        _create: bool = False,
+    ) -> None:
+        if not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema):
+            raise InvalidInput(
+                f"schema {schema!r} is not a plain lower-case SQL identifier "
+                "([a-z_][a-z0-9_]*, at most 63 characters): pass one"
+            )
+        if connect_timeout <= 0 or statement_timeout <= 0:
+            raise InvalidInput("connect_timeout and statement_timeout must be positive seconds")
+        self._pg = _psycopg()
+        self.schema = schema
+        self.commits = 0
+        self.ledger_commits = 0
+        self.trace: Callable[[str, Sequence[object]], None] | None = None
+        self._lock = threading.RLock()
+        self._broken: str | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+        info = self._pg.conninfo.conninfo_to_dict(conninfo)
+        self.host = str(info.get("host", "localhost"))
+        self.port = str(info.get("port", "5432"))
+        self.dbname = str(info.get("dbname", info.get("user", "")))
+        self.where = f"PostgreSQL {self.host}:{self.port}/{self.dbname} schema {schema}"
+        self._rows = _Rows(self.where)
+        try:
+            conn = self._pg.connect(
+                conninfo,
+                autocommit=True,  # every transaction is an explicit BEGIN ... COMMIT
+                connect_timeout=max(1, round(connect_timeout)),
+                options=(
+                    f"-c statement_timeout={round(statement_timeout * 1000)} "
+                    f"-c search_path={schema} -c lock_timeout={round(statement_timeout * 1000)}"
+                ),
+            )
+        except self._pg.Error as exc:
+            raise self._unavailable(f"cannot connect ({exc})") from exc
+        self._conn = conn
+        try:
+            self._open(create=_create)
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def create(
+        cls,
+        conninfo: str,
+        *,
+        schema: str = "toolledger",
+        connect_timeout: float = 10.0,
+        statement_timeout: float = 30.0,
+    ) -> PostgresStore:
+        """Create a new store in ``schema``; :class:`StoreExists` if it holds any table."""
+        return cls(
+            conninfo,
+            schema=schema,
+            connect_timeout=connect_timeout,
+            statement_timeout=statement_timeout,
+            _create=True,
+        )
+
+    # -- errors -----------------------------------------------------------------
+
+    def _unavailable(self, what: str) -> StoreUnavailable:
+        return StoreUnavailable(
+            f"PostgreSQL at {self.host}:{self.port}, database {self.dbname!r}: {what}. "
+            "Check that the server runs and is reachable, then retry; nothing was written",
+            host=self.host,
+            port=self.port,
+            dbname=self.dbname,
+        )
+
+    def _corrupt(self, what: str) -> StoreCorrupt:
+        return self._rows._corrupt(what)
+
+    def _unsupported(self, what: str, found: int | None) -> UnsupportedSchema:
+        return UnsupportedSchema(
+            f"{self.where} {what} Nothing was executed or written.",
+            path=self.where,
+            found=found,
+            supported=SCHEMA_VERSION,
+        )
+
+    def _error(self, what: str, exc: Exception, *, reading: bool) -> StoreError:
+        """The typed error for a psycopg error (see the module doc)."""
+        pg = self._pg
+        conn = self._conn
+        state = getattr(exc, "sqlstate", None) or ""
+        # 08: connection exceptions; 57: the server shut down or cancelled us
+        if (
+            isinstance(exc, pg.OperationalError)
+            and (conn is None or conn.closed or conn.broken)
+        ) or (state[:2] in ("08", "57") and not isinstance(exc, pg.errors.QueryCanceled)):
+            self._broken = f"the connection was lost during {what} ({exc})"
+            return self._unavailable(f"the connection was lost during {what} ({exc})")
+        if state.startswith("53"):  # insufficient resources (disk full, out of memory)
+            return StoreError(
+                f"{self.where}: {what} failed: the server is out of resources ({exc}); "
+                "nothing was written, free space or memory on the server and try again"
+            )
+        if isinstance(exc, pg.errors.QueryCanceled | pg.errors.LockNotAvailable):
+            return StoreError(
+                f"{self.where}: {what} timed out ({exc}); nothing was written, try again"
+            )
+        if reading or state.startswith("XX"):  # XX001 data_corrupted, XX002 index_corrupted
+            return self._corrupt(f"{what} failed: {exc}")
+        return StoreError(f"{self.where}: {what} failed ({exc}); nothing was written")
+
+    # -- statements -----------------------------------------------------------------
+
+    def _exec(self, conn: psycopg.Connection[Any], sql: str, params: Sequence[object] = ()) -> Any:
+        if self.trace is not None:
+            self.trace(sql, params)
+        return conn.execute(sql, params)
+
+    def _live(self) -> psycopg.Connection[Any]:
+        if self._broken is not None:
+            raise StoreError(
+                f"{self.where}: this store object is unusable after {self._broken}; open a new "
+                f"PostgresStore (what a restarted engine does) and {RELOAD}"
+            )
+        if self._conn is None:
+            raise StoreError(f"{self.where}: this store is closed; open a new PostgresStore")
+        return self._conn
+
+    def _transaction(
+        self, what: str, begin: str, body: Callable[[psycopg.Connection[Any]], _T], *, read: bool
+    ) -> _T:
+        with self._lock:
+            conn = self._live()
+            try:
+                self._exec(conn, begin)
+                try:
+                    value = body(conn)
+                except BaseException:
+                    self._rollback(conn)
+                    raise
+                if read:
+                    self._exec(conn, "ROLLBACK")
+                else:
+                    try:
+                        self._exec(conn, "COMMIT")
+                    except self._pg.OperationalError as exc:
+                        if conn.closed or conn.broken:
+                            self._broken = f"a connection lost during COMMIT ({exc})"
+                            raise self._unavailable(
+                                f"the connection was lost during COMMIT of {what} ({exc}): "
+                                f"whether it was committed is unknown; {RELOAD}"
+                            ) from exc
+                        raise
+                return value
+            except self._pg.Error as exc:
+                raise self._error(what, exc, reading=read) from exc
+
+    def _rollback(self, conn: psycopg.Connection[Any]) -> None:
+        if conn.closed or conn.broken:
+            return  # the server rolls back a transaction whose connection is gone
+        try:
+            self._exec(conn, "ROLLBACK")
+        except self._pg.Error as exc:
+            self._broken = f"a failed rollback ({exc})"
+
+    def _read(self, body: Callable[[psycopg.Connection[Any]], _T]) -> _T:
+        return self._transaction(
+            "reading", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", body, read=True
+        )
+
+    def _write(self, what: str, body: Callable[[psycopg.Connection[Any]], None]) -> None:
+        self._transaction(what, "BEGIN ISOLATION LEVEL READ COMMITTED", body, read=False)
+
+    # -- opening ---------------------------------------------------------------------
+
+    def _open(self, *, create: bool) -> None:
+        conn = self._live()
+        try:
+            setting = self._exec(conn, "SHOW synchronous_commit").fetchone()[0]
+            if setting not in ("on", "remote_write", "remote_apply"):
+                raise StoreError(
+                    f"{self.where}: synchronous_commit is {setting!r}, so a COMMIT may return "
+                    "before it is durable: set it to 'on' for this database or role"
+                )
+        except self._pg.Error as exc:
+            raise self._error("opening", exc, reading=False) from exc
+
+        def body(conn: psycopg.Connection[Any]) -> None:
+            # one creator at a time per schema; others wait, then validate its work
+            self._exec(
+                conn, "SELECT pg_advisory_xact_lock(hashtext(%s))", (f"toolledger:{self.schema}",)
+            )
+            tables = self._tables(conn)
+            if tables and create:
+                raise StoreExists(
+                    f"{self.where} already holds tables ({', '.join(sorted(tables))}): a store "
+                    "is never created over an existing one; open it with PostgresStore(...) "
+                    "or create the store in another schema"
+                )
+            if tables:
+                self._validate(conn, tables)
+                return
+            self._exec(conn, f"CREATE SCHEMA IF NOT EXISTS {self.schema}")
+            for statement in _SCHEMA:
+                self._exec(conn, statement)
+            self._exec(
+                conn,
+                "INSERT INTO meta (singleton, application, schema_version, created) "
+                "VALUES (1, %s, %s, %s)",
+                (APPLICATION, SCHEMA_VERSION, datetime.now(UTC).isoformat(timespec="seconds")),
+            )
+
+        self._write("opening the store", body)
+
+    def _tables(self, conn: psycopg.Connection[Any]) -> set[str]:
+        rows = self._exec(
+            conn,
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+            (self.schema,),
+        ).fetchall()
+        return {str(r[0]) for r in rows}
+
+    def _validate(self, conn: psycopg.Connection[Any], tables: set[str]) -> None:
+        if "meta" not in tables:
+            raise self._unsupported(
+                f"holds tables ({', '.join(sorted(tables))}) but is not a toolledger store: "
+                "point the store at its own schema.",
+                None,
+            )
+        rows = self._exec(conn, "SELECT application, schema_version FROM meta").fetchall()
+        if len(rows) != 1 or rows[0][0] != APPLICATION or not isinstance(rows[0][1], int):
+            raise self._corrupt(f"its meta table holds {rows!r}, not one schema version")
+        version: int = rows[0][1]
+        if version != SCHEMA_VERSION:
+            raise self._unsupported(
+                f"has toolledger schema version {version}; this toolledger reads version "
+                f"{SCHEMA_VERSION} only. "
+                + (
+                    "It was written by a newer toolledger: open it with that version "
+                    "(upgrade toolledger)."
+                    if version > SCHEMA_VERSION
+                    else "No migration from that version exists: open it with the "
+                    "toolledger that wrote it."
+                ),
+                version,
+            )
+        for table, expected in _COLUMNS.items():
+            found = tuple(
+                str(r[0])
+                for r in self._exec(
+                    conn,
+                    "SELECT column_name FROM information_schema.columns "
+                    "WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position",
+                    (self.schema, table),
+                ).fetchall()
+            )
+            if found != expected:
+                raise self._corrupt(
+                    f"table {table} has columns {found or '(none: it is missing)'}, "
+                    f"schema version {SCHEMA_VERSION} has {expected}"
+                )
+        indexes = {
+            str(r[0])
+            for r in self._exec(
+                conn, "SELECT indexname FROM pg_indexes WHERE schemaname = %s", (self.schema,)
+            ).fetchall()
+        }
+        triggers = {
+            str(r[0])
+            for r in self._exec(
+                conn,
+                "SELECT t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = %s AND c.relname = 'audit' AND t.tgenabled <> 'D'",
+                (self.schema,),
+            ).fetchall()
+        }
+        missing = sorted((_INDEXES - indexes) | ({"audit_no_update"} - triggers))
+        if missing:
+            raise self._corrupt(f"its indexes or triggers {', '.join(missing)} are missing")
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection; idempotent.  Everything committed stays durable."""
+        with self._lock:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                conn.close()
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self.where!r})"
+
+    @property
+    def connection(self) -> psycopg.Connection[Any]:
+        """The underlying connection, for inspection only (never write through it)."""
+        return self._live()
+
+    # -- rows: every read verifies the checksum, every write sets it -----------------
+
+    def _select(
+        self,
+        conn: psycopg.Connection[Any],
+        table: str,
+        where: str,
+        params: Sequence[object],
+        *,
+        lock: bool = False,
+    ) -> list[Row]:
+        columns = _COLUMNS[table]
+        order = ", ".join(_KEY[table])
+        rows = []
+        cursor = self._exec(
+            conn, f"SELECT {_q(columns)} FROM {table} {where} ORDER BY {order}"
+            + (" FOR UPDATE" if lock else ""),
+            params,
+        )
+        for values in cursor.fetchall():
+            row = dict(zip(columns, values, strict=True))
+            try:
+                ok = row["row_checksum"] == _checksum(table, row)
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                key = ", ".join(f"{k}={row[k]!r}" for k in _KEY[table])
+                raise self._corrupt(
+                    f"the {table} row ({key}) does not match its checksum: its content was "
+                    "altered or damaged"
+                )
+            rows.append(row)
+        return rows
+
+    def _insert(self, conn: psycopg.Connection[Any], table: str, row: Row) -> Any:
+        columns = (*_DATA[table], "row_checksum")
+        return self._exec(
+            conn,
+            f"INSERT INTO {table} ({_q(columns)}) VALUES "
+            f"({', '.join(['%s'] * len(columns))}) ON CONFLICT DO NOTHING",
+            (*(row[c] for c in _DATA[table]), _checksum(table, row)),
+        )
+
+    def _update(
+        self, conn: psycopg.Connection[Any], table: str, current: Row, changes: Row
+    ) -> None:
+        new = {**current, **changes}
+        sets = [*changes, "row_checksum"]
+        keys = _KEY[table]
+        cursor = self._exec(
+            conn,
+            f"UPDATE {table} SET {_assign(sets)} "
+            f"WHERE {' AND '.join(f'{k} = %s' for k in keys)} AND row_checksum = %s",
+            (
+                *changes.values(),
+                _checksum(table, new),
+                *(current[k] for k in keys),
+                current["row_checksum"],
+            ),
+        )
+        if cursor.rowcount != 1:
+            raise StaleState(f"the {table} row changed under this commit: {RELOAD}")
+
+    # -- the port ----------------------------------------------------------------------
+
+    def sessions(self) -> list[str]:
+        """The ids of every session in the store, sorted."""
+        return self._read(
+            lambda conn: [str(r["session_id"]) for r in self._select(conn, "sessions", "", ())]
+        )
+
+    def create_session(self, session_id: str, *, marker: int, max_attempts: int) -> None:
+        """Create an empty session, durably; :class:`SessionExists` if it exists."""
+        _check_session_values(session_id, marker, max_attempts)
+
+        def body(conn: psycopg.Connection[Any]) -> None:
+            row = {"session_id": session_id, "marker": marker, "max_attempts": max_attempts}
+            if self._insert(conn, "sessions", row).rowcount != 1:
+                raise SessionExists(
+                    f"session {session_id!r} already exists in {self.where}: open it with "
+                    f"Ledger(store, {session_id!r}) instead of creating it"
+                )
+
+        self._write(f"creating session {session_id!r}", body)
+        self.commits += 1
+
+    def _session_row(
+        self, conn: psycopg.Connection[Any], session_id: str, *, lock: bool = False
+    ) -> tuple[int, int]:
+        rows = self._select(
+            conn,
+            "sessions",
+            "WHERE session_id = %s",
+            (session_id,),
+            lock=lock,
+        )
+        if not rows:
+            raise UnknownSession(
+                f"no session {session_id!r} in {self.where}: create it with create_session() "
+                "first, or check the session id"
+            )
+        where = f"sessions[{session_id!r}]"
+        return (
+            _int(rows[0]["marker"], f"{where}.marker", self._rows),
+            _int(rows[0]["max_attempts"], f"{where}.max_attempts", self._rows, minimum=1),
+        )
+
+    def load(self, session_id: str) -> SessionState:
+        """The durable state of the session, as a restarted engine sees it (all of it)."""
+
+        def body(conn: psycopg.Connection[Any]) -> SessionState:
+            marker, max_attempts = self._session_row(conn, session_id)
+            rows = self._select(conn, "calls", "WHERE session_id = %s", (session_id,))
+            return self._state(conn, session_id, marker, max_attempts, rows)
+
+        return self._read(body)
+
+    def load_working_set(self, session_id: str) -> SessionState:
+        """The open calls and those of the last turn, read through indexes only."""
+
+        def body(conn: psycopg.Connection[Any]) -> SessionState:
+            marker, max_attempts = self._session_row(conn, session_id)
+            (last,) = self._exec(
+                conn, "SELECT max(turn) FROM calls WHERE session_id = %s", (session_id,)
+            ).fetchone()
+            rows = self._select(
+                conn, "calls", "WHERE session_id = %s AND result_kind IS NULL", (session_id,)
+            )
+            if last is not None:
+                rows += self._select(
+                    conn,
+                    "calls",
+                    "WHERE session_id = %s AND turn = %s AND result_kind IS NOT NULL",
+                    (session_id, last),
+                )
+                rows.sort(key=lambda r: (r["turn"], r["slot"]))
+            return self._state(conn, session_id, marker, max_attempts, rows)
+
+        return self._read(body)
+
+    def call_exists(self, session_id: str, position: CallPosition) -> bool:
+        """Whether a durable call is at ``position`` (one primary-key lookup)."""
+
+        def body(conn: psycopg.Connection[Any]) -> bool:
+            self._session_row(conn, session_id)
+            found = self._exec(
+                conn,
+                "SELECT 1 FROM calls WHERE session_id = %s AND turn = %s AND slot = %s",
+                (session_id, position[0], position[1]),
+            ).fetchone()
+            return found is not None
+
+        return self._read(body)
+
+    def _state(
+        self,
+        conn: psycopg.Connection[Any],
+        session_id: str,
+        marker: int,
+        max_attempts: int,
+        call_rows: list[Row],
+    ) -> SessionState:
+        calls = tuple(self._rows._decode_call(session_id, r) for r in call_rows)
+        eids = [c.execution_id for c in calls]
+        approvals = {
+            r["execution_id"]: _enum(
+                ApprovalState, r["state"], f"approvals[{r['execution_id']!r}].state", self._rows
+            )
+            for r in self._owned(conn, session_id, "approvals", eids)
+        }
+        ledger = {}
+        for r in self._owned(conn, session_id, "ledger", eids):
+            rec = self._rows._decode_record(r)
+            ledger[rec.execution_id] = rec
+        audit = frozenset(
+            self._rows._decode_audit(session_id, r).key
+            for r in self._owned(conn, session_id, "audit", eids)
+        )
+        return SessionState(
+            session_id=session_id,
+            marker=marker,
+            max_attempts=max_attempts,
+            calls=calls,
+            approvals=approvals,
+            ledger=ledger,
+            audit=audit,
+        )
+
+    def _owned(
+        self, conn: psycopg.Connection[Any], session_id: str, table: str, eids: Sequence[str]
+    ) -> list[Row]:
+        rows: list[Row] = []
+        for i in range(0, len(eids), _IN_CHUNK):
+            chunk = list(eids[i : i + _IN_CHUNK])
+            rows += self._select(conn, table, "WHERE execution_id = ANY(%s)", (chunk,))
+        for r in rows:
+            if r["session_id"] != session_id:
+                raise self._corrupt(
+                    f"the {table} row of execution {r['execution_id']!r} names session "
+                    f"{r['session_id']!r}, but that execution is a call of {session_id!r}"
+                )
+        return rows
+
+    def audit(self, session_id: str) -> list[AuditRow]:
+        """Every audit row of the session, in the order they were written."""
+
+        def body(conn: psycopg.Connection[Any]) -> list[AuditRow]:
+            self._session_row(conn, session_id)
+            rows = self._select(conn, "audit", "WHERE session_id = %s", (session_id,))
+            return [self._rows._decode_audit(session_id, r) for r in rows]
+
+        return self._read(body)
+
+    def call_arguments(self, session_id: str, position: CallPosition) -> dict[str, Any] | None:
+        """The stored arguments of the durable call at ``position`` (``None`` if not kept)."""
+
+        def body(conn: psycopg.Connection[Any]) -> dict[str, Any] | None:
+            self._session_row(conn, session_id)
+            rows = self._select(
+                conn,
+                "calls",
+                "WHERE session_id = %s AND turn = %s AND slot = %s",
+                (session_id, position[0], position[1]),
+            )
+            if not rows or rows[0]["arguments"] is None:
+                return None
+            where = f"calls[{session_id!r}, {position}].arguments"
+            return _json_object(rows[0]["arguments"], where, self._rows)
+
+        return self._read(body)
+
+    # -- committing ----------------------------------------------------------------------
+
+    def _differs(
+        self, conn: psycopg.Connection[Any], session_id: str, seen: CallView
+    ) -> str | None:
+        """What of the call ``seen`` describes differs from what is stored: one statement."""
+        found = self._exec(
+            conn,
+            f"SELECT c.execution_id, {', '.join(f'c.{r}' for r in _RESULT)}, "
+            "(SELECT row_checksum FROM ledger WHERE execution_id = c.execution_id), "
+            "(SELECT state FROM approvals WHERE execution_id = c.execution_id), "
+            "(SELECT string_agg(kind || ' ' || attempt, ',') FROM audit "
+            "WHERE execution_id = c.execution_id) "
+            "FROM calls AS c WHERE c.session_id = %s AND c.turn = %s AND c.slot = %s",
+            (session_id, *seen.position),
+        ).fetchone()
+        if found is None or found[0] != seen.execution_id:
+            return "it is no longer a durable call of the session"
+        result, (record, approval, keys) = tuple(found[1:5]), found[5:]
+        audit: set[tuple[str, int]] = set()
+        for key in keys.split(",") if keys else ():
+            kind, _, attempt = key.rpartition(" ")
+            audit.add((kind, int(attempt) if attempt.isdigit() else -1))
+        expected = (
+            None
+            if seen.record is None
+            else _checksum("ledger", _record_values(session_id, seen.record))
+        )
+        return seen.difference(
+            audit=frozenset(audit),
+            record=record == expected,
+            approval=approval == (None if seen.approval is None else seen.approval.value),
+            result=result == tuple(_result_values(seen.result).values()),
+        )
+
+    # The statement that serializes the commits of one session (see the module doc);
+    # a class attribute so a test can remove the lock and watch the race get through.
+    LOCK_SESSION: ClassVar[bool] = True
+
+    def commit(
+        self,
+        session_id: str,
+        before: SessionState,
+        after: SessionState,
+        audit_rows: Sequence[AuditRow],
+        *,
+        arguments: Mapping[CallPosition, Mapping[str, Any]] | None = None,
+    ) -> None:
+        """Make the transition ``before -> after`` durable in one transaction.
+
+        Takes the session's row lock, checks that what the commit was decided
+        on is still stored (else :class:`~toolledger.stores.StaleState`,
+        nothing written), writes, and returns after ``COMMIT``.
+        """
+        plan = plan_commit(session_id, before, after, audit_rows, arguments)
+        if plan.empty:
+            return
+
+        def body(conn: psycopg.Connection[Any]) -> None:
+            plan.check_session(
+                session_id,
+                self._session_row(conn, session_id, lock=self.LOCK_SESSION),
+                after,
+                lambda seen: self._differs(conn, session_id, seen),
+            )
+            plan.write(
+                call=lambda c, text: self._write_call(conn, session_id, c, text),
+                result=lambda old, new: self._write_result(conn, session_id, old, new),
+                approval=lambda eid, was, now: self._write_approval(
+                    conn, session_id, eid, was, now
+                ),
+                record=lambda old, new: self._write_record(conn, session_id, old, new),
+                audit=lambda row: self._write_audit(conn, row),
+            )
+
+        self._write(f"committing to session {session_id!r}", body)
+        self.commits += 1
+        if plan.writes_ledger:
+            self.ledger_commits += 1
+
+    # -- the writes of one commit (separate so tests can inject failures) ----------------
+
+    def _write_call(
+        self, conn: psycopg.Connection[Any], session_id: str, call: CallState, arguments: str | None
+    ) -> None:
+        row = {
+            "session_id": session_id,
+            "turn": call.position[0],
+            "slot": call.position[1],
+            "tool_call_id": call.tool_call_id,
+            "tool_name": call.tool.name,
+            "policy": call.tool.policy.value,
+            "requires_approval": int(call.tool.requires_approval),
+            "execution_id": call.execution_id,
+            "args_digest": call.args_digest,
+            "arguments": arguments,
+            "message_state": MessageState.DURABLE.value,
+            **_result_values(call.result),
+        }
+        if self._insert(conn, "calls", row).rowcount != 1:
+            raise StaleState(
+                f"call {call.position} of session {session_id!r} is already durable: "
+                f"another engine persisted it; {RELOAD}"
+            )
+
+    def _write_result(
+        self, conn: psycopg.Connection[Any], session_id: str, old: CallState, new: CallState
+    ) -> None:
+        rows = self._select(
+            conn,
+            "calls",
+            "WHERE session_id = %s AND turn = %s AND slot = %s",
+            (session_id, *new.position),
+        )
+        if not rows or any(rows[0][k] != v for k, v in _result_values(old.result).items()):
+            raise StaleState(
+                f"the result of call {new.position} of session {session_id!r} is not the one "
+                f"this engine saw: another engine wrote it; {RELOAD}"
+            )
+        self._update(conn, "calls", rows[0], _result_values(new.result))
+
+    def _write_approval(
+        self,
+        conn: psycopg.Connection[Any],
+        session_id: str,
+        execution_id: str,
+        was: ApprovalState | None,
+        now: ApprovalState,
+    ) -> None:
+        rows = self._select(conn, "approvals", "WHERE execution_id = %s", (execution_id,))
+        found = rows[0]["state"] if rows else None
+        if found != (was.value if was is not None else None) or (
+            rows and rows[0]["session_id"] != session_id
+        ):
+            raise StaleState(
+                f"the approval of {execution_id} in session {session_id!r} is {found or 'absent'},"
+                f" this engine saw {was.value if was else 'absent'}: {RELOAD}"
+            )
+        if rows:
+            self._update(conn, "approvals", rows[0], {"state": now.value})
+        else:
+            row = {"execution_id": execution_id, "session_id": session_id, "state": now.value}
+            if self._insert(conn, "approvals", row).rowcount != 1:
+                raise StaleState(f"the approval of {execution_id} was just written: {RELOAD}")
+
+    def _write_record(
+        self,
+        conn: psycopg.Connection[Any],
+        session_id: str,
+        old: ExecutionRecord | None,
+        new: ExecutionRecord,
+    ) -> None:
+        """Insert or replace a ledger row, only if it still is ``old``: one statement."""
+        values = _record_values(session_id, new)
+        stale = StaleState(
+            f"the ledger record of {new.execution_id} in session {session_id!r} is not the "
+            f"one this engine saw: another engine wrote it; {RELOAD}"
+        )
+        if old is None:
+            if self._insert(conn, "ledger", values).rowcount != 1:
+                raise stale
+            return
+        columns = _DATA["ledger"]
+        cursor = self._exec(
+            conn,
+            f"UPDATE ledger SET {_assign(columns)}, row_checksum = %s "
+            "WHERE execution_id = %s AND row_checksum = %s",
+            (
+                *(values[c] for c in columns),
+                _checksum("ledger", values),
+                new.execution_id,
+                _checksum("ledger", _record_values(session_id, old)),
+            ),
+        )
+        if cursor.rowcount != 1:
+            raise stale
+
+    def _write_audit(self, conn: psycopg.Connection[Any], row: AuditRow) -> None:
+        self._insert(
+            conn,
+            "audit",
+            {
+                "session_id": row.session_id,
+                "execution_id": row.execution_id,
+                "tool_call_id": row.tool_call_id,
+                "turn": row.position[0],
+                "slot": row.position[1],
+                "kind": row.kind,
+                "attempt": row.attempt,
+                "authorization": row.authorization.value,
+                "recovery_decision": row.recovery_decision,
+                "inputs": row.inputs_json(),
+                "note": row.note,
+                "recorded_at": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            },
+        )

@@ -1,0 +1,1155 @@
+"""The adopter's API: an engine protects its tool calls without narrating the spec.
+
+Theory of operation
+-------------------
+A :class:`Session` is one conversation's tool calls, kept by a
+:class:`~toolledger.ledger.Ledger` on a store (:class:`~toolledger.stores.MemoryStore`
+for tests, :class:`~toolledger.sqlite_store.SqliteStore` for real).  It speaks
+the engine's language and feeds the ledger the protocol's events itself, in
+the order and with the transactions the spec checks:
+
+- :meth:`Session.record` makes the calls of one assistant message durable
+  (and parks the approvals they need) in ONE transaction, after validating
+  every call: nothing is written if any call is bad.
+- :meth:`Session.approve` / :meth:`Session.reject` answer an approval, keyed by
+  the call's execution id (:attr:`CallRef.key`): the key for the host's inbox.
+- :meth:`Session.dispatch` (a context manager) and :meth:`Session.execute` (the
+  same with a function) run one call: ``dispatched`` is durable before the
+  body runs; the body gets the execution id, the idempotency key and the
+  attempt number (:class:`Attempt`); the outcome is classified and recorded,
+  ``succeeded`` + the tool result in ONE transaction.  A protected call costs
+  exactly two transactions, a ``readonly`` call no ledger transaction.
+- :meth:`Session.recover` says, for every call the restarted (or the live)
+  engine must still act on, what to do next (:class:`Next`), with the core's
+  recovery decision and its inputs; a retry runs through :meth:`Session.execute`
+  again and a reconcile through :meth:`Session.reconcile`.
+- :meth:`Session.resolve` applies a human's answer to a halted call and
+  everything that follows it.
+- :meth:`Session.adopt` puts a session that ran without the ledger under it,
+  from plain message dicts; its unanswered calls follow the conservative
+  legacy rule.
+
+Outcome classification
+----------------------
+An engine's tools return or raise; the protocol needs "applied", "definitely
+not applied" or "unknown".  In :meth:`Session.dispatch`:
+
+1. a return (``done(value)``, or the function's return in :meth:`Session.execute`)
+   is **applied**: the value becomes the tool result;
+2. :class:`NotApplied` raised by the tool is **definitely not applied** (the
+   external system refused the request, or it never left);
+3. else the tool's ``classify`` hook (:class:`Tool`) may answer
+   :attr:`Outcome.NOT_APPLIED` or :attr:`Outcome.UNKNOWN`;
+4. else, for a tool declared ``marks_send=True``, an exception raised before
+   the body called :meth:`Attempt.sending` is **definitely not applied** (the
+   request had not left; for such a tool, ``sending()`` is the moment the
+   spec's ``EngineInvokeAdapter`` happens, for any other tool it is the start
+   of the body);
+5. everything else is **unknown**, and the session makes the decision a
+   restarted engine would make: ``manual`` halts for a human, ``idempotent``
+   asks for a retry with the same key, ``reconcile`` asks for a reconcile.
+
+A definite failure is recorded as a ``failed`` result whose text is
+``{"error": ..., "error_type": ...}`` (the model sees the error).  An
+exception that is not an ``Exception`` (``KeyboardInterrupt``, a simulated
+crash) is taken for the process going away: nothing is recorded, the call
+stays ``dispatched`` as a crash leaves it, the exception propagates, and the
+Session starts nothing more (:class:`SessionInterrupted`): open a new one and
+:meth:`Session.recover`, as a restarted engine does.
+
+Positions
+---------
+A call's position is ``(message sequence number, index in the message)``.
+The sequence number must be a number the ENGINE assigns to the assistant
+message and persists with it, stable for the life of the session, never a
+list index: a load-time repair that inserts or drops a message would shift a
+list index, and the same number must name the same message on every resume
+(it goes into the execution id).
+
+Threads
+-------
+A Session may be used from several threads (engines run tools in worker
+threads): every method takes the session's lock while it reads or changes
+the ledger, and releases it while a tool body runs, so calls of one message
+may run in parallel.  Running the same call twice at once is an error
+(:class:`CallBusy`), never a second dispatch.
+
+What is not here: cancelling an approved call before dispatch (a user's Stop)
+needs an action the protocol does not have yet; and this module never decides
+recovery itself (:func:`~toolledger.protocol.decide_recovery` does) nor writes
+anything but through the :class:`~toolledger.ledger.Ledger` (legacy adoption
+aside, which writes the spec's initial legacy state through the store).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any, Final, TypeAlias
+
+from .adapters import (
+    CannotTell,
+    NotAppliedFenced,
+    ReconcileAnswer,
+    WasApplied,
+    check_arguments,
+    frozen_arguments,
+)
+from .ledger import RESOLUTIONS, Ledger
+from .protocol import (
+    Action,
+    ApprovalState,
+    CallPosition,
+    CallState,
+    Decision,
+    Event,
+    ExecutionRecord,
+    InvalidInput,
+    LedgerStatus,
+    MessageState,
+    RecoveryDecision,
+    RecoveryInputs,
+    RecoveryPolicy,
+    SessionState,
+    Stage,
+    ToolProfile,
+    ToolResult,
+    args_digest,
+    decide_recovery,
+    derive_execution_id,
+    recovery_inputs,
+)
+from .stores import Store, StoreError, UnknownSession
+
+__all__ = [
+    "Attempt",
+    "CallBusy",
+    "CallRef",
+    "CallStatus",
+    "Classifier",
+    "Next",
+    "NotApplied",
+    "Outcome",
+    "Session",
+    "SessionInterrupted",
+    "Tool",
+]
+
+
+# --------------------------------------------------------------------------
+# Vocabulary
+# --------------------------------------------------------------------------
+
+
+class NotApplied(Exception):
+    """Raised by a tool to say: the effect definitely did NOT happen.
+
+    For example the external system answered 4xx, or the request was never
+    sent.  The call is recorded as failed (no recovery, no human); its text
+    becomes the tool result the model sees.
+    """
+
+
+class CallBusy(InvalidInput):
+    """The call is running (in another thread): it is never dispatched twice at once."""
+
+
+class SessionInterrupted(RuntimeError):
+    """A tool body of this session was interrupted (``KeyboardInterrupt``, a crash):
+    the process is going away, so this Session starts nothing more.  Open a new
+    one on the store, as a restarted engine would, and :meth:`Session.recover`."""
+
+
+class Outcome(StrEnum):
+    """How the end of one attempt was classified."""
+
+    APPLIED = "applied"
+    NOT_APPLIED = "not_applied"
+    UNKNOWN = "unknown"
+
+
+class Next(StrEnum):
+    """What the engine does next with a call."""
+
+    RESULT = "result"  # the ledger holds its result: make sure the tool message is there
+    AWAIT_APPROVAL = "await_approval"  # put it in the inbox; approve() or reject()
+    EXECUTE = "execute"  # run it: execute() / dispatch()
+    RETRY = "retry"  # run it again, same execution id and key: execute() / dispatch()
+    RECONCILE = "reconcile"  # ask the external system: reconcile()
+    HALTED = "halted"  # a human decides: resolve(key, "applied" | "retry" | "abandon")
+    RUNNING = "running"  # a tool body is running it right now (another thread)
+
+
+Classifier: TypeAlias = Callable[[Exception, bool], "Outcome | None"]
+"""``classify(exc, sent)``: a tool's verdict on an exception its body raised.
+
+``sent`` says whether the body called :meth:`Attempt.sending`.  Return
+:attr:`Outcome.NOT_APPLIED`, :attr:`Outcome.UNKNOWN`, or ``None`` to leave it to
+the default rules.  A classifier that raises, or answers anything else,
+counts as :attr:`Outcome.UNKNOWN`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """What the engine declares about one tool (never inferred, never from the model).
+
+    ``policy``: how an unknown outcome may be recovered; ``manual`` (the
+    default: a human decides, nothing is ever replayed), ``idempotent`` (the
+    tool sends :attr:`Attempt.idempotency_key` and the external system
+    deduplicates on it), ``reconcile`` (:meth:`Session.reconcile` can ask the
+    external system) or ``readonly`` (no side effect: bypasses the ledger).
+    ``requires_approval``: default True unless ``readonly``; a call may
+    override it (:meth:`Session.record`).  ``marks_send`` and ``classify``:
+    see the module's "Outcome classification".
+    """
+
+    policy: RecoveryPolicy | str = RecoveryPolicy.MANUAL
+    requires_approval: bool | None = None
+    marks_send: bool = False
+    classify: Classifier | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        policy: object = self.policy
+        if not isinstance(policy, RecoveryPolicy):
+            try:
+                object.__setattr__(self, "policy", RecoveryPolicy(str(policy)))
+            except ValueError:
+                valid = ", ".join(p.value for p in RecoveryPolicy)
+                raise InvalidInput(
+                    f"unknown recovery policy {policy!r}; declare one of: {valid} "
+                    "(use 'manual' when unsure: it never replays)"
+                ) from None
+        approval: object = self.requires_approval
+        if approval is None:
+            readonly = self.policy is RecoveryPolicy.READONLY
+            object.__setattr__(self, "requires_approval", not readonly)
+        elif not isinstance(approval, bool):
+            raise InvalidInput(f"requires_approval must be a bool or None, got {approval!r}")
+        if not isinstance(self.marks_send, bool):
+            raise InvalidInput(f"marks_send must be a bool, got {self.marks_send!r}")
+        if self.classify is not None and not callable(self.classify):
+            raise InvalidInput(f"classify must be callable (exc, sent) -> Outcome | None, got "
+                               f"{self.classify!r}")
+
+    def profile(self, name: str, requires_approval: bool | None = None) -> ToolProfile:
+        """The core's profile of one call of this tool."""
+        approval = self.requires_approval if requires_approval is None else requires_approval
+        assert isinstance(self.policy, RecoveryPolicy) and isinstance(approval, bool)
+        return ToolProfile(name, self.policy, approval)
+
+
+_UNDECLARED: Final = Tool()  # a tool nobody declared: manual, approval required
+
+
+@dataclass(frozen=True, slots=True)
+class CallRef:
+    """One recorded call, as the engine knows it.
+
+    ``key`` is the execution id: stable across restarts, the key of the
+    call's inbox item, and (for ``idempotent`` tools) the idempotency key.
+    """
+
+    key: str
+    tool_call_id: str
+    name: str
+    position: CallPosition
+    arguments: Mapping[str, Any]
+    policy: RecoveryPolicy
+    requires_approval: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CallStatus:
+    """Where a call stands and what the engine does next.
+
+    ``result`` is set when ``next`` is :attr:`Next.RESULT` (its ``kind`` is
+    ok, error, denied, human or abandoned; ``content`` is the text).
+    ``decision`` and ``inputs`` are the core's recovery decision for the call
+    and what it looked at (always set by :meth:`Session.recover`; on the live
+    path only after an unknown outcome); ``recovered`` says the decision was
+    applied (and audited) by the call that returned this status; otherwise
+    ``decision`` is the one a restart would make now.  ``outcome``
+    is how the attempt that just ended was classified, ``error`` its exception
+    text.  ``attempt`` is the attempt the ledger record is at (0: never
+    dispatched).
+    """
+
+    call: CallRef
+    next: Next
+    attempt: int = 0
+    result: ToolResult | None = None
+    decision: Decision | None = None
+    inputs: RecoveryInputs | None = None
+    outcome: Outcome | None = None
+    error: str | None = None
+    recovered: bool = False  # the recovery decision was applied just now
+
+    @property
+    def key(self) -> str:
+        return self.call.key
+
+    def tool_message(self) -> dict[str, Any]:
+        """The ``role="tool"`` message of a call with a result, openworker-shaped."""
+        if self.result is None:
+            raise InvalidInput(
+                f"call {self.call.key} has no result yet (next: {self.next.value}): "
+                "only a call whose next is 'result' has a tool message"
+            )
+        return {
+            "role": "tool",
+            "tool_call_id": self.call.tool_call_id,
+            "content": self.result.content,
+            "status": self.result.kind.value,
+        }
+
+
+class Attempt:
+    """What a tool body gets in :meth:`Session.dispatch` / :meth:`Session.execute`.
+
+    ``execution_id`` identifies the execution (for logs, reconciliation);
+    ``idempotency_key`` is the same id for ``idempotent`` tools (send it as
+    the external system's deduplication key, e.g. an ``Idempotency-Key``
+    header) and ``None`` otherwise; ``attempt`` numbers the attempts (1, 2,
+    ...; a reconcile connector fences per attempt).  ``arguments`` are the
+    model's, read-only.
+    """
+
+    def __init__(self, call: CallRef, attempt: int, idempotency_key: str | None) -> None:
+        self.call = call
+        self.execution_id = call.key
+        self.idempotency_key = idempotency_key
+        self.attempt = attempt
+        self.arguments: Mapping[str, Any] = frozen_arguments(dict(call.arguments))
+        self.sent = False
+        self.status: CallStatus | None = None  # set when the with block ends
+        self._value: object = None
+        self._done = False
+        self._on_send: Callable[[], None] | None = None
+
+    def sending(self) -> None:
+        """Mark that the request is about to leave: from here on an exception is
+        no longer "definitely not applied" for a ``marks_send`` tool."""
+        if not self.sent:
+            self.sent = True
+            if self._on_send is not None:
+                self._on_send()
+
+    def done(self, value: object) -> None:
+        """The tool returned ``value``: applied.  A ``str`` is the result text;
+        anything else is stored as JSON (``str()`` for what JSON cannot hold)."""
+        self._value, self._done = value, True
+
+
+def _result_text(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _error_text(exc: BaseException) -> str:
+    return json.dumps({"error": str(exc), "error_type": type(exc).__name__}, ensure_ascii=False)
+
+
+_DENIED: Final = json.dumps({"error": "denied by the user"})
+
+
+# --------------------------------------------------------------------------
+# The session
+# --------------------------------------------------------------------------
+
+
+class Session:
+    """One session's tool calls on a store; see the module documentation.
+
+    Build it with :meth:`open` (or :meth:`adopt`); one per session per
+    process.  ``tools`` maps tool names to :class:`Tool` (or just a policy
+    string); a tool not named there is ``manual`` and requires approval.
+
+    ``observe`` is for test harnesses (fault injection, tracing), not for
+    engines: it is called with the events of every step the session makes, right
+    after the step (and its commit, if any), under the session's lock (a human's
+    resolution, one :meth:`~toolledger.ledger.Ledger.resolve`, excepted).
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        tools: Mapping[str, Tool | str] | None = None,
+        *,
+        observe: Callable[[Sequence[Event]], None] | None = None,
+    ) -> None:
+        self._ledger = ledger
+        self._tools = _tools(tools)
+        self._observe = observe
+        self._lock = threading.RLock()
+        self._running: set[str] = set()  # keys whose tool body runs now
+        self._interrupted_by: str | None = None
+
+    @contextmanager
+    def _usable(self) -> Iterator[None]:
+        """The lock, for a method that starts something: refused after an interrupt."""
+        with self._lock:
+            if self._interrupted_by is not None:
+                raise SessionInterrupted(
+                    f"a tool of session {self.session_id!r} was interrupted "
+                    f"({self._interrupted_by}): open a new Session on the store, as a "
+                    "restarted engine would, and call recover()"
+                )
+            yield
+
+    # -- opening --------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        store: Store,
+        session_id: str,
+        tools: Mapping[str, Tool | str] | None = None,
+        *,
+        max_attempts: int = 3,
+        legacy_messages: Sequence[Mapping[str, Any]] | None = None,
+        legacy_approvals: Mapping[str, str] | None = None,
+    ) -> Session:
+        """The session ``session_id`` of ``store``, created if it does not exist.
+
+        With ``legacy_messages`` (the conversation so far, of a session that
+        ran without the ledger), a new session is adopted (:meth:`adopt`).
+        """
+        declared = _tools(tools)
+        try:
+            ledger = Ledger(store, session_id)
+        except UnknownSession:
+            if legacy_messages:
+                return cls.adopt(store, session_id, legacy_messages, tools,
+                                 approvals=legacy_approvals, max_attempts=max_attempts)
+            ledger = Ledger.create(store, session_id, max_attempts=max_attempts)
+        else:
+            marker = ledger.state.marker
+            if legacy_messages and marker > 0 and not ledger.state.calls:
+                # Created, but maybe the process died before the legacy calls were
+                # written (adoption is two commits): write what is missing.  With
+                # no call in the store at all, none of them was written.
+                legacy = _legacy_calls(legacy_messages[:marker], declared,
+                                       legacy_approvals or {})
+                if legacy:
+                    _write_legacy(ledger, legacy)
+                    ledger = Ledger(store, session_id)
+        return cls(ledger, declared)
+
+    @classmethod
+    def adopt(
+        cls,
+        store: Store,
+        session_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Mapping[str, Tool | str] | None = None,
+        *,
+        approvals: Mapping[str, str] | None = None,
+        max_attempts: int = 3,
+    ) -> Session:
+        """Put a session that ran without the ledger under it.
+
+        ``messages`` are plain dicts: ``{"role": "assistant", "tool_calls":
+        [{"id", "function": {"name", "arguments"}}]}`` (or ``{"id", "name",
+        "arguments"}``) and ``{"role": "tool", "tool_call_id": ...}``.  Legacy
+        positions are ``(index in messages, index in the message)``; new
+        messages must get sequence numbers ``>= len(messages)`` (the protocol
+        marker).  A call is answered if a tool message with its id follows it
+        before the next assistant message.  Every unanswered call is written
+        as the spec's initial legacy state, with its approval from
+        ``approvals`` (tool_call_id -> ``"approved"``, ``"rejected"`` or
+        ``"pending"``, the host's inbox); :meth:`recover` then applies the
+        conservative legacy rule: approved (or needing no approval), no
+        result, no record: halted for a human.  Nothing is executed.  Every
+        call is validated before anything is written.
+        """
+        declared = _tools(tools)
+        parsed = _legacy_calls(messages, declared, approvals or {})  # validates first
+        ledger = Ledger.create(store, session_id, marker=len(messages),
+                               max_attempts=max_attempts)
+        _write_legacy(ledger, parsed)
+        return cls(Ledger(store, session_id) if parsed else ledger, declared)
+
+    # -- reading ----------------------------------------------------------------
+
+    @property
+    def session_id(self) -> str:
+        return self._ledger.session_id
+
+    @property
+    def marker(self) -> int:
+        """The first message sequence number governed by the ledger."""
+        return self._ledger.state.marker
+
+    @property
+    def ledger(self) -> Ledger:
+        """The underlying ledger (for audits and checkers; do not step it yourself)."""
+        return self._ledger
+
+    def audit(self) -> list[Any]:
+        """The session's audit rows, oldest first."""
+        with self._lock:
+            return list(self._ledger.audit())
+
+    def call(self, key: str) -> CallRef:
+        """The recorded call with execution id ``key`` (unanswered or of the last message)."""
+        with self._usable():
+            return self._ref(self._find(key))
+
+    def pending_approvals(self) -> list[CallRef]:
+        """Calls waiting for an approval: what the host's inbox shows."""
+        with self._usable():
+            st = self._ledger.state
+            return [self._ref(c) for c in st.calls if c.result is None
+                    and st.approval(c.execution_id) is ApprovalState.PENDING]
+
+    # -- recording calls --------------------------------------------------------
+
+    def record(
+        self,
+        seq: int,
+        calls: Sequence[Mapping[str, Any]],
+        *,
+        requires_approval: Sequence[bool | None] | None = None,
+    ) -> list[CallStatus]:
+        """Make the calls of the assistant message ``seq`` durable; park their approvals.
+
+        ``calls``: ``{"id", "name", "arguments"}`` dicts (``arguments`` a dict or
+        its JSON text; openai's ``{"id", "function": {...}}`` is accepted too).
+        ``seq`` is the message's engine-assigned, persisted sequence number (see
+        "Positions"); the call's index in ``calls`` is its slot.
+        ``requires_approval`` overrides the tool's default per call (e.g. a
+        standing grant: ``False``), ``None`` keeps it.  Everything is validated
+        first (known shapes, JSON objects, no argument named like the execution
+        identity at any depth); then ONE transaction.  Recording the same
+        message again (a resume that is not sure the ledger has it) records
+        nothing new and returns the calls' status (a call interrupted by a
+        restart gets its recovery decision first, as in :meth:`recover`).
+        """
+        _check_seq(seq)
+        if isinstance(calls, Mapping) or not isinstance(calls, Sequence):
+            raise InvalidInput(f"calls must be a list of call dicts, got {type(calls).__name__}")
+        overrides = list(requires_approval) if requires_approval is not None else [None] * len(
+            calls)
+        if len(overrides) != len(calls):
+            raise InvalidInput(
+                f"requires_approval has {len(overrides)} entries for {len(calls)} calls: "
+                "give one per call (None keeps the tool's default)"
+            )
+        parsed = [_parse_call(i, c) for i, c in enumerate(calls)]
+        profiles = []
+        for (_, name, _), override in zip(parsed, overrides, strict=True):
+            if override is not None and not isinstance(override, bool):
+                raise InvalidInput(f"requires_approval entries must be bool or None, got "
+                                   f"{override!r}")
+            profiles.append(self._tool(name).profile(name, override))
+        with self._usable():
+            st = self._ledger.state
+            if seq < st.marker:
+                raise InvalidInput(
+                    f"message {seq} is before the protocol marker {st.marker}: its calls are "
+                    "legacy (adopted when the session was put under the ledger); new messages "
+                    f"need sequence numbers >= {st.marker}"
+                )
+            positions = [(seq, slot) for slot in range(len(parsed))]
+            existing = [st.call(p) for p in positions]
+            if any(c is not None for c in existing):
+                return self._rerecorded(positions, parsed, existing)
+            open_calls = [c.position for c in st.calls if c.result is None and c.position[0] < seq]
+            if open_calls:
+                raise InvalidInput(
+                    f"calls of an earlier message are unanswered at {open_calls}: settle them "
+                    "(execute, recover, resolve, reject) before recording message "
+                    f"{seq}; nothing was recorded"
+                )
+            if not parsed:
+                return []
+            events = [
+                Event(Action.ProviderEmitCall, pos, cid, prof, args_digest(name, args))
+                for pos, (cid, name, args), prof in zip(positions, parsed, profiles, strict=True)
+            ]
+            events += [Event(Action.EnginePersistCall, pos) for pos in positions]
+            events += [Event(Action.EngineParkApproval, pos)
+                       for pos, prof in zip(positions, profiles, strict=True)
+                       if prof.requires_approval]
+            arguments = {pos: args for pos, (_, _, args) in zip(positions, parsed, strict=True)}
+            self._step_many(events, arguments=arguments)
+            return [self._status_now(self._find_at(pos)) for pos in positions]
+
+    def _rerecorded(
+        self,
+        positions: list[CallPosition],
+        parsed: list[tuple[str, str, dict[str, Any]]],
+        existing: list[CallState | None],
+    ) -> list[CallStatus]:
+        for pos, (cid, name, args), c in zip(positions, parsed, existing, strict=True):
+            # the identity of a call; its profile may differ (a grant given since,
+            # a tool re-declared): the recorded one governs the call
+            if c is None or (c.tool_call_id, c.tool.name, c.args_digest) != (
+                cid, name, args_digest(name, args)
+            ):
+                raise InvalidInput(
+                    f"message {pos[0]} is already recorded with other calls (at {pos}: "
+                    f"{None if c is None else (c.tool_call_id, c.tool.name)}): a sequence "
+                    "number names one message forever; nothing was recorded"
+                )
+        st = self._ledger.state
+        if len(positions) != sum(1 for c in st.calls if c.position[0] == positions[0][0]):
+            raise InvalidInput(f"message {positions[0][0]} is recorded with another number of "
+                               "calls; nothing was recorded")
+        out = []
+        for pos in positions:
+            c = self._find_at(pos)
+            # interrupted by a restart: what recover() would say (and apply) for it
+            out.append(self._recover_one(c) if c.stage is Stage.RESUME else self._status_now(c))
+        return out
+
+    # -- approvals ---------------------------------------------------------------
+
+    def approve(self, key: str) -> CallStatus:
+        """A human approves the call ``key`` (the inbox item's key); it can then run."""
+        return self._answer(key, approve=True)
+
+    def reject(self, key: str) -> CallStatus:
+        """A human rejects the call ``key``: it gets a denied result, in the same transaction."""
+        return self._answer(key, approve=False)
+
+    def _answer(self, key: str, *, approve: bool) -> CallStatus:
+        with self._usable():
+            c = self._find(key)
+            approval = self._ledger.state.approval(c.execution_id)
+            if c.result is not None or approval is not ApprovalState.PENDING:
+                raise InvalidInput(
+                    f"call {key} has no pending approval (approval: {approval.value}, "
+                    f"result: {'yes' if c.result else 'no'}); nothing was changed"
+                )
+            events = self._recover_events(c)[0] if c.stage is Stage.RESUME else []
+            events.append(Event(Action.HumanApprove if approve else Action.HumanReject,
+                                c.position))
+            content = {}
+            if not approve:
+                events.append(Event(Action.EngineRecordDenied, c.position))
+                content = {c.position: _DENIED}
+            self._step_many(events, result_content=content)
+            return self._status_now(self._find(key))
+
+    # -- running a call ----------------------------------------------------------
+
+    @contextmanager
+    def dispatch(self, key: str) -> Iterator[Attempt]:
+        """Run the call ``key``: ``with session.dispatch(key) as a: ... a.done(value)``.
+
+        Before the body runs, ``dispatched`` (attempt n) is durable.  When the
+        block ends, the outcome is classified (see the module documentation),
+        recorded, and put in ``a.status``; an ``Exception`` from the body is
+        recorded and NOT re-raised (its text is in the status).  Works for a
+        first run, a retry (:attr:`Next.RETRY`) and a human's retry alike.
+        A block that ends without ``done()`` or an exception is recorded as
+        unknown, then :class:`RuntimeError` is raised.
+        """
+        attempt, readonly = self._start(key)
+        try:
+            yield attempt
+        except Exception as exc:  # every tool error is classified, then recorded
+            with self._lock:
+                self._running.discard(key)
+                attempt.status = (self._finish_readonly(attempt, _error_text(exc))
+                                  if readonly else self._failed(attempt, exc))
+            return
+        except BaseException as exc:
+            with self._lock:
+                # The process is going away: nothing is recorded or stepped (the
+                # call stays dispatched, as a crash leaves it) and this session
+                # starts nothing more.  Other threads may still record their calls.
+                self._running.discard(key)
+                self._interrupted_by = f"{type(exc).__name__} in call {key}"
+            raise
+        with self._lock:
+            self._running.discard(key)
+            if attempt._done:
+                text = _result_text(attempt._value)
+                attempt.status = (self._finish_readonly(attempt, text) if readonly
+                                  else self._succeeded(attempt, text))
+                return
+            err = RuntimeError(
+                f"the dispatch block of call {key} ended without done(value) or an exception"
+            )
+            attempt.status = (self._finish_readonly(attempt, _error_text(err)) if readonly
+                              else self._unknown(attempt, err))
+        raise err
+
+    def execute(self, key: str, fn: Callable[[Attempt], object]) -> CallStatus:
+        """Run the call ``key`` as ``fn(attempt)``; its return is the result (:meth:`dispatch`)."""
+        with self.dispatch(key) as attempt:
+            attempt.done(fn(attempt))
+        assert attempt.status is not None
+        return attempt.status
+
+    def _start(self, key: str) -> tuple[Attempt, bool]:
+        with self._usable():
+            c = self._find(key)
+            ref = self._ref(c)
+            pos = c.position
+            if c.result is not None:
+                raise InvalidInput(f"call {key} already has its result; it is never run again")
+            if key in self._running or c.stage in (Stage.WAITING, Stage.GOT_OK, Stage.GOT_FAIL):
+                raise CallBusy(f"call {key} is running right now (in another thread?): a call "
+                               "is never dispatched twice at once")
+            if c.stage is Stage.RESUME:
+                raise InvalidInput(
+                    f"call {key} was interrupted (a restart, or an earlier run that did not "
+                    "finish): call recover() first and act on what it says for it"
+                )
+            if c.stage is Stage.RECONCILING:
+                raise InvalidInput(f"call {key} must be reconciled first: reconcile(key, ask)")
+            if c.stage is Stage.LIVE and not _approved(self._ledger.state, c):
+                raise InvalidInput(
+                    f"call {key} is not approved (approval: "
+                    f"{self._ledger.state.approval(c.execution_id).value}): approve(key) first"
+                )
+            if c.stage is Stage.NONE:
+                raise InvalidInput(f"call {key} is halted for a human: resolve(key, ...) first")
+            # Everything that can fail is done before the dispatch commits: after
+            # it, only the tool body and the outcome's record may happen.
+            if not c.tool.protected:
+                attempt = Attempt(ref, 1, None)
+                self._step(Event(Action.EngineInvokeReadonly, pos))  # volatile
+                self._running.add(key)
+                return attempt, True
+            rec = self._ledger.state.record(c.execution_id)
+            dispatch = c.stage in (Stage.LIVE, Stage.RETRY)
+            if not dispatch and c.stage is not Stage.DISPATCHED:
+                raise InvalidInput(f"call {key} cannot run now (stage {c.stage.value})")
+            key_ = c.execution_id if c.tool.policy is RecoveryPolicy.IDEMPOTENT else None
+            attempt = Attempt(ref, rec.attempt + 1 if dispatch else rec.attempt, key_)
+            if dispatch:  # DISPATCHED: a human's retry, already durable
+                self._step_many([Event(Action.EnginePersistDispatched, pos)])  # commit 1
+            assert self._ledger.state.record(c.execution_id).attempt == attempt.attempt
+            self._running.add(key)
+            if self._tool(c.tool.name).marks_send:
+                # the request leaves at sending(): until then none is out
+                attempt._on_send = lambda: self._invoked(attempt)
+            else:
+                self._invoked(attempt)  # it may leave as soon as the body runs
+            return attempt, False
+
+    def _invoked(self, a: Attempt) -> None:
+        """The adapter's request may be out from now on (once per attempt)."""
+        with self._lock:
+            c = self._find_at(a.call.position)
+            if c.stage is Stage.DISPATCHED:
+                self._step(Event(Action.EngineInvokeAdapter, c.position))  # volatile
+
+    def _succeeded(self, a: Attempt, text: str) -> CallStatus:
+        pos = a.call.position
+        self._invoked(a)
+        self._step(Event(Action.ExternalApply, pos, attempt=a.attempt))  # volatile
+        self._step_many(  # commit 2: succeeded + the tool result, ONE transaction
+            [Event(Action.EngineRecordSucceeded, pos), Event(Action.EngineAppendResult, pos)],
+            result_content={pos: text},
+        )
+        return replace(self._status_now(self._find_at(pos)), outcome=Outcome.APPLIED)
+
+    def _failed(self, a: Attempt, exc: Exception) -> CallStatus:
+        verdict = self._classify(a, exc)
+        if verdict is not Outcome.NOT_APPLIED:
+            return self._unknown(a, exc)
+        pos = a.call.position
+        self._invoked(a)  # not out, or refused: in the spec, a definite rejection
+        self._step(Event(Action.ExternalRejectDefinite, pos, attempt=a.attempt))
+        self._step_many(
+            [Event(Action.EngineRecordFailed, pos), Event(Action.EngineAppendResult, pos)],
+            result_content={pos: _error_text(exc)},
+        )
+        return replace(self._status_now(self._find_at(pos)), outcome=Outcome.NOT_APPLIED,
+                       error=str(exc))
+
+    def _classify(self, a: Attempt, exc: Exception) -> Outcome:
+        if isinstance(exc, NotApplied):
+            return Outcome.NOT_APPLIED
+        tool = self._tool(a.call.name)
+        if tool.classify is not None:
+            try:
+                verdict = tool.classify(exc, a.sent)
+            except Exception:  # a broken classifier must not lose the call
+                return Outcome.UNKNOWN
+            if verdict is not None:
+                return verdict if verdict is Outcome.NOT_APPLIED else Outcome.UNKNOWN
+        if tool.marks_send and not a.sent:
+            return Outcome.NOT_APPLIED
+        return Outcome.UNKNOWN
+
+    def _unknown(self, a: Attempt, exc: BaseException) -> CallStatus:
+        # The live engine makes the decision a restarted one would make.
+        pos = a.call.position
+        self._invoked(a)
+        self._step(Event(Action.EngineTimeout, pos))  # volatile
+        status = self._recover_one(self._find_at(pos))
+        return replace(status, outcome=Outcome.UNKNOWN, error=f"{type(exc).__name__}: {exc}")
+
+    def _finish_readonly(self, a: Attempt, text: str) -> CallStatus:
+        pos = a.call.position
+        self._step_many([Event(Action.EngineAppendResult, pos)], result_content={pos: text})
+        return self._status_now(self._find_at(pos))
+
+    # -- reconcile ----------------------------------------------------------------
+
+    def reconcile(
+        self, key: str, ask: Callable[[CallRef, int], ReconcileAnswer]
+    ) -> CallStatus:
+        """Ask the external system about a call whose next is :attr:`Next.RECONCILE`.
+
+        ``ask(call, attempt)`` answers :class:`~toolledger.adapters.WasApplied`
+        (the result becomes the call's: ONE transaction),
+        :class:`~toolledger.adapters.NotAppliedFenced` (it fenced every attempt
+        ``<= attempt``: next is a retry) or :class:`~toolledger.adapters.CannotTell`
+        (halted for a human).  An exception counts as CannotTell.
+        """
+        with self._usable():
+            c = self._find(key)
+            if c.stage is not Stage.RECONCILING:
+                raise InvalidInput(f"call {key} is not waiting for a reconcile (next: "
+                                   f"{self._status_now(c).next.value})")
+            ref = self._ref(c)
+            attempt = self._ledger.state.record(c.execution_id).attempt
+        try:
+            answer: object = ask(ref, attempt)
+        except Exception as exc:  # the connector's failure: nobody can tell
+            answer = CannotTell(f"reconcile raised {type(exc).__name__}: {exc}")
+        with self._lock:
+            c = self._find(key)
+            pos = c.position
+            if c.stage is not Stage.RECONCILING:
+                raise CallBusy(f"call {key} was reconciled by someone else meanwhile")
+            if isinstance(answer, WasApplied):
+                self._step_many([Event(Action.EngineReconcileApplied, pos),
+                                 Event(Action.EngineAppendResult, pos)],
+                                result_content={pos: answer.result})
+            elif (isinstance(answer, NotAppliedFenced)
+                  and attempt < self._ledger.state.max_attempts):
+                self._step_many([Event(Action.EngineReconcileNotApplied, pos)])
+            else:
+                # cannot tell, a wrong answer, or the retry budget spent: a human decides
+                self._step_many([Event(Action.EngineReconcileUnknown, pos)])
+            return self._status_now(self._find_at(pos))
+
+    # -- recovery -------------------------------------------------------------------
+
+    def recover(self) -> list[CallStatus]:
+        """What to do next for every call the engine must still act on, in position order.
+
+        Applies the core's recovery decision to every call interrupted by a
+        restart (or an unknown outcome), in ONE transaction, and returns the
+        status of every call without a result plus every call of the last
+        recorded message (:attr:`Next.RESULT`: make sure the conversation has
+        its tool message; the ledger may be ahead of it).  Calling it again
+        changes nothing.
+        """
+        with self._usable():
+            st = self._ledger.state
+            events: list[Event] = []
+            decided: dict[CallPosition, tuple[Decision, RecoveryInputs]] = {}
+            for c in st.calls:
+                if c.message is MessageState.DURABLE and c.stage is Stage.RESUME:
+                    evs, d = self._recover_events(c)
+                    events += evs
+                    decided[c.position] = (d.decision, d.inputs)
+            if events:
+                self._step_many(events, result_content=self._denied_contents(events))
+            out = []
+            for c in self._ledger.state.calls:
+                if c.message is not MessageState.DURABLE:
+                    continue
+                status = self._status_now(c)
+                d_in = decided.get(c.position)
+                if d_in is None:
+                    d = decide_recovery(recovery_inputs(self._ledger.state, c))
+                    d_in = (d.decision, d.inputs)
+                out.append(replace(status, decision=d_in[0], inputs=d_in[1],
+                                   recovered=c.position in decided))
+            return out
+
+    def _recover_one(self, c: CallState) -> CallStatus:
+        events, d = self._recover_events(c)
+        self._step_many(events, result_content=self._denied_contents(events))
+        return replace(self._status_now(self._find_at(c.position)),
+                       decision=d.decision, inputs=d.inputs, recovered=True)
+
+    def _recover_events(self, c: CallState) -> tuple[list[Event], RecoveryDecision]:
+        """The events that apply the recovery decision to ``c`` (at RESUME) and what
+        follows it without any outside answer (an appended result, a parked approval)."""
+        st = self._ledger.state
+        d = decide_recovery(recovery_inputs(st, c))
+        pos = c.position
+        events = [Event(Action.Recover, pos)]
+        if d.decision is Decision.RECONSTRUCT:
+            events.append(Event(Action.EngineAppendResult, pos))
+        elif d.decision is Decision.EXECUTE and c.tool.requires_approval:
+            approval = st.approval(c.execution_id)
+            if approval is ApprovalState.NONE:
+                events.append(Event(Action.EngineParkApproval, pos))
+            elif approval is ApprovalState.REJECTED:
+                events.append(Event(Action.EngineRecordDenied, pos))
+        return events, d
+
+    @staticmethod
+    def _denied_contents(events: Sequence[Event]) -> dict[CallPosition, str]:
+        return {ev.position: _DENIED for ev in events
+                if ev.action is Action.EngineRecordDenied and ev.position is not None}
+
+    # -- humans -----------------------------------------------------------------
+
+    def halted(self) -> list[CallStatus]:
+        """Calls halted for a human: what the host shows as recovery items."""
+        with self._usable():  # after a restart, their decision is applied first
+            return [status for status in self.recover() if status.next is Next.HALTED]
+
+    def resolve(
+        self, key: str, resolution: str, *, result: str | None = None, note: str = ""
+    ) -> CallStatus:
+        """A human resolves a halted call: ``"applied"`` (``result``: what the
+        external system answered), ``"retry"`` (next: run it with
+        :meth:`execute`, attempt n+1, same id) or ``"abandon"``.
+
+        The resolution and what follows it are recorded; the call's result
+        (applied, abandoned) is there when this returns.
+        """
+        if not isinstance(resolution, str) or resolution not in RESOLUTIONS:
+            raise InvalidInput(f"unknown resolution {resolution!r}: answer one of "
+                               f"{', '.join(repr(r) for r in RESOLUTIONS)}")
+        with self._usable():
+            c = self._find(key)
+            if c not in self._ledger.recovery_required():
+                raise InvalidInput(f"call {key} is not halted for a human (next: "
+                                   f"{self._status_now(c).next.value}); nothing was changed")
+            self._guard(lambda: self._ledger.resolve(c.position, resolution,
+                                                     result_text=result, note=note))
+            c = self._find_at(c.position)
+            if c.stage is Stage.RESUME:  # applied / abandon: the result follows
+                return self._recover_one(c)
+            return self._status_now(c)
+
+    # -- internals ------------------------------------------------------------------
+
+    def _tool(self, name: str) -> Tool:
+        return self._tools.get(name, _UNDECLARED)
+
+    def _find(self, key: str) -> CallState:
+        if not isinstance(key, str):
+            raise InvalidInput(f"a call key is the execution id string, got {key!r}")
+        for c in self._ledger.state.calls:
+            if c.execution_id == key:
+                return c
+        raise InvalidInput(
+            f"no open or recent call with key {key!r} in session {self.session_id!r}: "
+            "keys are execution ids returned by record() and recover()"
+        )
+
+    def _find_at(self, pos: CallPosition) -> CallState:
+        c = self._ledger.state.call(pos)
+        assert c is not None, pos  # every caller names a call of the working set
+        return c
+
+    def _ref(self, c: CallState) -> CallRef:
+        args = self._ledger.call_arguments(c.position)
+        if args is None:
+            raise InvalidInput(f"the arguments of call {c.execution_id} are not stored")
+        return CallRef(c.execution_id, c.tool_call_id, c.tool.name, c.position,
+                       MappingProxyType(args), c.tool.policy, c.tool.requires_approval)
+
+    def _status_now(self, c: CallState) -> CallStatus:
+        st = self._ledger.state
+        rec: ExecutionRecord = st.record(c.execution_id)
+        ref = self._ref(c)
+        if c.result is not None:
+            return CallStatus(ref, Next.RESULT, rec.attempt, c.result)
+        if c.execution_id in self._running:
+            return CallStatus(ref, Next.RUNNING, rec.attempt)
+        nxt = {
+            Stage.RETRY: Next.RETRY,
+            Stage.DISPATCHED: Next.RETRY,  # a human's retry: dispatched, not yet run
+            Stage.RECONCILING: Next.RECONCILE,
+            Stage.WAITING: Next.RUNNING,
+            Stage.GOT_OK: Next.RUNNING,
+            Stage.GOT_FAIL: Next.RUNNING,
+        }.get(c.stage)
+        if c.stage is Stage.RESUME:  # interrupted: only recover() may say what is next
+            raise InvalidInput(f"call {c.execution_id} was interrupted by a restart: call "
+                               "recover() and act on what it returns")
+        if nxt is None:
+            if rec.status is LedgerStatus.RECOVERY_REQUIRED:
+                nxt = Next.HALTED
+            elif c.stage is Stage.LIVE and not _approved(st, c):
+                nxt = Next.AWAIT_APPROVAL
+            else:
+                nxt = Next.EXECUTE
+        return CallStatus(ref, nxt, rec.attempt)
+
+    def _step_many(
+        self,
+        events: list[Event],
+        *,
+        result_content: Mapping[CallPosition, str] | None = None,
+        arguments: Mapping[CallPosition, Mapping[str, Any]] | None = None,
+    ) -> SessionState:
+        state = self._guard(lambda: self._ledger.step_many(
+            events, result_content=result_content, arguments=arguments))
+        if self._observe is not None:
+            self._observe(tuple(events))
+        return state
+
+    def _step(self, event: Event) -> SessionState:
+        """One step that commits nothing (a volatile stage change)."""
+        return self._step_many([event])
+
+    def _guard(self, commit: Callable[[], SessionState]) -> SessionState:
+        try:
+            return commit()
+        except StoreError:
+            # What is durable is unknown to this process now: reload, as a
+            # restarted engine would, before anyone acts on it.
+            self._ledger.reload()
+            raise
+
+
+# --------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------
+
+
+def _tools(tools: Mapping[str, Tool | str] | None) -> dict[str, Tool]:
+    if tools is None:
+        return {}
+    if not isinstance(tools, Mapping):
+        raise InvalidInput(f"tools must map tool names to Tool or a policy string, got "
+                           f"{type(tools).__name__}")
+    out = {}
+    for name, spec in tools.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"tool names must be non-empty strings, got {name!r}")
+        out[name] = spec if isinstance(spec, Tool) else Tool(policy=spec)
+    return out
+
+
+def _approved(state: SessionState, c: CallState) -> bool:
+    return not c.tool.requires_approval or state.approval(c.execution_id) is ApprovalState.APPROVED
+
+
+def _check_seq(seq: object) -> None:
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+        raise InvalidInput(
+            f"seq must be the assistant message's persisted sequence number (an int >= 0), "
+            f"got {seq!r}"
+        )
+
+
+def _parse_call(i: int, call: object) -> tuple[str, str, dict[str, Any]]:
+    """(tool_call_id, name, arguments) of one call dict; raises InvalidInput."""
+    if not isinstance(call, Mapping):
+        raise InvalidInput(f"call {i} must be a dict {{id, name, arguments}}, got {call!r}")
+    fn = call.get("function")
+    body: Mapping[str, Any] = fn if isinstance(fn, Mapping) else call
+    call_id = call.get("id")
+    call_id = "" if call_id is None else call_id
+    if not isinstance(call_id, str):
+        raise InvalidInput(f"call {i} has a non-string id {call_id!r} (use '' or None for none)")
+    name = body.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidInput(f"call {i} has no tool name (got {name!r}): give 'name'")
+    raw = body.get("arguments")
+    raw = {} if raw is None or raw == "" else raw
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise InvalidInput(f"call {i} ({name!r}) has arguments that are not JSON ({exc}); "
+                               "nothing was recorded") from None
+    check_arguments(name, raw)  # a JSON object, no reserved name at any depth
+    args = dict(raw)
+    args_digest(name, args)  # JSON-serializable, or a clear error
+    return call_id, name, args
+
+
+@dataclass(frozen=True, slots=True)
+class _LegacyCall:
+    position: CallPosition
+    tool_call_id: str
+    profile: ToolProfile
+    arguments: dict[str, Any]
+    approval: ApprovalState | None
+
+
+_LEGACY_APPROVALS: Final = {
+    "approved": ApprovalState.APPROVED,
+    "rejected": ApprovalState.REJECTED,
+    "pending": ApprovalState.PENDING,
+}
+
+
+def _legacy_calls(
+    messages: Sequence[Mapping[str, Any]],
+    tools: Mapping[str, Tool],
+    approvals: Mapping[str, str],
+) -> list[_LegacyCall]:
+    if isinstance(messages, Mapping) or not isinstance(messages, Sequence):
+        raise InvalidInput("messages must be a list of message dicts")
+    for cid, value in approvals.items():
+        if value not in _LEGACY_APPROVALS:
+            raise InvalidInput(f"approval of {cid!r} is {value!r}; use one of "
+                               f"{', '.join(_LEGACY_APPROVALS)}")
+    out = []
+    for turn, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise InvalidInput(f"message {turn} is not a dict: {m!r}")
+        raw = m.get("tool_calls") or []
+        if m.get("role") != "assistant" or not raw:
+            continue
+        if not isinstance(raw, Sequence):
+            raise InvalidInput(f"message {turn}: tool_calls must be a list")
+        # answered: a tool message with the id before the next assistant message
+        answered = set()
+        for later in messages[turn + 1:]:
+            if isinstance(later, Mapping) and later.get("role") == "assistant":
+                break
+            if isinstance(later, Mapping) and later.get("role") == "tool":
+                answered.add(later.get("tool_call_id"))
+        for slot, call in enumerate(raw):
+            try:
+                cid, name, args = _parse_call(slot, call)
+            except InvalidInput as exc:
+                raise InvalidInput(f"message {turn}: {exc}") from None
+            if cid in answered:
+                continue
+            tool = tools.get(name, _UNDECLARED)
+            state = approvals.get(cid)
+            out.append(_LegacyCall((turn, slot), cid, tool.profile(name), args,
+                                   None if state is None else _LEGACY_APPROVALS[state]))
+    return out
+
+
+def _write_legacy(ledger: Ledger, calls: Sequence[_LegacyCall]) -> None:
+    """The spec's initial state of legacy calls: durable, no record, maybe approved.
+
+    The core has no event that adds a legacy call (they exist from ``Init``),
+    so they go to the store in one commit, with no audit row."""
+    if not calls:
+        return
+    sid = ledger.session_id
+    before = ledger.state
+    states, approvals = [], {}
+    for lc in calls:
+        eid = derive_execution_id(sid, *lc.position, lc.tool_call_id)
+        states.append(CallState(lc.position, lc.tool_call_id, lc.profile, eid,
+                                args_digest(lc.profile.name, lc.arguments),
+                                MessageState.DURABLE, None, Stage.RESUME))
+        if lc.approval is not None and lc.profile.requires_approval:
+            approvals[eid] = lc.approval
+    after = replace(before, calls=tuple(states), approvals=approvals)
+    ledger.store.commit(sid, before, after, [],
+                        arguments={lc.position: lc.arguments for lc in calls})
+

@@ -1,0 +1,279 @@
+"""Two engines resuming one session: exactly one decides, the other writes nothing.
+
+Under test: the stale-session check of every commit
+(``CommitPlan.check_session``, used by ``MemoryStore`` and ``SqliteStore``).
+A ``Recover`` whose decision (``retry_same_id``, ``execute``, ...) adds only
+an audit row writes no ledger record, so the writers' own compare-and-set on
+what they replace never sees it; before this check the losing resumer wrote
+its decision row on stale inputs and the audit read ``dispatch 1,
+retry_same_id 1, dispatch 2, retry_same_id 1``.
+
+Oracles: the audit rows the store holds (counted before and after), the
+store's commit counters, and for SQLite the statements SQLite really ran in
+the losing process (``set_trace_callback``): no INSERT or UPDATE at all.
+The two-process test runs two OS processes on one file, both having loaded
+the session before either recovers (files as a barrier).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from toolledger import protocol as p
+from toolledger.ledger import Ledger
+from toolledger.sqlite_store import SqliteStore
+from toolledger.stores import CommitPlan, MemoryStore, StaleState, Store
+
+A = p.Action
+E = p.Event
+SID = "s1"
+POS = (0, 0)
+IDEMPOTENT = p.ToolProfile("create_ticket", p.RecoveryPolicy.IDEMPOTENT, False)
+DECISIONS = {d.value for d in p.Decision}
+
+
+def dispatched_before_a_crash(store: Store) -> None:
+    """An idempotent call whose attempt 1 was dispatched, then the engine died."""
+    ledger = Ledger.create(store, SID)
+    digest = p.args_digest(IDEMPOTENT.name, {"title": "disk full"})
+    ledger.step(E(A.ProviderEmitCall, POS, "call_0", IDEMPOTENT, digest),
+                arguments={"title": "disk full"})  # fmt: skip
+    ledger.step(E(A.EnginePersistCall, POS))
+    ledger.step(E(A.EnginePersistDispatched, POS))
+
+
+def audit_keys(store: Store) -> list[tuple[str, int]]:
+    return [(r.kind, r.attempt) for r in store.audit(SID)]
+
+
+def one_decision_per_attempt(store: Store) -> bool:
+    decided = Counter(r.attempt for r in store.audit(SID) if r.kind in DECISIONS)
+    return all(n == 1 for n in decided.values())
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    made: Store = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "x.db")
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def two_resumers(store: Store) -> tuple[Ledger, Ledger]:
+    dispatched_before_a_crash(store)
+    return Ledger(store, SID), Ledger(store, SID)  # both load: the call is at RESUME
+
+
+def test_the_losing_resumer_is_refused_before_it_writes_its_decision(store: Store) -> None:
+    winner, loser = two_resumers(store)
+    winner.step(E(A.Recover, POS))  # retry_same_id: an audit row, no record change
+    rows, commits = len(store.audit(SID)), store.commits
+    kept = loser.state
+    with pytest.raises(StaleState, match=r"audit keys written since: \[\('retry_same_id', 1\)\]"):
+        loser.step(E(A.Recover, POS))
+    assert (len(store.audit(SID)), store.commits) == (rows, commits)
+    assert loser.state is kept  # nothing changed in memory either
+    winner.step(E(A.EnginePersistDispatched, POS))
+    assert audit_keys(store) == [("dispatch", 1), ("retry_same_id", 1), ("dispatch", 2)]
+    assert one_decision_per_attempt(store)
+
+
+def test_the_loser_is_refused_after_the_winner_dispatched_too(store: Store) -> None:
+    winner, loser = two_resumers(store)
+    winner.step(E(A.Recover, POS))
+    winner.step(E(A.EnginePersistDispatched, POS))
+    with pytest.raises(StaleState, match="its record differs") as info:
+        loser.step(E(A.Recover, POS))
+    assert "Ledger.reload()" in str(info.value)
+    assert audit_keys(store) == [("dispatch", 1), ("retry_same_id", 1), ("dispatch", 2)]
+    # Doing what the message says: reload, then decide on what is durable now.
+    assert loser.reload().call(POS).stage is p.Stage.RESUME  # type: ignore[union-attr]
+    loser.step(E(A.Recover, POS))
+    assert audit_keys(store)[-1] == ("retry_same_id", 2)
+    assert one_decision_per_attempt(store)
+
+
+def test_control_without_the_check_on_audit_only_commits_the_loser_writes(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broken variant the two tests above catch: the check only on written records.
+
+    Without the guards (the compare-and-set of what the commit was decided
+    on) the loser's audit-only ``Recover`` goes through: a second
+    ``retry_same_id`` for attempt 1, the audit the issue reported.
+    """
+    original = CommitPlan.check_session
+
+    def records_only(self: CommitPlan, *args: object, **kwargs: object) -> None:
+        from dataclasses import replace
+
+        original(replace(self, guards=()), *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(CommitPlan, "check_session", records_only)
+    winner, loser = two_resumers(store)
+    winner.step(E(A.Recover, POS))
+    winner.step(E(A.EnginePersistDispatched, POS))
+    loser.step(E(A.Recover, POS))  # accepted: nothing stops an audit-only commit
+    assert audit_keys(store) == [
+        ("dispatch", 1), ("retry_same_id", 1), ("dispatch", 2), ("retry_same_id", 1),
+    ]  # fmt: skip
+    assert not one_decision_per_attempt(store)
+
+
+# --------------------------------------------------------------------------
+# Two real OS processes on one SQLite file
+# --------------------------------------------------------------------------
+
+RESUMER = """
+import json, sys, time
+from pathlib import Path
+from toolledger import protocol as p
+from toolledger.ledger import Ledger
+from toolledger.sqlite_store import SqliteStore
+from toolledger.stores import StaleState
+
+path, name, sync = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+store = SqliteStore(path)
+ledger = Ledger(store, "s1")
+assert ledger.state.call((0, 0)).stage is p.Stage.RESUME
+(sync / f"{name}.loaded").touch()
+deadline = time.monotonic() + 60
+while not (sync / "go").exists():
+    if time.monotonic() > deadline:
+        sys.exit("no go signal")
+    time.sleep(0.0005)
+statements = []
+store.connection.set_trace_callback(statements.append)
+outcome, message = "won", ""
+try:
+    ledger.step(p.Event(p.Action.Recover, (0, 0)))
+    if ledger.state.call((0, 0)).stage is p.Stage.RETRY:
+        ledger.step(p.Event(p.Action.EnginePersistDispatched, (0, 0)))
+except StaleState as exc:
+    outcome, message = "refused", str(exc)
+store.connection.set_trace_callback(None)
+writes = [s for s in statements if s.split()[0].upper() in ("INSERT", "UPDATE", "DELETE")]
+print(json.dumps({"outcome": outcome, "message": message, "writes": len(writes),
+                  "commits": store.commits}))
+store.close()
+"""
+
+
+def race(path: Path, sync: Path) -> list[dict[str, object]]:
+    sync.mkdir()
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", RESUMER, str(path), name, str(sync)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("a", "b")
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while not all((sync / f"{n}.loaded").exists() for n in ("a", "b")):
+            assert time.monotonic() < deadline, "the resumers did not load the session"
+            assert all(c.poll() is None for c in children), [c.communicate() for c in children]
+            time.sleep(0.005)
+        (sync / "go").touch()  # both have loaded the session: now both recover
+        results = []
+        for child in children:
+            out, err = child.communicate(timeout=60)
+            assert child.returncode == 0, err
+            results.append(json.loads(out))
+        return results
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+
+
+@pytest.mark.parametrize("round_", [1, 2])
+def test_two_processes_recovering_one_call_exactly_one_decides(
+    tmp_path: Path, round_: int
+) -> None:
+    path = tmp_path / "x.db"
+    with SqliteStore(path) as store:
+        dispatched_before_a_crash(store)
+        assert audit_keys(store) == [("dispatch", 1)]
+    results = race(path, tmp_path / "sync")
+    outcomes = sorted(str(r["outcome"]) for r in results)
+    assert outcomes == ["refused", "won"], results
+    (winner,) = [r for r in results if r["outcome"] == "won"]
+    (loser,) = [r for r in results if r["outcome"] == "refused"]
+    assert winner["commits"] == 2  # the decision row, then dispatched(2)
+    # The loser wrote nothing: no committed transaction, and no INSERT/UPDATE
+    # statement was even run (it was refused before its first write).
+    assert (loser["commits"], loser["writes"]) == (0, 0), loser
+    assert "changed since this engine loaded it" in str(loser["message"])
+    assert "Ledger.reload()" in str(loser["message"])
+    with SqliteStore(path) as store:
+        # one row before, the winner's two after: none of the loser's
+        assert audit_keys(store) == [("dispatch", 1), ("retry_same_id", 1), ("dispatch", 2)]
+        assert one_decision_per_attempt(store)
+        assert store.load(SID).ledger[store.load(SID).calls[0].execution_id].attempt == 2
+
+
+# --------------------------------------------------------------------------
+# Every part of a call's durable state is compared, alone
+# --------------------------------------------------------------------------
+
+READONLY = p.ToolProfile("read_file", p.RecoveryPolicy.READONLY, False)
+MANUAL = p.ToolProfile("send_email", p.RecoveryPolicy.MANUAL, True)
+
+
+def emit(tool: p.ToolProfile) -> E:
+    return E(A.ProviderEmitCall, POS, "call_0", tool, p.args_digest(tool.name, {}))
+
+
+def test_a_record_changed_alone_is_stale(store: Store) -> None:
+    first = Ledger.create(store, SID)
+    first.step(emit(IDEMPOTENT))
+    first.step(E(A.EnginePersistCall, POS))
+    first.step(E(A.EnginePersistDispatched, POS))
+    second = Ledger(store, SID)  # sees attempt 1 dispatched, at RESUME
+    first.step(E(A.EngineInvokeAdapter, POS))
+    first.step(E(A.ExternalApply, POS, attempt=1))
+    first.step(E(A.EngineRecordSucceeded, POS), result_content="ticket 7")  # no audit key
+    with pytest.raises(StaleState, match=r"\(its record differs\)"):
+        second.step(E(A.Recover, POS))
+    assert audit_keys(store) == [("dispatch", 1)]
+
+
+def test_an_approval_changed_alone_is_stale(store: Store) -> None:
+    first = Ledger.create(store, SID)
+    first.step(emit(MANUAL))
+    first.step(E(A.EnginePersistCall, POS))
+    first.step(E(A.EngineParkApproval, POS))
+    second = Ledger(store, SID)
+    first.step(E(A.HumanApprove, POS))
+    with pytest.raises(StaleState, match=r"\(its approval differs\)"):
+        second.step(E(A.HumanReject, POS))
+    assert store.load(SID).approvals == first.state.approvals
+
+
+def test_a_result_changed_alone_is_stale(store: Store) -> None:
+    first = Ledger.create(store, SID)
+    first.step(emit(READONLY))
+    first.step(E(A.EnginePersistCall, POS))
+    second = Ledger(store, SID)
+    for ledger in (first, second):
+        ledger.reload()
+        ledger.step(E(A.Recover, POS))  # readonly: execute again
+        ledger.step(E(A.EngineInvokeReadonly, POS))
+    first.step(E(A.EngineAppendResult, POS), result_content="first answer")
+    with pytest.raises(StaleState, match=r"\(its result differs\)"):
+        second.step(E(A.EngineAppendResult, POS), result_content="second answer")
+    result = store.load(SID).calls[0].result
+    assert result is not None and result.content == "first answer"

@@ -1,0 +1,591 @@
+"""toolledger.extra.pydantic_ai against the real pydantic-ai: scripted FunctionModel runs,
+no network, no LLM, a SqliteStore in tmp_path.
+
+A "crash" is a BaseException raised in the process (after the tool's effect, or by
+the model request that follows the tool's result): the run dies before the app
+persisted anything past the model response that asked for the call, as a SIGKILL
+leaves it; a restart is a NEW store object, toolset and agent on the same file,
+resumed from that history the way pydantic-ai documents it (the history ends with
+the response, no new prompt: pydantic-ai executes its calls).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent, capture_run_messages
+from pydantic_ai.exceptions import ModelRetry
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelResponse,
+    RetryPromptPart,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.tools import DeferredToolRequests, ToolDenied
+from pydantic_ai.toolsets import FunctionToolset
+
+from toolledger import NotAppliedFenced, SqliteStore, Tool, WasApplied
+from toolledger.extra.pydantic_ai import APPROVAL_KEY, RECOVERY, LedgerToolset
+
+CONV = "conv-1"
+
+
+class Crash(BaseException):
+    """The process dies here (not an Exception: nothing may catch and record it)."""
+
+
+def _returns(m: ModelMessage) -> list[Any]:
+    return [p.content for p in m.parts
+            if isinstance(p, ToolReturnPart) and p.outcome != "retried"]
+
+
+def _retries(m: ModelMessage) -> list[str]:
+    """A tool's ModelRetry, as this pydantic-ai reports it (either shape)."""
+    return [str(p.content) for p in m.parts if isinstance(p, RetryPromptPart)
+            or (isinstance(p, ToolReturnPart) and p.outcome == "retried")]
+
+
+class Script:
+    """A FunctionModel: asks for ``calls`` first; after tool results, answers with them."""
+
+    def __init__(self, calls: list[ToolCallPart], crash_after_results: bool = False) -> None:
+        self.calls = calls
+        self.crash_after_results = crash_after_results
+        self.schemas: list[dict[str, Any]] = []
+        self.seen: list[Any] = []
+
+    def __call__(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        self.schemas = [t.parameters_json_schema for t in info.function_tools]
+        results = _returns(messages[-1])
+        if results and not _retries(messages[-1]):
+            if self.crash_after_results:
+                raise Crash("killed before the run checkpointed the tool result")
+            self.seen = results
+            return ModelResponse(parts=[TextPart(f"done: {results}")])
+        return ModelResponse(parts=list(self.calls))
+
+
+def _agent(model: Script, toolset: Any) -> Agent[None, str | DeferredToolRequests]:
+    return Agent(FunctionModel(model), toolsets=[toolset],
+                 output_type=[str, DeferredToolRequests])
+
+
+def _ledger(db: Path, fns: list[Callable[..., Any]], tools: dict[str, Tool | str]
+            ) -> LedgerToolset:
+    return LedgerToolset(FunctionToolset(fns), store=SqliteStore(db), tools=tools)
+
+
+def _until_response(messages: list[ModelMessage]) -> list[ModelMessage]:
+    """The history the app had persisted: up to the response whose calls ran."""
+    last = max(i for i, m in enumerate(messages) if isinstance(m, ModelResponse)
+               and any(isinstance(p, ToolCallPart) for p in m.parts))
+    return list(messages[:last + 1])
+
+
+def _crashed_run(agent: Agent[None, str | DeferredToolRequests],
+                 **kw: Any) -> list[ModelMessage]:
+    with capture_run_messages() as messages, pytest.raises((Crash, BaseExceptionGroup)):
+        agent.run_sync(conversation_id=CONV, **kw)
+    return _until_response(messages)
+
+
+NO_APPROVAL = Tool(policy="manual", requires_approval=False)
+
+
+# --------------------------------------------------------------------------
+
+
+def test_protected_call_runs_once_and_its_result_reaches_the_model(tmp_path: Path) -> None:
+    outbox: list[str] = []
+
+    def send_email(to: str) -> str:
+        outbox.append(to)
+        return f"sent to {to}"
+
+    model = Script([ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c1")])
+    ts = _ledger(tmp_path / "l.db", [send_email], {"send_email": NO_APPROVAL})
+    out = _agent(model, ts).run_sync("mail ada", conversation_id=CONV).output
+    assert out == "done: ['sent to ada']"
+    assert outbox == ["ada"]
+    [status] = ts.session(CONV).recover()
+    assert status.next.value == "result" and status.result is not None
+    assert status.result.content == "sent to ada"
+    # one durable dispatch in the audit: the call ran once, through the ledger
+    assert [row.kind for row in ts.session(CONV).audit()] == ["dispatch"]
+
+
+def test_ledger_keywords_are_hidden_from_the_model_and_filled_by_the_ledger(
+        tmp_path: Path) -> None:
+    got: list[tuple[str, str | None]] = []
+
+    def charge(amount: int, execution_id: str = "", idempotency_key: str | None = None) -> str:
+        got.append((execution_id, idempotency_key))
+        return "charged"
+
+    model = Script([ToolCallPart("charge", {"amount": 5}, tool_call_id="c1")])
+    ts = _ledger(tmp_path / "l.db", [charge],
+                 {"charge": Tool(policy="idempotent", requires_approval=False)})
+    _agent(model, ts).run_sync("charge", conversation_id=CONV)
+    [schema] = model.schemas
+    assert set(schema["properties"]) == {"amount"}
+    assert "execution_id" not in str(schema) and "idempotency_key" not in str(schema)
+    [status] = ts.session(CONV).recover()
+    assert got == [(status.key, status.key)]  # idempotent: the key is the execution id
+
+
+def test_a_model_that_writes_a_ledger_keyword_is_refused_and_nothing_runs(
+        tmp_path: Path) -> None:
+    ran: list[str] = []
+
+    def charge(amount: int, execution_id: str = "") -> str:
+        ran.append(execution_id)
+        return "charged"
+
+    forged = ToolCallPart("charge", {"amount": 5, "execution_id": "forged"}, tool_call_id="c1")
+    model = Script([forged])
+    ts = _ledger(tmp_path / "l.db", [charge], {"charge": NO_APPROVAL})
+    with capture_run_messages() as messages, pytest.raises(Exception, match="retries"):
+        _agent(model, ts).run_sync("charge", conversation_id=CONV)
+    assert ran == []  # never executed, however often the model insists
+    retry_texts = [t for m in messages for t in _retries(m)]
+    assert retry_texts and "execution_id" in retry_texts[0] and "reserved" in retry_texts[0]
+
+
+def test_a_restart_reconstructs_a_succeeded_call_instead_of_running_it_again(
+        tmp_path: Path) -> None:
+    outbox: list[str] = []
+
+    def send_email(to: str) -> str:
+        outbox.append(to)
+        return f"sent to {to}"
+
+    calls = [ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c1")]
+    db = tmp_path / "l.db"
+    tools: dict[str, Tool | str] = {"send_email": NO_APPROVAL}
+    history = _crashed_run(_agent(Script(calls, crash_after_results=True),
+                                  _ledger(db, [send_email], tools)), user_prompt="mail ada")
+    assert outbox == ["ada"]
+
+    # control: the plain pydantic-ai agent, same crash, same resume, sends it again
+    plain_box: list[str] = []
+
+    def plain_send(to: str) -> str:
+        plain_box.append(to)
+        return "sent"
+
+    plain_calls = [ToolCallPart("plain_send", {"to": "ada"}, tool_call_id="c1")]
+    plain_history = _crashed_run(_agent(Script(plain_calls, crash_after_results=True),
+                                        FunctionToolset([plain_send])), user_prompt="mail ada")
+    _agent(Script(plain_calls), FunctionToolset([plain_send])).run_sync(
+        message_history=plain_history, conversation_id=CONV)
+    assert plain_box == ["ada", "ada"]
+
+    model = Script(calls)
+    out = _agent(model, _ledger(db, [send_email], tools)).run_sync(
+        message_history=history, conversation_id=CONV).output
+    assert outbox == ["ada"]  # not sent again
+    assert out == "done: ['sent to ada']"  # the result, reconstructed from the ledger
+
+
+def test_a_manual_call_with_an_unknown_outcome_halts_for_a_human(tmp_path: Path) -> None:
+    outbox: list[str] = []
+
+    def send_email(to: str) -> str:
+        outbox.append(to)
+        if len(outbox) == 1:
+            raise Crash("killed right after the email left")
+        return "sent"
+
+    calls = [ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c1")]
+    db = tmp_path / "l.db"
+    tools: dict[str, Tool | str] = {"send_email": NO_APPROVAL}
+    history = _crashed_run(_agent(Script(calls), _ledger(db, [send_email], tools)),
+                           user_prompt="mail ada")
+    assert outbox == ["ada"]
+
+    ts = _ledger(db, [send_email], tools)
+    agent = _agent(Script(calls), ts)
+    result = agent.run_sync(message_history=history, conversation_id=CONV)
+    requests = result.output
+    assert isinstance(requests, DeferredToolRequests)
+    assert outbox == ["ada"]  # halted, never re-run
+    [deferred] = requests.approvals
+    meta = requests.metadata[deferred.tool_call_id]
+    assert meta[RECOVERY] == "recovery_required" and meta["decision"] == "recovery_required"
+    answer = requests.build_results(approve_all=True, metadata=requests.metadata)
+
+    # approved before anyone resolved it: asked again, nothing runs
+    again = _agent(Script(calls), ts).run_sync(message_history=result.all_messages(),
+                                               deferred_tool_results=answer)
+    assert isinstance(again.output, DeferredToolRequests) and outbox == ["ada"]
+
+    # a human checked the mail server: it was sent
+    status = ts.resolve(CONV, meta[APPROVAL_KEY], "applied", result="sent (confirmed)")
+    assert status.next.value == "result"
+    model = Script(calls)
+    out = _agent(model, ts).run_sync(
+        message_history=result.all_messages(),
+        deferred_tool_results=answer).output
+    assert out == "done: ['sent (confirmed)']"
+    assert outbox == ["ada"]
+
+
+def test_an_idempotent_call_is_retried_with_the_same_key_after_a_crash(tmp_path: Path) -> None:
+    server: dict[str, int] = {}  # idempotency key -> requests; applied once per key
+
+    def charge(amount: int, idempotency_key: str | None = None) -> str:
+        assert idempotency_key is not None
+        server[idempotency_key] = server.get(idempotency_key, 0) + 1
+        if server[idempotency_key] == 1:
+            raise Crash("killed before the answer was recorded")
+        return "charged"
+
+    calls = [ToolCallPart("charge", {"amount": 5}, tool_call_id="c1")]
+    db = tmp_path / "l.db"
+    tools: dict[str, Tool | str] = {"charge": Tool(policy="idempotent", requires_approval=False)}
+    history = _crashed_run(_agent(Script(calls), _ledger(db, [charge], tools)),
+                           user_prompt="charge")
+    model = Script(calls)
+    out = _agent(model, _ledger(db, [charge], tools)).run_sync(
+        message_history=history, conversation_id=CONV).output
+    assert out == "done: ['charged']"
+    assert list(server.values()) == [2]  # two requests, one key: applied once
+
+
+def test_approval_goes_through_deferred_tools_and_a_denial_is_recorded(tmp_path: Path) -> None:
+    outbox: list[str] = []
+
+    def send_email(to: str) -> str:
+        outbox.append(to)
+        return f"sent to {to}"
+
+    db = tmp_path / "l.db"
+    ts = _ledger(db, [send_email], {"send_email": "manual"})  # approval required
+    calls = [ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c1")]
+    agent = _agent(Script(calls), ts)
+    first = agent.run_sync("mail ada", conversation_id=CONV)
+    requests = first.output
+    assert isinstance(requests, DeferredToolRequests) and outbox == []
+    [asked] = requests.approvals
+    key = requests.metadata[asked.tool_call_id][APPROVAL_KEY]
+    assert [c.key for c in ts.session(CONV).pending_approvals()] == [key]
+    out = agent.run_sync(message_history=first.all_messages(),
+                         deferred_tool_results=requests.build_results(
+                             approve_all=True, metadata=requests.metadata)).output
+    assert out == "done: ['sent to ada']" and outbox == ["ada"]
+
+    # a second conversation: denied the pydantic-ai way; the next response records it
+    denied = agent.run_sync("mail bob", conversation_id="conv-2")
+    req2 = denied.output
+    assert isinstance(req2, DeferredToolRequests)
+    [asked2] = req2.approvals
+    later = _agent(_DenyThenCall(), ts).run_sync(
+        message_history=denied.all_messages(),
+        deferred_tool_results=req2.build_results(approvals={asked2.tool_call_id: ToolDenied()}))
+    assert isinstance(later.output, DeferredToolRequests)  # the new call asks for approval
+    pending = ts.session("conv-2").pending_approvals()
+    assert [c.tool_call_id for c in pending] == ["c2"]  # c1's denial is in the ledger
+    assert outbox == ["ada"]
+
+
+class _DenyThenCall(Script):
+    def __init__(self) -> None:
+        super().__init__([ToolCallPart("send_email", {"to": "eve"}, tool_call_id="c2")])
+
+    def __call__(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=list(self.calls))
+
+
+def test_an_approval_is_used_once_a_retry_that_reuses_the_call_id_asks_again(
+        tmp_path: Path) -> None:
+    """pydantic-ai #5536: an approved call re-run by a retry must not ride on the approval."""
+    attempts: list[str] = []
+
+    def send_email(to: str, execution_id: str = "") -> str:
+        attempts.append(execution_id)
+        if len(attempts) == 1:
+            raise ModelRetry("the server refused: try again")
+        return "sent"
+
+    ts = _ledger(tmp_path / "l.db", [send_email], {"send_email": "manual"})
+    # the provider re-uses the tool call id for the retried call
+    calls = [ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c1")]
+    agent = _agent(Script(calls), ts)
+    first = agent.run_sync("mail ada", conversation_id=CONV)
+    req = first.output
+    assert isinstance(req, DeferredToolRequests)
+    old_key = req.metadata["c1"][APPROVAL_KEY]
+    second = agent.run_sync(message_history=first.all_messages(),
+                            deferred_tool_results=req.build_results(
+                                approve_all=True, metadata=req.metadata))
+    req2 = second.output
+    assert isinstance(req2, DeferredToolRequests), second.output  # asks again
+    assert attempts == [old_key]  # the retry did not run on the old approval
+    new_key = req2.metadata["c1"][APPROVAL_KEY]
+    assert new_key != old_key  # same tool call id, a new execution
+
+    # answering the new request with the OLD approval's binding is refused
+    stale = agent.run_sync(message_history=second.all_messages(),
+                           deferred_tool_results=req2.build_results(
+                               approve_all=True, metadata={"c1": {APPROVAL_KEY: old_key}}))
+    assert isinstance(stale.output, DeferredToolRequests)
+    assert attempts == [old_key]
+    done = agent.run_sync(message_history=second.all_messages(),
+                          deferred_tool_results=req2.build_results(
+                              approve_all=True, metadata=req2.metadata))
+    assert done.output == "done: ['sent']"
+    assert attempts == [old_key, new_key]
+
+
+def test_the_core_imports_with_no_third_party_package(tmp_path: Path) -> None:
+    """The extras stay optional: pydantic-ai, pydantic and psycopg cannot be imported."""
+    (tmp_path / "sitecustomize.py").write_text(textwrap.dedent("""
+        import sys
+        BLOCKED = ("pydantic_ai", "pydantic", "pydantic_core", "psycopg")
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in BLOCKED:
+                    raise ImportError(f"{name} is blocked by the test")
+                return None
+        sys.meta_path.insert(0, Block())
+    """))
+    src = str(Path(__file__).resolve().parents[1] / "reference")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), src])}
+    probe = ("import toolledger, sys\n"
+             "try:\n    import pydantic\nexcept ImportError:\n    pass\n"
+             "else:\n    raise SystemExit('the blocker did not block')\n"
+             "assert not any(m.split('.')[0] in ('pydantic_ai', 'pydantic') "
+             "for m in sys.modules)\n"
+             "print('ok', toolledger.Session.__name__)\n")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok Session"
+    # the blocker works: the extra itself cannot be imported under it
+    bad = subprocess.run([sys.executable, "-c", "import toolledger.extra.pydantic_ai"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "blocked by the test" in bad.stderr
+
+
+def test_the_readme_section_uses_this_module_as_it_is() -> None:
+    """The README's pydantic-ai block compiles and names what the module exports."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("\n## pydantic-ai\n", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    compile(code, "README.md", "exec")
+    import toolledger.extra.pydantic_ai as extra
+    for name in ("LedgerToolset", "resolve", "idempotency_key", "execution_id"):
+        assert name in section
+    assert set(extra.LEDGER_KEYWORDS) == {"execution_id", "idempotency_key"}
+    assert 10 <= len(code.strip().splitlines()) <= 20
+
+
+# --------------------------------------------------------------------------
+# Real processes: a child SIGKILLed right after the effect, a new child resumes
+# --------------------------------------------------------------------------
+
+_CHILD = '''
+import asyncio, os, signal, sys
+from pathlib import Path
+from pydantic_ai import Agent
+from pydantic_ai.messages import (ModelMessagesTypeAdapter, ModelResponse, TextPart,
+                                  ToolCallPart, ToolReturnPart)
+from pydantic_ai.models.function import FunctionModel
+from pydantic_ai.tools import DeferredToolRequests
+from pydantic_ai.toolsets import FunctionToolset
+from toolledger import NotAppliedFenced, SqliteStore, Tool, WasApplied
+from toolledger.extra.pydantic_ai import LedgerToolset
+
+mode, policy, where, phase = sys.argv[1:5]
+work = Path(sys.argv[5])
+effects, checkpoint = work / "effects.log", work / "messages.json"
+
+def send_email(to: str, idempotency_key: str | None = None) -> str:
+    with effects.open("a") as f:  # the mail server: one line per email it sends
+        f.write(f"{to} {idempotency_key}\\n")
+        f.flush()
+        os.fsync(f.fileno())
+    if phase == "first" and where == "after_effect":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "sent"
+
+def model(messages, info):
+    if any(isinstance(p, ToolReturnPart) for p in messages[-1].parts):
+        if phase == "first" and where == "after_result":
+            os.kill(os.getpid(), signal.SIGKILL)  # the ledger has the result, the app not
+        return ModelResponse(parts=[TextPart("done")])
+    return ModelResponse(parts=[ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c1")])
+
+toolset = FunctionToolset([send_email])
+if mode == "ledger":
+    toolset = LedgerToolset(toolset, store=SqliteStore(work / "ledger.sqlite3"),
+                            tools={"send_email": Tool(policy=policy, requires_approval=False)})
+agent = Agent(FunctionModel(model), toolsets=[toolset], output_type=[str, DeferredToolRequests])
+
+async def first():
+    async with agent.iter("mail ada", conversation_id="conv-1") as run:
+        async for node in run:
+            if Agent.is_call_tools_node(node):  # the app checkpoints the response
+                checkpoint.write_bytes(ModelMessagesTypeAdapter.dump_json(run.all_messages()))
+
+if phase == "first":
+    asyncio.run(first())
+else:
+    history = ModelMessagesTypeAdapter.validate_json(checkpoint.read_bytes())
+    out = agent.run_sync(message_history=history, conversation_id="conv-1").output
+    if isinstance(out, DeferredToolRequests):
+        print("deferred", [m.get("toolledger") for m in out.metadata.values()])
+    else:
+        print("output", out)
+'''
+
+
+def _child(work: Path, mode: str, policy: str, where: str, phase: str
+           ) -> subprocess.CompletedProcess[str]:
+    script = work / "child.py"
+    script.write_text(_CHILD)
+    return subprocess.run([sys.executable, str(script), mode, policy, where, phase, str(work)],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(("mode", "policy", "where", "resumed", "requests", "applied"), [
+    # control: pydantic-ai alone sends the email again on resume
+    ("plain", "manual", "after_effect", "output done", 2, 2),
+    # manual: halted for a human, never re-sent
+    ("ledger", "manual", "after_effect", "deferred ['recovery_required']", 1, 1),
+    # idempotent: re-sent with the same key, the server applies it once
+    ("ledger", "idempotent", "after_effect", "output done", 2, 1),
+    # the ledger recorded the result before the kill: reconstructed, not re-sent
+    ("ledger", "manual", "after_result", "output done", 1, 1),
+])
+def test_a_sigkilled_process_resumes_without_sending_twice(
+        tmp_path: Path, mode: str, policy: str, where: str, resumed: str, requests: int,
+        applied: int) -> None:
+    first = _child(tmp_path, mode, policy, where, "first")
+    assert first.returncode == -9, first.stderr  # killed, not a clean exit
+    second = _child(tmp_path, mode, policy, where, "resume")
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == resumed
+    lines = (tmp_path / "effects.log").read_text().splitlines()
+    assert len(lines) == requests
+    # the server deduplicates on a key; a request without one is always applied
+    keyed = {line for line in lines if not line.endswith(" None")}
+    assert len(keyed) + sum(line.endswith(" None") for line in lines) == applied
+    if mode == "ledger" and policy == "idempotent":
+        assert lines[0].split()[1].startswith("tlx")  # a real key, the execution id
+
+
+def test_parallel_calls_of_one_response_each_run_once_with_their_own_execution(
+        tmp_path: Path) -> None:
+    got: list[tuple[str, str]] = []
+
+    async def send_email(to: str, execution_id: str = "") -> str:
+        got.append((to, execution_id))
+        return f"sent to {to}"
+
+    calls = [ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c1"),
+             ToolCallPart("send_email", {"to": "bob"}, tool_call_id="c1")]  # a reused id
+    ts = _ledger(tmp_path / "l.db", [send_email], {"send_email": NO_APPROVAL})
+    with pytest.raises(Exception, match="unique `tool_call_id`"):  # pydantic-ai refuses
+        _agent(Script(calls), ts).run_sync("mail both", conversation_id=CONV)
+    assert got == []  # ambiguous ids in one response: nothing runs
+
+    calls[1] = ToolCallPart("send_email", {"to": "bob"}, tool_call_id="c2")
+    ts = _ledger(tmp_path / "l2.db", [send_email], {"send_email": NO_APPROVAL})
+    out = _agent(Script(calls), ts).run_sync("mail both", conversation_id=CONV).output
+    assert out == "done: ['sent to ada', 'sent to bob']"
+    assert sorted(to for to, _ in got) == ["ada", "bob"]
+    keys = {s.key for s in ts.session(CONV).recover()}
+    assert {eid for _, eid in got} == keys and len(keys) == 2
+
+
+def test_a_human_retry_runs_the_halted_call_once_more(tmp_path: Path) -> None:
+    outbox: list[str] = []
+
+    def send_email(to: str) -> str:
+        outbox.append(to)
+        if len(outbox) == 1:
+            raise Crash("killed right after the request left")
+        return "sent"
+
+    calls = [ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c1")]
+    db = tmp_path / "l.db"
+    tools: dict[str, Tool | str] = {"send_email": NO_APPROVAL}
+    history = _crashed_run(_agent(Script(calls), _ledger(db, [send_email], tools)),
+                           user_prompt="mail ada")
+    ts = _ledger(db, [send_email], tools)
+    halted = _agent(Script(calls), ts).run_sync(message_history=history, conversation_id=CONV)
+    req = halted.output
+    assert isinstance(req, DeferredToolRequests)
+    key = req.metadata["c1"][APPROVAL_KEY]
+    ts.resolve(CONV, key, "retry")  # the human checked: it never arrived
+    answer = req.build_results(approve_all=True, metadata=req.metadata)
+    out = _agent(Script(calls), ts).run_sync(message_history=halted.all_messages(),
+                                             deferred_tool_results=answer).output
+    assert out == "done: ['sent']" and outbox == ["ada", "ada"]
+    # the same answer replayed runs nothing more: the call has its result
+    again = _agent(Script(calls), ts).run_sync(message_history=halted.all_messages(),
+                                               deferred_tool_results=answer).output
+    assert again == "done: ['sent']" and outbox == ["ada", "ada"]
+
+
+def test_the_same_toolset_resumes_after_an_interrupt_in_this_process(tmp_path: Path) -> None:
+    """A KeyboardInterrupt-like end of a tool leaves its Session unusable; the next run in
+    the same process opens the conversation anew and recovers instead of failing."""
+    outbox: list[str] = []
+
+    def send_email(to: str) -> str:
+        outbox.append(to)
+        if len(outbox) == 1:
+            raise Crash("interrupted right after the request left")
+        return "sent"
+
+    calls = [ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c1")]
+    ts = _ledger(tmp_path / "l.db", [send_email], {"send_email": NO_APPROVAL})
+    agent = _agent(Script(calls), ts)
+    history = _crashed_run(agent, user_prompt="mail ada")
+    out = agent.run_sync(message_history=history, conversation_id=CONV).output
+    assert isinstance(out, DeferredToolRequests) and outbox == ["ada"]
+    assert [s.key for s in ts.session(CONV).halted()] == [out.metadata["c1"][APPROVAL_KEY]]
+
+
+@pytest.mark.parametrize(("answer", "result", "emails"), [
+    (WasApplied("sent (per the server)"), "sent (per the server)", 1),
+    (NotAppliedFenced(), "sent", 2),
+])
+def test_a_reconcile_call_is_answered_through_the_session_then_approved(
+        tmp_path: Path, answer: WasApplied | NotAppliedFenced, result: str, emails: int) -> None:
+    outbox: list[str] = []
+
+    def send_email(to: str) -> str:
+        outbox.append(to)
+        if len(outbox) == 1:
+            raise Crash("killed right after the request left")
+        return "sent"
+
+    calls = [ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c1")]
+    db = tmp_path / "l.db"
+    tools: dict[str, Tool | str] = {
+        "send_email": Tool(policy="reconcile", requires_approval=False)}
+    history = _crashed_run(_agent(Script(calls), _ledger(db, [send_email], tools)),
+                           user_prompt="mail ada")
+    ts = _ledger(db, [send_email], tools)
+    first = _agent(Script(calls), ts).run_sync(message_history=history, conversation_id=CONV)
+    req = first.output
+    assert isinstance(req, DeferredToolRequests) and req.metadata["c1"]["next"] == "reconcile"
+    ts.session(CONV).reconcile(req.metadata["c1"][APPROVAL_KEY], lambda call, attempt: answer)
+    out = _agent(Script(calls), ts).run_sync(
+        message_history=first.all_messages(),
+        deferred_tool_results=req.build_results(approve_all=True, metadata=req.metadata)).output
+    assert out == f"done: [{result!r}]"
+    assert len(outbox) == emails  # re-sent only after the server fenced the first attempt
