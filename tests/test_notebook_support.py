@@ -193,8 +193,8 @@ def test_decide_through_tlc_agrees_with_python_on_the_real_spec() -> None:
 def test_decide_through_tlc_catches_a_spec_whose_decide_differs(tmp_path: Path) -> None:
     # The broken variant: a spec whose reconcile policy retries blindly on "dispatched".
     (tmp_path / "spec").mkdir()
-    broken = SPEC.replace('[] pol = "reconcile" -> "reconcile"',
-                          '[] pol = "reconcile" -> "retry_same_id"')
+    broken = SPEC.replace('[] i.policy = "reconcile" -> "reconcile"',
+                          '[] i.policy = "reconcile" -> "retry_same_id"')
     assert broken != SPEC
     (tmp_path / "spec" / "DurableToolExecution.tla").write_text(broken)
     with ns.TLCWorkspace(tmp_path) as ws:

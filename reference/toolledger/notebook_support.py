@@ -423,17 +423,13 @@ def _tla_bool(b: bool) -> str:
 
 
 def _decide_call(i: p.RecoveryInputs) -> str:
-    # The spec's Decide on the same inputs: the call's arguments are "a1"; a record whose
-    # digest does not match was written for "a2".
-    if i.status is p.LedgerStatus.NONE:
-        rec = "NoRecord"
-    else:
-        rec_args = "a1" if i.digest_matches else "a2"
-        rec = (f'[NoRecord EXCEPT !.status = "{i.status.value}", !.attempt = {i.attempt}, '
-               f'!.args = "{rec_args}"]')
-    return (f'Decide({rec}, "{i.approval.value}", {_tla_bool(i.has_result)}, '
-            f'"{i.policy.value}", {_tla_bool(i.legacy)}, {_tla_bool(i.requires_approval)}, '
-            '"a1")')
+    # The spec's Decide on the same inputs, as the record DecisionInputs builds (the
+    # fields of the spec's Inputs set).
+    return (f'Decide([status |-> "{i.status.value}", attempt |-> {i.attempt}, '
+            f"digestMatches |-> {_tla_bool(i.digest_matches)}, "
+            f'approval |-> "{i.approval.value}", hasResult |-> {_tla_bool(i.has_result)}, '
+            f'policy |-> "{i.policy.value}", legacy |-> {_tla_bool(i.legacy)}, '
+            f"requiresApproval |-> {_tla_bool(i.requires_approval)}])")
 
 
 # ----------------------------------------------------------------------------
