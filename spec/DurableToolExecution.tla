@@ -80,7 +80,7 @@ Args == UNION {ArgChoices[c] : c \in Calls}
 (***************************************************************************)
 NoResult == [kind |-> "none", exec |-> <<>>, args |-> "none"]
 Result(k, e, a) == [kind |-> k, exec |-> e, args |-> a]
-ResultKinds == {"ok", "error", "denied", "human", "abandoned"}
+ResultKinds == {"ok", "error", "denied", "human", "abandoned", "cancelled"}
 Results == {Result(k, e, a) : k \in ResultKinds, e \in ExecIds, a \in Args}
 
 Statuses == {"none", "dispatched", "succeeded", "failed",
@@ -92,7 +92,7 @@ Decisions == {"execute", "reconstruct", "retry_same_id", "reconcile",
               "recovery_required", "skip"}
 AuditKinds == {"dispatch", "reconcile_applied", "reconcile_not_applied",
                "reconcile_unknown", "human_applied", "human_retry",
-               "human_abandon"} \cup Decisions
+               "human_abandon", "human_cancel"} \cup Decisions
 
 (***************************************************************************)
 (* Engine stages (volatile).  "resume" marks a call whose in-memory state  *)
@@ -501,6 +501,31 @@ HumanResolveAbandon(c) ==
     /\ UNCHANGED external /\ UNCHANGED ghosts
 
 (***************************************************************************)
+(* HumanCancel: a user's Stop after approval (or for a call that needs    *)
+(* none) but before dispatch.  The call gets a "cancelled" result, written *)
+(* durably in one step, and the engine must re-decide it from the durable  *)
+(* state ("resume"), as after resolving an inbox item (the Stop is       *)
+(* audited, "human_cancel", in the same step): Decide then says            *)
+(* "skip" because the call has a result, so it is never dispatched, and    *)
+(* its approval is consumed (nothing reads an approval but the dispatch    *)
+(* from stage "live", which a call with a result never reaches again).    *)
+(* CancelStopsEngine is a design switch for the CancelIgnored twin: FALSE  *)
+(* is an engine whose dispatch loop does not look at the Stop (it keeps    *)
+(* its in-memory "live" stage); a twin overrides it in its .cfg.           *)
+(***************************************************************************)
+CancelStopsEngine == TRUE
+
+HumanCancel(c) ==
+    /\ msg[c] = "durable" /\ stage[c] = "live" /\ result[c] = NoResult
+    /\ ApprovalOK(c)
+    /\ Policy[c] = "readonly" \/ Rec(c).status = "none"
+    /\ result' = [result EXCEPT ![c] = Result("cancelled", ExecId(c), args[c])]
+    /\ stage' = IF CancelStopsEngine THEN [stage EXCEPT ![c] = "resume"] ELSE stage
+    /\ Audited(ExecId(c), "human_cancel", Rec(c).attempt)
+    /\ UNCHANGED <<msg, args, approval, ledger, marker>>
+    /\ UNCHANGED external /\ UNCHANGED ghosts
+
+(***************************************************************************)
 (* Crash: the engine process dies and restarts.  Only volatile state is   *)
 (* lost: calls not yet checkpointed vanish, and every durable call without *)
 (* a result must be recovered.  Requests already sent stay in flight.     *)
@@ -542,6 +567,7 @@ Next ==
     \/ \E c \in Calls : HumanResolveApplied(c)
     \/ \E c \in Calls : HumanResolveRetry(c)
     \/ \E c \in Calls : HumanResolveAbandon(c)
+    \/ \E c \in Calls : HumanCancel(c)
     \/ Crash
 
 (***************************************************************************)
@@ -667,6 +693,14 @@ AuditComplete ==
                   row[1] \in {"recovery_required", "reconcile_unknown"}
         /\ humanRetries[ExecId(c)] <=
               Cardinality({row \in audit[ExecId(c)] : row[1] = "human_retry"})
+
+(* CancelledNeverInvoked: a call with a "cancelled" result was never      *)
+(* invoked and never is: no request of it was ever sent (the invocations   *)
+(* are history) and the engine holds nothing that could send one.          *)
+CancelledNeverInvoked ==
+    \A c \in Calls : result[c].kind = "cancelled" =>
+        /\ invocations[c] = {}
+        /\ stage[c] \notin {"live", "retry", "dispatched", "waiting"}
 
 (***************************************************************************)
 (* LIVENESS.                                                               *)
