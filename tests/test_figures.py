@@ -336,6 +336,12 @@ def test_notebook_02_checks_the_spec_verbatim() -> None:
     )
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="HumanCancel and CancelledNeverInvoked (branch h-cancel) are not explained in "
+    "notebook 02 yet: notebooks are edited on branch h-nb only; add them there and drop "
+    "this marker at merge (strict: it fails once the notebook explains them)",
+)
 def test_notebook_02_explains_every_action_and_invariant() -> None:
     prose = "\n".join(source(c) for c in notebook_cells(NOTEBOOK_02)
                       if c["cell_type"] == "markdown")
