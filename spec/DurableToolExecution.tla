@@ -76,7 +76,8 @@ Args == UNION {ArgChoices[c] : c \in Calls}
 (* arguments than the call at that position, is visible to ResultFidelity. *)
 (* kind: "ok" (the external system's answer), "error" (definite failure,   *)
 (* known not applied), "denied" (approval rejected), "human" (a human said *)
-(* it was applied and typed the result), "abandoned" (a human gave up).    *)
+(* it was applied and typed the result), "abandoned" (a human gave up),    *)
+(* "cancelled" (a user's Stop before the call was ever dispatched).        *)
 (***************************************************************************)
 NoResult == [kind |-> "none", exec |-> <<>>, args |-> "none"]
 Result(k, e, a) == [kind |-> k, exec |-> e, args |-> a]
@@ -501,17 +502,17 @@ HumanResolveAbandon(c) ==
     /\ UNCHANGED external /\ UNCHANGED ghosts
 
 (***************************************************************************)
-(* HumanCancel: a user's Stop after approval (or for a call that needs    *)
-(* none) but before dispatch.  The call gets a "cancelled" result, written *)
-(* durably in one step, and the engine must re-decide it from the durable  *)
-(* state ("resume"), as after resolving an inbox item (the Stop is       *)
-(* audited, "human_cancel", in the same step): Decide then says            *)
-(* "skip" because the call has a result, so it is never dispatched, and    *)
-(* its approval is consumed (nothing reads an approval but the dispatch    *)
-(* from stage "live", which a call with a result never reaches again).    *)
-(* CancelStopsEngine is a design switch for the CancelIgnored twin: FALSE  *)
-(* is an engine whose dispatch loop does not look at the Stop (it keeps    *)
-(* its in-memory "live" stage); a twin overrides it in its .cfg.           *)
+(* HumanCancel: a user's Stop after approval (or for a call that needs     *)
+(* none) but before dispatch.  In one step the call gets a "cancelled"     *)
+(* result and a "human_cancel" audit row, and the engine must re-decide it *)
+(* from the durable state ("resume"), as after resolving an inbox item:    *)
+(* Decide then says "skip" because the call has a result, so it is never   *)
+(* dispatched, and its approval is consumed (nothing reads an approval but *)
+(* the dispatch from stage "live", which a call with a result never        *)
+(* reaches again).  CancelStopsEngine is a design switch for the           *)
+(* CancelIgnored twin: FALSE is an engine whose dispatch loop does not     *)
+(* look at the Stop (it keeps its in-memory "live" stage); that twin       *)
+(* overrides the definition in its .cfg: no other model has to name it.    *)
 (***************************************************************************)
 CancelStopsEngine == TRUE
 
@@ -694,7 +695,7 @@ AuditComplete ==
         /\ humanRetries[ExecId(c)] <=
               Cardinality({row \in audit[ExecId(c)] : row[1] = "human_retry"})
 
-(* CancelledNeverInvoked: a call with a "cancelled" result was never      *)
+(* CancelledNeverInvoked: a call with a "cancelled" result was never       *)
 (* invoked and never is: no request of it was ever sent (the invocations   *)
 (* are history) and the engine holds nothing that could send one.          *)
 CancelledNeverInvoked ==
