@@ -1,7 +1,7 @@
 -------------------- MODULE MCThreeCalls --------------------
 (***************************************************************************)
 (* Three calls in two turns: manual and idempotent in turn 1, reconcile in *)
-(* turn 2 reusing call_0; one crash (not in CI: about 2.1M states).        *)
+(* turn 2 reusing call_0; one crash (not in CI: about 2.4M states).        *)
 (* Every constant is a literal: the Python checkers read them from here.   *)
 (***************************************************************************)
 EXTENDS DurableToolExecution

@@ -97,11 +97,12 @@ Args == UNION {ArgChoices[c] : c \in Calls}
 (* arguments than the call at that position, is visible to ResultFidelity. *)
 (* kind: "ok" (the external system's answer), "error" (definite failure,   *)
 (* known not applied), "denied" (approval rejected), "human" (a human said *)
-(* it was applied and typed the result), "abandoned" (a human gave up).    *)
+(* it was applied and typed the result), "abandoned" (a human gave up),    *)
+(* "cancelled" (a user's Stop before the call was ever dispatched).        *)
 (***************************************************************************)
 NoResult == [kind |-> "none", exec |-> <<>>, args |-> "none"]
 Result(k, e, a) == [kind |-> k, exec |-> e, args |-> a]
-ResultKinds == {"ok", "error", "denied", "human", "abandoned"}
+ResultKinds == {"ok", "error", "denied", "human", "abandoned", "cancelled"}
 Results == {Result(k, e, a) : k \in ResultKinds, e \in ExecIds, a \in Args}
 
 Statuses == {"none", "dispatched", "succeeded", "failed",
@@ -113,7 +114,7 @@ Decisions == {"execute", "reconstruct", "retry_same_id", "reconcile",
               "recovery_required", "skip"}
 AuditKinds == {"dispatch", "reconcile_applied", "reconcile_not_applied",
                "reconcile_unknown", "human_applied", "human_retry",
-               "human_abandon"} \cup Decisions
+               "human_abandon", "human_cancel"} \cup Decisions
 \* The inputs column of an audit row that records no recovery decision.
 NoInputs ==
     [status |-> "none", attempt |-> 0, digestMatches |-> TRUE, approval |-> "none",
@@ -620,6 +621,34 @@ HumanResolveAbandon(c) ==
                    sent, knownOutcome, sentAfterOutcome>>
 
 (***************************************************************************)
+(* HumanCancel: a user's Stop after approval (or for a call that needs     *)
+(* none) but before dispatch.  In one step the call gets a "cancelled"     *)
+(* result and a "human_cancel" audit row, and the engine must re-decide it *)
+(* from the durable state ("resume"), as after resolving an inbox item:    *)
+(* Decide then says "skip" because the call has a result, so it is never   *)
+(* dispatched, and its approval is consumed (nothing reads an approval but *)
+(* the dispatch from stage "live", which a call with a result never        *)
+(* reaches again).  CancelStopsEngine is a design switch for the           *)
+(* CancelIgnored twin: FALSE is an engine whose dispatch loop does not     *)
+(* look at the Stop (it keeps its in-memory "live" stage); that twin       *)
+(* overrides the definition in its .cfg: no other model has to name it.    *)
+(***************************************************************************)
+CancelStopsEngine == TRUE
+
+HumanCancel(c) ==
+    /\ msg[c] = "durable" /\ stage[c] = "live" /\ result[c] = NoResult
+    /\ ApprovalOK(c)
+    /\ Policy[c] = "readonly" \/ Rec(c).status = "none"
+    /\ result' = [result EXCEPT ![c] = Result("cancelled", ExecId(c), args[c])]
+    /\ stage' = IF CancelStopsEngine THEN [stage EXCEPT ![c] = "resume"] ELSE stage
+    /\ Audited(ExecId(c), "human_cancel", Rec(c).attempt)
+    /\ Decided(c, "human_cancel", Rec(c).attempt)
+    /\ UNCHANGED <<msg, args, approval, ledger, marker>>
+    /\ UNCHANGED external
+    /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
+                   sent, knownOutcome, sentAfterOutcome>>
+
+(***************************************************************************)
 (* Crash: the engine process dies and restarts.  Only volatile state is   *)
 (* lost: calls not yet checkpointed vanish, and every durable call without *)
 (* a result must be recovered.  Requests already sent stay in flight.     *)
@@ -662,6 +691,7 @@ Next ==
     \/ \E c \in Calls : HumanResolveApplied(c)
     \/ \E c \in Calls : HumanResolveRetry(c)
     \/ \E c \in Calls : HumanResolveAbandon(c)
+    \/ \E c \in Calls : HumanCancel(c)
     \/ Crash
 
 (***************************************************************************)
@@ -739,7 +769,7 @@ NoBlindReplay ==
 (* call's execution and arguments, and says what happened:                 *)
 (*  - ok: the external system returned it, so a protected call's effect   *)
 (*    was applied (never fabricated, never another call's);               *)
-(*  - denied: the call was never sent;                                    *)
+(*  - denied, cancelled: the call was never sent;                          *)
 (*  - error: the LAST attempt definitely failed.  An effect may stand     *)
 (*    beside it only from an earlier attempt whose outcome was unknown:   *)
 (*    one that a HUMAN chose to retry (HumanResolveRetry; at most one     *)
@@ -759,7 +789,7 @@ ResultFidelity ==
         /\ result[c].exec = ExecId(c)
         /\ result[c].args = args[c]
         /\ result[c].kind = "ok" /\ Protected(c) => applied[ExecId(c)] >= 1
-        /\ result[c].kind = "denied" => invocations[c] = {}
+        /\ result[c].kind \in {"denied", "cancelled"} => invocations[c] = {}
         /\ result[c].kind = "error" /\ Protected(c) =>
               applied[ExecId(c)] <= humanRetries[ExecId(c)]
                                     + (IF Policy[c] = "idempotent" THEN 1 ELSE 0)
@@ -819,6 +849,14 @@ AuditComplete ==
 AuditRecomputable ==
     \A e \in ExecIds : \A row \in audit[e] :
         row[1] \in Decisions => Decide(row[3]) = row[1]
+
+(* CancelledNeverInvoked: a call with a "cancelled" result was never       *)
+(* invoked and never is: no request of it was ever sent (the invocations   *)
+(* are history) and the engine holds nothing that could send one.          *)
+CancelledNeverInvoked ==
+    \A c \in Calls : result[c].kind = "cancelled" =>
+        /\ invocations[c] = {}
+        /\ stage[c] \notin {"live", "retry", "dispatched", "waiting"}
 
 (***************************************************************************)
 (* WITNESSES.  An invariant whose antecedent is never reached proves       *)
@@ -895,6 +933,12 @@ Witness_HumanRetried ==
 Witness_DecisionRowWithInputs ==
     ~\E e \in ExecIds : \E row \in audit[e] :
         row[1] \in Decisions /\ row[3].status = "dispatched"
+
+\* A call the user stopped (HumanCancel) is about to be re-decided: Recover
+\* applies Decide's "skip" branch (CancelledNeverInvoked: the Stop happened
+\* and the engine went on).
+Witness_DecideSkip ==
+    ~\E c \in Calls : stage[c] = "resume" /\ DecisionFor(c) = "skip"
 
 (***************************************************************************)
 (* LIVENESS.                                                               *)

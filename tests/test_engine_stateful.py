@@ -401,9 +401,11 @@ class EngineMachine(RuleBasedStateMachine):
         default=st.sampled_from(["approve", "approve", None, "reject"]),
         crash_at=CRASH_AT,
         fresh=st.booleans(),
+        stop=st.sampled_from([False, False, False, True]),
     )
     def user_turn(self, calls: list[tuple[str, str]], answers: list[str | None],
-                  default: str | None, crash_at: int | None, fresh: bool) -> None:
+                  default: str | None, crash_at: int | None, fresh: bool,
+                  stop: bool = False) -> None:
         """The user speaks; the model answers with 1-2 tool calls, then with text."""
         self.turns += 1
         emitted = []
@@ -418,8 +420,16 @@ class EngineMachine(RuleBasedStateMachine):
                          for i, (tool, cid) in enumerate(calls))
              + f"; human answers {answers}, then {default}")
         self.human.script(answers, default)
-        self._drive(self._start(self._point(crash_at), fresh),
-                    lambda e: e.run(f"turn {self.turns}"))
+        stop = stop and self.mode is EngineMode.LEDGER
+        if stop:
+            note("  the user presses Stop as soon as the calls are approved (HumanCancel)")
+
+        def act(e: TurnEngine) -> TurnResult:
+            if stop:
+                e.request_stop()
+            return e.run(f"turn {self.turns}")
+
+        self._drive(self._start(self._point(crash_at), fresh), act)
 
     @precondition(lambda self: bool(self.script))
     @rule(crash_at=CRASH_AT, fresh=st.booleans(),
@@ -541,6 +551,7 @@ class EngineMachine(RuleBasedStateMachine):
                 ("ExecutionIdUnique", self.ExecutionIdUnique),
                 ("AuditComplete", self.AuditComplete),
                 ("AuditRecomputable", self.AuditRecomputable),
+                ("CancelledNeverInvoked", self.CancelledNeverInvoked),
             ]
         for name, check in checks:
             assert name in INVARIANTS, name
@@ -803,6 +814,20 @@ class EngineMachine(RuleBasedStateMachine):
                    "policy": RecoveryPolicy(row.inputs["policy"])}))
             if decided.decision.value != row.kind:
                 out.append(f"audit row {row.kind} recomputes to {decided.decision.value}")
+        return out
+
+    def CancelledNeverInvoked(self, view: View) -> list[str]:
+        """A call the user stopped was never sent, never dispatched, and its Stop is audited."""
+        out = []
+        for e, c in self._calls(view).items():
+            if c.result is None or c.result.kind is not ResultKind.CANCELLED:
+                continue
+            if view.requests_of(e):
+                out.append(f"{c.position}: cancelled, yet {len(view.requests_of(e))} request(s)")
+            if view.rows(e, "dispatch"):
+                out.append(f"{c.position}: cancelled, yet it has a dispatch row")
+            if not view.rows(e, "human_cancel"):
+                out.append(f"{c.position}: cancelled with no human_cancel row")
         return out
 
     # -- the end of a run -----------------------------------------------------------------

@@ -374,3 +374,32 @@ def test_a_fence_the_spec_does_not_have_is_reported(tmp_path: Path) -> None:
     actions = [a for a, _ in kt.replay(cfg, run.recording)]
     assert actions.count("EngineReconcileNotApplied") == 2
     assert actions[-1] == "EngineReconcileUnknown"
+
+
+def test_a_stop_before_dispatch_is_a_spec_behaviour(tmp_path: Path) -> None:
+    """Two calls of one message (ids ""), approved or auto, then the user's Stop: both
+    are cancelled (HumanCancel, then Recover's skip) and never sent; TLC validates it."""
+    tools = {"send_email": ("manual", True), "charge_card": ("idempotent", False)}
+    script: list[Sequence[dict[str, Any]] | str] = [
+        [tool_call("", "send_email", {"to": "ada"}),
+         tool_call("", "charge_card", {"amount": 5})],
+        "Stopped, as you asked.",
+    ]
+    kit = Kit(tmp_path, "stop")
+    with kt.KitRecorder() as recorder:
+        engine = kit.engine(tools, script)
+        engine.request_stop()  # pressed once the calls are approved, before any dispatch
+        assert engine.run("email Ada and charge 5").status is TurnStatus.STOPPED
+        assert kit.engine(tools, script).resume().status is TurnStatus.DONE
+    kit.close()
+    world = CountingExternalSystem(kit.system.path)
+    assert world.effects() == 0 and not list(world.requests)
+    run = KitRun("stop", recorder.of(SESSION_ID), world)
+    cfg = kt.kit_config([run.recording])
+    result_, _ = validate(cfg, [run])
+    assert result_.ok, result_.describe() + "\n" + result_.tlc.output[-2000:]
+    actions = run.actions(cfg)
+    assert actions.count("HumanCancel") == 2
+    assert "EnginePersistDispatched" not in actions and "EngineInvokeAdapter" not in actions
+    i = actions.index("HumanCancel")
+    assert actions[i + 1] == "Recover"

@@ -691,6 +691,7 @@ class TurnStatus(StrEnum):
     WAITING_FOR_APPROVAL = "waiting_for_approval"
     RECOVERY_REQUIRED = "recovery_required"
     MAX_ITERATIONS = "max_iterations"
+    STOPPED = "stopped"  # the user pressed Stop: the remaining calls were cancelled
 
 
 @dataclass(frozen=True, slots=True)
@@ -821,6 +822,9 @@ class TurnEngine:
         self._inbox: list[InboxItem] = conversations.load_inbox(session_id)
         self._ledger: Ledger | None = None
         self._session: Session | None = None
+        # The user's Stop (openworker's ``_cancel`` flag): set from outside,
+        # e.g. by a tool or a UI thread while a call runs; volatile.
+        self._stop_requested = False
         if self.mode is EngineMode.LEDGER:
             self._ledger = self._open_ledger()
             # LEDGER: running a call (dispatch, invoke, classify, record) and
@@ -949,6 +953,22 @@ class TurnEngine:
             self.ledger.step(Event(action, position))
         return self.resume()
 
+    def request_stop(self) -> None:
+        """The user's Stop, pressed while the turn runs (ledger mode).
+
+        Checked before each call is dispatched: every call of the message not
+        dispatched yet, approved or needing no approval, is cancelled
+        (``HumanCancel``: a ``cancelled`` result, never dispatched afterwards)
+        and the turn ends with :attr:`TurnStatus.STOPPED`.  A call already
+        dispatched runs to its end (its outcome is recorded as usual); a call
+        still waiting for its approval is left waiting.
+        """
+        if self.mode is not EngineMode.LEDGER:
+            raise InvalidInput(
+                "Stop before dispatch is a ledger action; the legacy engine has none"
+            )
+        self._stop_requested = True
+
     # -- the loop -------------------------------------------------------------------
 
     def _loop(self) -> TurnResult:
@@ -1046,10 +1066,38 @@ class TurnEngine:
         if waiting:
             return TurnResult(TurnStatus.WAITING_FOR_APPROVAL, waiting=tuple(waiting))
         # Phase B: execute, one call at a time, in order.
-        halted = [p for p in positions if self._settle(p, execute=True) is _Outcome.HALTED]
+        halted = []
+        for p in positions:
+            if self._stop_requested:
+                self._cancel_if_not_dispatched(p)
+            if self._settle(p, execute=True) is _Outcome.HALTED:
+                halted.append(p)
         if halted:
             return TurnResult(TurnStatus.RECOVERY_REQUIRED, halted=tuple(halted))
+        if self._stop_requested:
+            self._stop_requested = False
+            return TurnResult(TurnStatus.STOPPED)
         return None
+
+    def _cancel_if_not_dispatched(self, pos: CallPosition) -> None:
+        # LEDGER: a Stop after approval but before dispatch is HumanCancel:
+        # the call gets a cancelled result (and its audit row) in one commit
+        # and is re-decided (Recover: skip); it is never dispatched.
+        c = self._call(pos)
+        if c.stage is Stage.RESUME:
+            self._recover(c)  # decide first: only a call the engine would run is cancelled
+            c = self._call(pos)
+        st = self.ledger.state
+        if (
+            c.result is None
+            and c.stage is Stage.LIVE
+            and (not c.tool.requires_approval
+                 or st.approval(c.execution_id) is ApprovalState.APPROVED)
+            and (not c.tool.protected
+                 or st.record(c.execution_id).status is LedgerStatus.NONE)
+        ):
+            self.ledger.cancel(pos)
+            self.log.append(f"HumanCancel {pos}: stopped before dispatch")
 
     def _call(self, pos: CallPosition) -> CallState:
         c = self.ledger.state.call(pos)

@@ -246,6 +246,22 @@ def AuditRecomputable(cfg: ModelConfig, s: SystemState) -> list[str]:
     return out
 
 
+_MAY_INVOKE: Final = frozenset({p.Stage.LIVE, p.Stage.RETRY, p.Stage.DISPATCHED, p.Stage.WAITING})
+
+
+def CancelledNeverInvoked(cfg: ModelConfig, s: SystemState) -> list[str]:
+    out = []
+    for name, c in _present(cfg, s):
+        if c.result is None or c.result.kind is not p.ResultKind.CANCELLED:
+            continue
+        sent = sorted(n for (_, n, _) in s.ghosts.invoked(name))
+        if sent:
+            out.append(f"{name}: cancelled, yet attempt(s) {sent} were invoked")
+        if c.stage in _MAY_INVOKE:
+            out.append(f"{name}: cancelled, yet the engine holds it in stage {c.stage.value}")
+    return out
+
+
 INVARIANTS: Final[Mapping[str, Check]] = {
     f.__name__: f
     for f in (
@@ -263,6 +279,7 @@ INVARIANTS: Final[Mapping[str, Check]] = {
         ExecutionIdUnique,
         AuditComplete,
         AuditRecomputable,
+        CancelledNeverInvoked,
     )
 }
 

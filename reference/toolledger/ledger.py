@@ -318,6 +318,25 @@ class Ledger:
         contents = {pos: result_text} if result_text is not None else {}
         return self._advance(events, contents, {}, note)
 
+    def cancel(self, position: CallPosition, *, note: str = "") -> SessionState:
+        """A user's Stop for the call at ``position``, approved (or needing no
+        approval) and never dispatched: ``HumanCancel``.
+
+        The call gets a ``cancelled`` result and is re-decided from the durable
+        state (``Recover``: it has a result, so ``skip``), both in ONE commit
+        with the audit row ``human_cancel`` (``note`` goes into it).  It can
+        never be dispatched afterwards, and its approval authorizes nothing
+        any more.  A call that is not approved (reject it instead), already
+        dispatched, answered or unknown raises ``ProtocolError`` and nothing is
+        written.
+        """
+        if not isinstance(note, str):
+            raise InvalidInput(f"note must be a string, got {type(note).__name__}")
+        pos = _position(position, "cancel() position")
+        return self._advance(
+            [Event(Action.HumanCancel, pos), Event(Action.Recover, pos)], {}, {}, note or None
+        )
+
     # -- reading ------------------------------------------------------------------
 
     def audit(self) -> list[AuditRow]:
@@ -475,6 +494,9 @@ class Ledger:
                 assert decision is not None and decision.value == kind, (decision, kind)
                 recovery, auth = decision.value, old.authorization
                 note = f"recovery decision {kind} for attempt {attempt}"
+            elif ev.action is Action.HumanCancel:
+                recovery, auth = None, Authorization.HUMAN
+                note = human_note or "cancelled by the user before dispatch (Stop)"
             elif ev.action in _HUMAN:
                 recovery, auth = Decision.RECOVERY_REQUIRED.value, Authorization.HUMAN
                 note = (

@@ -152,6 +152,7 @@ class ResultKind(StrEnum):
     DENIED = "denied"
     HUMAN = "human"
     ABANDONED = "abandoned"
+    CANCELLED = "cancelled"  # a user's Stop before the call was ever dispatched
 
 
 class Actor(StrEnum):
@@ -189,6 +190,7 @@ class Action(StrEnum):
     HumanResolveApplied = "HumanResolveApplied"
     HumanResolveRetry = "HumanResolveRetry"
     HumanResolveAbandon = "HumanResolveAbandon"
+    HumanCancel = "HumanCancel"
     Crash = "Crash"
 
 
@@ -660,6 +662,8 @@ TRANSITIONS: Final[Mapping[Action, TransitionSpec]] = {
              "dispatched(n+1, human) + audit rows", "a human authorizes a retry"),
         _row(Action.HumanResolveAbandon, Actor.HUMAN, (S.NONE,), S.RESUME,
              "abandoned + audit row", "a human abandons the call"),
+        _row(Action.HumanCancel, Actor.HUMAN, (S.LIVE,), S.RESUME, "cancelled result + audit row",
+             "a user's Stop before dispatch: cancelled, re-decided (skip), never dispatched"),
         _row(Action.Crash, Actor.ENVIRONMENT, (), S.RESUME, "-",
              "the process dies and restarts: volatile state is lost"),
     )
@@ -1003,6 +1007,31 @@ def _human_abandon(state: SessionState, ev: Event) -> SessionState:
         state._with_record(replace(rec, status=LedgerStatus.ABANDONED, result=res))
         ._with_audit((c.execution_id, "human_abandon", rec.attempt))
         ._with_call(replace(c, stage=Stage.RESUME))
+    )
+
+
+@_handles(Action.HumanCancel)
+def _cancel(state: SessionState, ev: Event) -> SessionState:
+    # A user's Stop after approval (or for a call that needs none), before
+    # dispatch.  The cancelled result is durable in the same transition; the
+    # call goes to RESUME so that the engine re-decides it from the durable
+    # state (Recover: it has a result, so "skip") instead of acting on the
+    # plan it held in memory.  Its approval authorizes nothing any more: only
+    # a dispatch from LIVE reads it, and a call with a result is never LIVE.
+    c = _call(state, ev)
+    _require(c.message is MessageState.DURABLE, ev, "the call is not durable")
+    _stage(c, ev, Stage.LIVE)
+    _require(c.result is None, ev, "the call already has a result")
+    _require(_approval_ok(state, c), ev, "the call is not approved: reject it instead")
+    rec = state.record(c.execution_id)
+    _require(
+        not c.tool.protected or rec.status is LedgerStatus.NONE,
+        ev,
+        f"the call was already dispatched (its record is {rec.status.value})",
+    )
+    res = ToolResult(ResultKind.CANCELLED, c.execution_id, c.args_digest, "cancelled by the user")
+    return state._with_audit((c.execution_id, "human_cancel", rec.attempt))._with_call(
+        replace(c, result=res, stage=Stage.RESUME)
     )
 
 

@@ -149,8 +149,16 @@ from .stores import (
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "FileCheck", "SqliteStore", "verify_file"]
 
-SCHEMA_VERSION: Final = 2
-"""The schema this version writes and reads; a file with another one is refused."""
+SCHEMA_VERSION: Final = 3
+"""The schema this version writes and reads; a file with another one is refused.
+
+Version 3 (from 2): ``result_kind`` may be ``'cancelled'`` (``HumanCancel``,
+a user's Stop before dispatch).  Only a CHECK list grew, but a version-2 file
+carries the old CHECK in its table definition (SQLite cannot alter it in
+place), so a cancel would fail on it at the first Stop, mid-session; and a
+version-2 reader would meet a result kind it does not know.  Refusing the
+other version at open, with a message naming it, is the honest outcome for
+both; no migration exists yet (a table rebuild would be one)."""
 
 APPLICATION_ID: Final = 0x544C4752
 """``PRAGMA application_id`` of a toolledger store ("TLGR")."""

@@ -331,6 +331,7 @@ _PER_CALL: Final = (
     p.Action.HumanResolveApplied,
     p.Action.HumanResolveRetry,
     p.Action.HumanResolveAbandon,
+    p.Action.HumanCancel,
 )
 
 
