@@ -418,6 +418,7 @@ _DECISION_KIND: Final[Mapping[p.Action, str]] = {
     p.Action.HumanResolveApplied: "human_applied",
     p.Action.HumanResolveRetry: "human_retry",
     p.Action.HumanResolveAbandon: "human_abandon",
+    p.Action.HumanCancel: "human_cancel",
 }
 _RECOVERY_DECISIONS: Final = frozenset(d.value for d in p.Decision)
 # Per-call actions that make a succeeded or failed outcome of the call durable.
