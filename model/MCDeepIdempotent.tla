@@ -30,5 +30,5 @@ MCFenceOnReconcile == TRUE
 WitnessLegacyNoApproval ==
     ~\E c \in Calls :
         /\ IsLegacy(c) /\ ~NeedsApproval[c] /\ Protected(c)
-        /\ <<"recovery_required", 0>> \in audit[ExecId(c)]
+        /\ HasRow(ExecId(c), "recovery_required", 0)
 =============================================================================
