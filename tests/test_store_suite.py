@@ -34,9 +34,9 @@ import psycopg
 import pytest
 
 from pg_cluster import PgCluster
+from toolledger import postgres_store, sqlite_store
 from toolledger import protocol as p
 from toolledger.ledger import Ledger
-from toolledger import postgres_store, sqlite_store
 from toolledger.postgres_store import PostgresStore, StoreExists
 from toolledger.sqlite_store import SqliteStore
 from toolledger.stores import (
