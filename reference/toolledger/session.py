@@ -74,8 +74,9 @@ the ledger, and releases it while a tool body runs, so calls of one message
 may run in parallel.  Running the same call twice at once is an error
 (:class:`CallBusy`), never a second dispatch.
 
-What is not here: cancelling an approved call before dispatch (a user's Stop)
-needs an action the protocol does not have yet; and this module never decides
+What is not here: cancelling an approved call before dispatch (a user's Stop;
+the protocol's ``HumanCancel``, :meth:`~toolledger.ledger.Ledger.cancel` on the
+ledger underneath) is not offered by this API yet; and this module never decides
 recovery itself (:func:`~toolledger.protocol.decide_recovery` does) nor writes
 anything but through the :class:`~toolledger.ledger.Ledger` (legacy adoption
 aside, which writes the spec's initial legacy state through the store).
