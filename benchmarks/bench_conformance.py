@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -67,8 +67,11 @@ def _two_calls() -> Model:
 
 def _tiny(d: Path) -> Model:
     """Smoke mode: one manual call, no crash (131 states), generated in ``d``."""
-    cfg = growth_config(1, 0)
-    (d / "MCTiny.tla").write_text(config_module(cfg, "MCTiny"))
+    # TwoCalls.cfg writes decision rows without their inputs: so must the mapping.
+    cfg = replace(growth_config(1, 0), decision_rows_with_inputs=False)
+    module = config_module(cfg, "MCTiny").replace(
+        "====", "MCDecisionRowsWithInputs == FALSE\n====", 1)  # read by from_mc_module
+    (d / "MCTiny.tla").write_text(module)
     (d / "MCTiny.cfg").write_text((ROOT / "model" / "TwoCalls.cfg").read_text())
     return Model("1 call, 0 crashes", "MCTiny", d / "MCTiny.cfg", [ROOT / "spec", d], False, cfg)
 
