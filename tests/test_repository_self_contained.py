@@ -232,7 +232,7 @@ def test_the_scanner_catches_planted_bad_references() -> None:
         "The recovery table is in PROTOCOL" + ".md section 3.",           # 1 a missing .md
         "See docs/" + "design.md and model/" + "Nope.cfg.",                 # 2 two missing paths
         f"Open {machine} in an editor.",                                    # 3 a machine path
-        "Background: .." + "/shared/design/notes.txt",                      # 4 outside the repo
+        "Background: .." + "/shared/" + "design/notes.txt",                 # 4 outside the repo
         "Invariants: docs/protocol.md#" + "no-such-section",                # 5 a dead anchor
         "Output of `notebooks/" + "01_the_bug.ipynb`, outputs: /" + "tmp/tmpab12/x.tla",  # 6
     ])
@@ -256,6 +256,6 @@ def test_the_scanner_passes_what_is_not_a_reference() -> None:
         "Invariants: docs/protocol.md#invariants, recovery: docs/protocol.md#recovery.",
         "Issue: https://github.com/andrewyng/openworker/issues/443",
         "The suite lives in tests/ and the package in reference/toolledger/.",
-        "Relative: ./tmp/x and a/work/b are not machine paths.",
+        "Relative: ./tmp/x and a/" + "work/b are not machine paths.",
     ])
     assert list(scan("fine.md", fine, files, md_anchors)) == []
