@@ -6,6 +6,10 @@ core for a deliberately wrong one; every checker must catch each of them.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -104,3 +108,41 @@ BROKEN = {
     "skips_dispatched_write": skips_dispatched_write,
     "keyed_by_tool_call_id": keyed_by_tool_call_id,
 }
+
+
+def race_two_resumers(script: str, args: list[str], sync: Path) -> list[dict[str, object]]:
+    """Run ``script`` (``python -c``) as two processes, ``a`` and ``b``, and start them together.
+
+    Each child gets ``*args, name, sync`` on its command line, touches
+    ``sync/<name>.loaded`` once it has loaded the session, waits for ``sync/go``,
+    then acts and prints one JSON object; the JSON objects are returned in the
+    order a, b.  Both have loaded before either acts: a real race.
+    """
+    sync.mkdir()
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, *args, name, str(sync)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("a", "b")
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while not all((sync / f"{n}.loaded").exists() for n in ("a", "b")):
+            assert time.monotonic() < deadline, "the resumers did not load the session"
+            assert all(c.poll() is None for c in children), [c.communicate() for c in children]
+            time.sleep(0.005)
+        (sync / "go").touch()  # both have loaded the session: now both act
+        results = []
+        for child in children:
+            out, err = child.communicate(timeout=60)
+            assert child.returncode == 0, err
+            results.append(json.loads(out))
+        return results
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()

@@ -22,16 +22,13 @@ the session before either recovers (files as a barrier).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from checker_support import race_two_resumers
 from toolledger import protocol as p
 from toolledger.ledger import Ledger
 from toolledger.sqlite_store import SqliteStore
@@ -144,37 +141,6 @@ store.close()
 """
 
 
-def race(path: Path, sync: Path) -> list[dict[str, object]]:
-    sync.mkdir()
-    children = [
-        subprocess.Popen(
-            [sys.executable, "-c", RESUMER, str(path), name, str(sync)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for name in ("a", "b")
-    ]
-    try:
-        deadline = time.monotonic() + 60
-        while not all((sync / f"{n}.loaded").exists() for n in ("a", "b")):
-            assert time.monotonic() < deadline, "the resumers did not load the session"
-            assert all(c.poll() is None for c in children), [c.communicate() for c in children]
-            time.sleep(0.005)
-        (sync / "go").touch()  # both have loaded the session: now both recover
-        results = []
-        for child in children:
-            out, err = child.communicate(timeout=60)
-            assert child.returncode == 0, err
-            results.append(json.loads(out))
-        return results
-    finally:
-        for child in children:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
-
-
 @pytest.mark.parametrize("round_", [1, 2])
 def test_two_processes_recovering_one_call_exactly_one_decides(
     tmp_path: Path, round_: int
@@ -183,7 +149,7 @@ def test_two_processes_recovering_one_call_exactly_one_decides(
     with SqliteStore(path) as store:
         dispatched_before_a_crash(store)
         assert audit_keys(store) == [("dispatch", 1)]
-    results = race(path, tmp_path / "sync")
+    results = race_two_resumers(RESUMER, [str(path)], tmp_path / "sync")
     outcomes = sorted(str(r["outcome"]) for r in results)
     assert outcomes == ["refused", "won"], results
     (winner,) = [r for r in results if r["outcome"] == "won"]

@@ -12,7 +12,6 @@ racing on one session (files as a barrier, as for SQLite).
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from checker_support import race_two_resumers
 from pg_cluster import PgCluster
 from toolledger import protocol as p
 from toolledger.ledger import Ledger
@@ -422,44 +422,13 @@ store.close()
 """
 
 
-def race(pg: PgCluster, schema: str, sync: Path) -> list[dict[str, object]]:
-    sync.mkdir()
-    children = [
-        subprocess.Popen(
-            [sys.executable, "-c", RESUMER, pg.conninfo, schema, name, str(sync)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for name in ("a", "b")
-    ]
-    try:
-        deadline = time.monotonic() + 60
-        while not all((sync / f"{n}.loaded").exists() for n in ("a", "b")):
-            assert time.monotonic() < deadline, "the resumers did not load the session"
-            assert all(c.poll() is None for c in children), [c.communicate() for c in children]
-            time.sleep(0.005)
-        (sync / "go").touch()
-        results = []
-        for child in children:
-            out, err = child.communicate(timeout=60)
-            assert child.returncode == 0, err
-            results.append(json.loads(out))
-        return results
-    finally:
-        for child in children:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
-
-
 @pytest.mark.parametrize("round_", [1, 2])
 def test_two_processes_recovering_one_call_exactly_one_decides(
     pg_cluster: PgCluster, schema: str, opened: list[PostgresStore], tmp_path: Path, round_: int
 ) -> None:
     store = open_store(pg_cluster, schema, opened)
     dispatched(Ledger.create(store, SID), POS)
-    results = race(pg_cluster, schema, tmp_path / "sync")
+    results = race_two_resumers(RESUMER, [pg_cluster.conninfo, schema], tmp_path / "sync")
     assert sorted(str(r["outcome"]) for r in results) == ["refused", "won"], results
     (winner,) = [r for r in results if r["outcome"] == "won"]
     (loser,) = [r for r in results if r["outcome"] == "refused"]
