@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 
 from toolledger import cli
+from toolledger.check.manifest import Manifest, ModelEntry, load_manifest
+from toolledger.check.tlavalues import FnValue, ModelValue, Value
+from toolledger.check.tlc import Cancellation, TraceStep
 from toolledger.cli import Row, Subcommand, changes, main, render_trace
-from toolledger.manifest import Manifest, ModelEntry, load_manifest
-from toolledger.tlavalues import FnValue, ModelValue, Value
-from toolledger.tlc import Cancellation, TraceStep
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tla"
 
@@ -470,7 +470,7 @@ def test_a_second_checkout_checks_its_own_reference(tmp_path: Path) -> None:
     """This checkout's `toolledger` (an editable install of *this* reference)
     run in a copy whose recovery rule is broken must check the copy's code."""
     other = copy_repo(tmp_path / "other")
-    protocol = other / "reference" / "toolledger" / "protocol.py"
+    protocol = other / "reference" / "toolledger" / "_core" / "protocol.py"
     text = protocol.read_text()
     rule = (
         "        elif i.policy is RecoveryPolicy.RECONCILE:\n"

@@ -1,5 +1,7 @@
 """The toolledger protocol core: a pure, I/O-free state machine.
 
+Private module of :mod:`toolledger`: import the public names from ``toolledger``.
+
 Theory of operation
 -------------------
 One :class:`SessionState` holds what an agent engine knows about the tool
@@ -15,14 +17,14 @@ generated from that table.
 :func:`apply` takes a state and an :class:`Event` and returns the next state.
 An event whose guard does not hold raises :class:`ProtocolError`, naming the
 event, the call and the state, and the state is unchanged (states are
-immutable).  The caller (the :mod:`toolledger.ledger` facade, the engine kit,
+immutable).  The caller (the :mod:`toolledger._core.ledger` facade, the engine kit,
 the checkers) performs the I/O: it makes the durable part of each new state
 durable in ONE transaction before acting on it, invokes adapters, asks
 connectors.  :func:`durable_changes` says what changed.
 
 What this module deliberately does not know: SQLite, files, threads, asyncio,
 the external system's own state (whether an effect was really applied is the
-business of :mod:`toolledger.system`, the closed-world model used by the
+business of :mod:`toolledger.check.system`, the closed-world model used by the
 checkers), and the content of tool results beyond their kind, execution and
 argument digest.  It must never perform I/O or read a clock.
 
