@@ -8,9 +8,9 @@ crash points of the seed issue's fault-injection matrix, the legacy engine
 as a control (the checks must see its duplicate), one damaged store, and a
 short fuzz of the public API.  And, per agent framework (LangGraph, pydantic-ai,
 through ``toolledger.extra``), every crash point of :mod:`toolledger.kit.frameworks`
-x every protected policy, with the framework alone as the control.  Two gaps the campaign found (a malformed
-position raised TypeError; a kill while a store file was created left it
-empty) are fixed, and their tests stay here as regressions.
+x every protected policy, with the framework alone as the control.  Two gaps the
+campaign found (a malformed position raised TypeError; a kill while a store file was
+created left it empty) are fixed, and their tests stay here as regressions.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from benchmarks import crash_campaign as cc
-from toolledger.kit import frameworks
 from toolledger._core.ledger import Ledger
 from toolledger._core.protocol import (
     Action,
@@ -33,6 +32,7 @@ from toolledger._core.protocol import (
 )
 from toolledger._core.sqlite_store import SqliteStore
 from toolledger._core.stores import MemoryStore
+from toolledger.kit import frameworks
 from toolledger.kit.engine import SEED_MATRIX, EngineMode
 
 pytestmark = pytest.mark.slow
