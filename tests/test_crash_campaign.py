@@ -121,3 +121,17 @@ def test_framework_subset_every_crash_point_and_policy_all_zero(
     assert all(r.applied == 1 for r, _ in ledger)  # every email sent exactly once
     [(control, counts)] = [(r, c) for r, c in results if r.mode == "plain"]
     assert control.applied == 2 and counts.counts["duplicates"] == 1, counts.problems
+
+
+def test_the_framework_checks_catch_a_broken_integration(tmp_path: Path) -> None:
+    """A twin of LedgerToolNode that runs the tool before ``dispatched`` is durable: killed
+    right after the effect, the resumed graph finds no trace of it and sends it again."""
+    broken = frameworks.run("langgraph", "late-dispatch", "manual", "after_effect",
+                            tmp_path / "broken", fork=True)
+    assert broken.returncodes == (-signal.SIGKILL, 0), broken.stderr[-2000:]
+    assert broken.applied == 2
+    assert frameworks.check(broken).counts["duplicates"] == 1
+    fixed = frameworks.run("langgraph", "ledger", "manual", "after_effect", tmp_path / "ok",
+                           fork=True)
+    assert fixed.applied == 1 and frameworks.check(fixed).counts == dict.fromkeys(
+        frameworks.COUNTERS, 0)

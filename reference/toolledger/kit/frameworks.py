@@ -71,7 +71,7 @@ def points_on_path(framework: str, policy: str) -> tuple[str, ...]:
 @dataclass(frozen=True, slots=True)
 class RunResult:
     framework: str
-    mode: str  # "plain" (the framework alone) or "ledger"
+    mode: str  # "plain" (the framework alone), "ledger", or "late-dispatch" (a broken twin)
     policy: str
     point: str
     returncodes: tuple[int, ...]  # one per process, in order (-9: SIGKILLed)
@@ -386,10 +386,11 @@ def _langgraph(c: _Child) -> None:
 
     saver = open_saver(c.work / "checkpoints.sqlite")
     node: ToolNode
-    if c.mode == "ledger":
-        node = LedgerToolNode([send_email], store=c.store(ledger_path(saver)),
-                              policies=c.policies(), reconcilers={"send_email": c.reconcile}
-                              if c.policy == "reconcile" else None)
+    if c.mode in ("ledger", "late-dispatch"):
+        kind = LedgerToolNode if c.mode == "ledger" else _late_dispatch_node()
+        node = kind([send_email], store=c.store(ledger_path(saver)),
+                    policies=c.policies(), reconcilers={"send_email": c.reconcile}
+                    if c.policy == "reconcile" else None)
     else:
         node = ToolNode([send_email])
     g = StateGraph(MessagesState)
@@ -416,6 +417,28 @@ def _langgraph(c: _Child) -> None:
         out = graph.invoke(Command(resume=answer), config, durability="sync")
     last = out["messages"][-1].content
     c.emit(last.removeprefix("done: ") if isinstance(last, str) else str(last))
+
+
+def _late_dispatch_node() -> Any:
+    """A broken twin of ``LedgerToolNode`` for the checks to catch: the tool runs BEFORE
+    ``dispatched`` is durable (the order a hand-rolled integration easily gets wrong), so
+    a crash right after the effect leaves no trace of it in the ledger."""
+    from langgraph.prebuilt.tool_node import ToolCallRequest
+
+    from toolledger import Next
+    from toolledger.extra.langgraph import LedgerToolNode
+
+    class LateDispatch(LedgerToolNode):
+        def _wrap(self, request: ToolCallRequest, execute: Any) -> Any:
+            run, status = self._call_of(request)
+            if run is None or status is None or status.next is not Next.EXECUTE:
+                return super()._wrap(request, execute)
+            value = execute(request)  # the effect, with nothing durable about it yet
+            with run.session.dispatch(status.key) as a:
+                a.done(value.content)
+            return value
+
+    return LateDispatch
 
 
 def _pydantic_ai(c: _Child) -> None:
@@ -497,7 +520,7 @@ def _pydantic_ai(c: _Child) -> None:
 def child_main(argv: Sequence[str]) -> int:
     framework, mode, policy, kill, phase, work, human, approval = argv
     c = _Child(framework, mode, policy, kill, phase, Path(work), human == "1",
-               approval == "1" and mode == "ledger")
+               approval == "1" and mode != "plain")
     {"langgraph": _langgraph, "pydantic-ai": _pydantic_ai}[framework](c)
     return 0
 
