@@ -274,6 +274,46 @@ def test_a_reconcile_call_asks_its_connector(tmp_path: Path, answer: Any, emails
     assert out["messages"][-1].content.startswith("done: sent")
 
 
+def test_parallel_calls_of_one_message_each_run_once_with_their_own_execution(
+        tmp_path: Path) -> None:
+    got: list[tuple[str, str]] = []
+
+    def body(to: str, eid: str, key: str | None) -> str:
+        got.append((to, eid))
+        return f"sent to {to}"
+
+    node, saver = _node(tmp_path, body, {"send_email": NO_APPROVAL})
+    both = [_call("ada", "c1"), _call("bob", "c2")]
+    _invoke(_graph(node, Script(both), saver), {"messages": [("user", "mail both")]})
+    assert sorted(to for to, _ in got) == ["ada", "bob"]
+    keys = {s.key for s in node.session("t1").recover()}
+    assert {eid for _, eid in got} == keys and len(keys) == 2
+
+    # a provider that re-uses an id inside one message: the ledger cannot tell the calls
+    # apart, so neither runs and the model is told
+    got.clear()
+    other: Any = {"configurable": {"thread_id": "t2"}}
+    script = Script([_call("ada", "c1"), _call("bob", "c1")])
+    _graph(node, script, saver).invoke({"messages": [("user", "x")]}, other)
+    assert got == [] and "not unique" in script.seen[0]
+
+
+def test_a_reconcile_call_without_a_connector_goes_to_a_human(tmp_path: Path) -> None:
+    outbox: list[str] = []
+
+    def body(to: str, eid: str, key: str | None) -> str:
+        outbox.append(to)
+        raise TimeoutError("no answer")
+
+    node, saver = _node(tmp_path, body,
+                        {"send_email": Tool(policy="reconcile", requires_approval=False)})
+    graph = _graph(node, Script([_call("ada")]), saver)
+    [ask] = _asks(_invoke(graph, {"messages": [("user", "x")]}))
+    assert ask["kind"] == "recovery_required" and outbox == ["ada"]
+    out = _invoke(graph, Command(resume={ask["key"]: {"type": "applied", "result": "ok"}}))
+    assert out["messages"][-1].content == "done: ok" and outbox == ["ada"]
+
+
 def test_a_graph_without_a_thread_id_is_refused_before_anything_runs(tmp_path: Path) -> None:
     ran: list[str] = []
     node, _ = _node(tmp_path, _logging(ran, "sent"),
