@@ -12,7 +12,8 @@ modules of this package are internals and may be split or renamed.  They are
 - ``tools``: the adapter seam, the tool registry and the reserved argument names;
 - ``stores``: the store port and ``MemoryStore``; ``sqlite_store`` and
   ``postgres_store``: the durable stores (psycopg is imported only when a
-  ``PostgresStore`` is opened).
+  ``PostgresStore`` is opened), with ``rows``: their shared columns,
+  checksums and row decoding.
 
 Nothing here imports a third-party package at import time.
 """
