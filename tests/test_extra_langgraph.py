@@ -222,6 +222,7 @@ def test_an_unknown_outcome_is_a_recovery_interrupt_that_resolve_answers(
     graph = _graph(node, Script([_call("ada")]), saver)
     [ask] = _asks(_invoke(graph, {"messages": [("user", "mail ada")]}))
     assert ask["kind"] == "recovery_required" and ask["tool_call_id"] == "c1"
+    assert ask["decision"] == "recovery_required" and ask["attempt"] == 1
     assert ask["allowed"] == ["applied", "retry", "abandon"] and outbox == ["ada"]
     # an approval is no answer to a recovery item: asked again, nothing runs
     out = _invoke(graph, Command(resume={ask["key"]: "approve"}))

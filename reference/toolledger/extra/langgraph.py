@@ -342,7 +342,9 @@ class LedgerToolNode(ToolNode):
         asks = [s for s in statuses.values() if s.next in _ASK]
         if not asks:
             return False
-        answer = interrupt({INTERRUPT_KEY: [_request(s) for s in asks]})
+        # the core's decision and the attempt, for the human who answers
+        decided = {s.key: s for s in plan.session.recover()}
+        answer = interrupt({INTERRUPT_KEY: [_request(decided.get(s.key, s)) for s in asks]})
         _apply(plan.session, asks, answer)
         return True
 
