@@ -2,7 +2,9 @@
 
 ``engine`` (the demo engine, the first adopter of :class:`toolledger.Session`),
 ``simulate`` (``toolledger simulate``: crash it anywhere, restart it, count
-the effects) and ``external`` (a counting external system and its adapter).
+the effects), ``external`` (a counting external system and its adapter) and
+``connectors`` (reference connectors that pass the connector contract kit,
+:mod:`toolledger.extra.pytest`, and the broken variants it catches).
 Used by the tests, the benchmarks and the notebooks; an engine may read it as
 an example, never import it.
 """

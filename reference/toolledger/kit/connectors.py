@@ -36,8 +36,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from toolledger import Attempt, CallRef, NotApplied, NotAppliedFenced, WasApplied
-
-from .pytest import Fault, ManualClock
+from toolledger.extra.pytest import Fault, ManualClock
 
 __all__ = [
     "EmailClient",
