@@ -19,10 +19,11 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import pytest
 
-from toolledger import Tool
+from toolledger import Decision, Tool
 from toolledger.extra.pytest import OBLIGATIONS, obligations_for
 
 pytest_plugins = ("pytester",)
@@ -305,3 +306,24 @@ def test_a_marked_test_without_obligation_is_a_usage_error(pytester: pytest.Pyte
     result = pytester.runpytest("--collect-only", "-p", "no:cacheprovider")
     assert result.ret != 0
     assert "takes no 'obligation' argument" in result.stdout.str() + result.stderr.str()
+
+
+def test_an_engine_that_retries_after_the_window_fails_external_expire_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from toolledger.extra import pytest as kit
+    from toolledger.kit.connectors import PaymentsClient, PaymentsFake
+
+    fake = PaymentsFake(tmp_path / "payments.sqlite3", retention_window=0.05)
+    connector = kit.Connector(call=PaymentsClient(fake).charge, sandbox=fake)
+    [expire] = [ob.bind(Tool(policy="idempotent"), 0.05) for ob in OBLIGATIONS
+                if ob.action == "ExternalExpireKey"]
+    expire.check(connector)  # the engine halts: kept
+    # BROKEN: an engine that ignores the key's retention and retries anyway
+    monkeypatch.setattr(kit, "_decision_after_expiry", lambda d: Decision.RETRY_SAME_ID)
+    with pytest.raises(pytest.fail.Exception) as failed:
+        expire.check(connector)
+    text = str(failed.value)
+    assert "connector broke obligation ExternalExpireKey-retry_after_window_halts" in text
+    assert "the recovery decision is retry_same_id" in text
+    assert "depends on it: AtMostOnceEffect" in text

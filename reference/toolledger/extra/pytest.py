@@ -504,6 +504,19 @@ def _dedup_within_window(r: _Run) -> None:
 _TOOL_TAKES_WINDOW: Final = "retention_window" in {f.name for f in dataclasses.fields(Tool)}
 
 
+def _decision_after_expiry(decision: Decision | None) -> Decision | None:
+    """The engine's recovery decision for a call whose key's window has passed.
+
+    With a core whose ``Tool`` takes ``retention_window`` (and whose recovery
+    reads ``RecoveryInputs.key_retained``) it is the Session's own.  Before
+    that, the kit applies the protocol's rule itself: ``retry_same_id`` only
+    while the key is retained, so an expired key halts.
+    """
+    if not _TOOL_TAKES_WINDOW and decision is Decision.RETRY_SAME_ID:
+        return Decision.RECOVERY_REQUIRED
+    return decision
+
+
 def _retry_after_window_halts(r: _Run) -> None:
     assert r.window is not None
     store = MemoryStore()
@@ -520,11 +533,7 @@ def _retry_after_window_halts(r: _Run) -> None:
     if _TOOL_TAKES_WINDOW:
         time.sleep(r.window * 1.1)  # the engine's clock is the wall clock
     [todo] = r.session(store, "expire").recover()
-    decision = todo.decision
-    if not _TOOL_TAKES_WINDOW and decision is Decision.RETRY_SAME_ID:
-        # The core does not know key retention yet: the kit applies the
-        # protocol's rule itself (retry_same_id only while the key is retained).
-        decision = Decision.RECOVERY_REQUIRED
+    decision = _decision_after_expiry(todo.decision)
     r.expect(decision is Decision.RECOVERY_REQUIRED,
              f"after the key's retention window ({r.window:g} s) the recovery decision is "
              f"{decision.value if decision else None}: a retry now is not deduplicated "
