@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from toolledger import Decision, Tool
-from toolledger.extra.pytest import OBLIGATIONS, obligations_for
+from toolledger.extra.pytest import OBLIGATIONS, obligations_for, obligations_table
 
 pytest_plugins = ("pytester",)
 
@@ -327,3 +327,35 @@ def test_an_engine_that_retries_after_the_window_fails_external_expire_key(
     assert "connector broke obligation ExternalExpireKey-retry_after_window_halts" in text
     assert "the recovery decision is retry_same_id" in text
     assert "depends on it: AtMostOnceEffect" in text
+
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+CONNECTOR_SECTION = README.split("## Writing a connector", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_obligations_table_is_generated_from_the_catalogue() -> None:
+    block = CONNECTOR_SECTION.split("<!-- obligations:begin -->", 1)[1].split(
+        "<!-- obligations:end -->", 1)[0]
+    assert block.strip() == obligations_table(), (
+        "README's obligations table drifted from toolledger.extra.pytest.OBLIGATIONS: paste "
+        "the output of toolledger.extra.pytest.obligations_table() between the markers"
+    )
+
+
+def test_readme_plugin_in_10_lines_runs_the_idempotent_suite(pytester: pytest.Pytester) -> None:
+    code = CONNECTOR_SECTION.split("```python", 1)[1].split("```", 1)[0]
+    lines = [line for line in code.splitlines() if line.strip()]
+    assert len(lines) <= 10, f"the README's plugin example has {len(lines)} lines"
+    pytester.makepyfile(test_readme_connector=code)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=len(WINDOWED))
+
+
+def test_readme_failure_example_is_what_the_plugin_prints(
+    contract_run: tuple[dict[str, dict[str, str]], dict[str, str]],
+) -> None:
+    _, messages = contract_run
+    text = messages["test_email_no_dedup[ExternalApply-duplicate_applies_once-AtMostOnceEffect]"]
+    example = CONNECTOR_SECTION.split("connector broke obligation", 1)[1].split("```", 1)[0]
+    for line in ("connector broke obligation" + example).strip().splitlines():
+        assert line.strip() in text, line

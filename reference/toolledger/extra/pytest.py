@@ -88,6 +88,7 @@ __all__ = [
     "Obligation",
     "Sandbox",
     "obligations_for",
+    "obligations_table",
 ]
 
 MARKER: Final = "connector_contract"
@@ -690,6 +691,18 @@ def obligations_for(tool: Tool, retention_window: float | None = None) -> list[O
     policy = RecoveryPolicy(tool.policy)
     return [ob for ob in OBLIGATIONS
             if policy in ob.policies and (retention_window is not None or not ob.windowed)]
+
+
+def obligations_table() -> str:
+    """The README's table of obligations (Markdown), from :data:`OBLIGATIONS`."""
+    rows = ["| Test id (spec action - obligation - invariant) | Policies | The promise |",
+            "| --- | --- | --- |"]
+    for ob in OBLIGATIONS:
+        policies = ", ".join(p.value for p in RecoveryPolicy if p in ob.policies)
+        if ob.windowed:
+            policies += " with a `retention_window`"
+        rows.append(f"| `{ob.id}` | {policies} | {ob.promise} |")
+    return "\n".join(rows)
 
 
 def _outcome(o: Outcome | None) -> str:
