@@ -251,6 +251,19 @@ def test_every_spec_external_action_has_obligations() -> None:
     # change is in the spec; until then the rest must be there)
     for action in actions - {"ExternalExpireKey"}:
         assert f"{action}(e) ==" in spec, action
+    for invariant in {ob.invariant for ob in OBLIGATIONS}:
+        assert f"\n{invariant} ==" in spec, invariant
+
+
+def test_docs_link_every_obligation_to_an_assumption() -> None:
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text(
+        encoding="utf-8")
+    section = docs.split("### Checking a connector against these assumptions", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    for ob in OBLIGATIONS:
+        assert f"`{ob.action}-{ob.name}`" in section, ob.id
+        row = next(line for line in section.splitlines() if f"`{ob.action}-{ob.name}`" in line)
+        assert ob.invariant in row.rsplit("|", 2)[1], (ob.id, row)
 
 
 def test_installed_as_a_pytest11_plugin_and_loadable_with_p(
