@@ -88,6 +88,11 @@ def test_email(obligation, email):
     obligation.check(email)
 
 
+@pytest.mark.connector_contract(Tool(policy="manual", marks_send=True))
+def test_email_manual(obligation, email):
+    obligation.check(email)
+
+
 @pytest.mark.connector_contract(EMAIL)
 def test_email_no_dedup(obligation, email_no_dedup):
     obligation.check(email_no_dedup)
@@ -121,6 +126,7 @@ def test_payments_query_then_fence(obligation, payments_query_then_fence):
 # Which obligations each connector must fail (the rest of its suite passes).
 EXPECTED_FAILURES: dict[str, set[str]] = {
     "test_email": set(),
+    "test_email_manual": set(),
     "test_payments": set(),
     "test_payments_reconcile": set(),
     "test_email_no_dedup": {
@@ -143,11 +149,13 @@ EXPECTED_FAILURES: dict[str, set[str]] = {
     },
 }
 
+MANUAL = {ob.id for ob in obligations_for(Tool(policy="manual"))}
 IDEMPOTENT = {ob.id for ob in obligations_for(Tool(policy="idempotent"))}
 WINDOWED = {ob.id for ob in obligations_for(Tool(policy="idempotent"), 0.25)}
 RECONCILE = {ob.id for ob in obligations_for(Tool(policy="reconcile"))}
 SUITE = {
     "test_email": IDEMPOTENT,
+    "test_email_manual": MANUAL,
     "test_email_no_dedup": IDEMPOTENT,
     "test_email_unknown_as_not_applied": IDEMPOTENT,
     "test_payments": WINDOWED,

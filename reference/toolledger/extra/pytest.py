@@ -278,8 +278,8 @@ class _Run:
     # -- the engine side: a real Session ------------------------------------
 
     def session(self, store: MemoryStore | None = None, sid: str | None = None) -> Session:
-        return Session.open(store or MemoryStore(), sid or f"contract-{next(_sessions)}",
-                            {self.c.name: self.tool})
+        return Session.open(MemoryStore() if store is None else store,
+                            sid or f"contract-{next(_sessions)}", {self.c.name: self.tool})
 
     def record(self, s: Session, arguments: Mapping[str, Any] | None = None) -> str:
         call = {"id": "call_0", "name": self.c.name,
