@@ -1,6 +1,8 @@
 """The demo kit: a small engine shaped like openworker that adopts toolledger.
 
-``engine`` (the demo engine, the first adopter of :class:`toolledger.Session`),
+``engine`` (the demo engine, the first adopter of :class:`toolledger.Session`;
+its steps and crash points in ``crash``, its provider, human and conversation
+stores in ``world``),
 ``simulate`` (``toolledger simulate``: crash it anywhere, restart it, count
 the effects), ``external`` (a counting external system and its adapter) and
 ``connectors`` (reference connectors that pass the connector contract kit,
