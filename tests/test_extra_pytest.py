@@ -380,3 +380,17 @@ def test_readme_failure_example_is_what_the_plugin_prints(
     example = CONNECTOR_SECTION.split("connector broke obligation", 1)[1].split("```", 1)[0]
     for line in ("connector broke obligation" + example).strip().splitlines():
         assert line.strip() in text, line
+
+
+def test_a_connector_without_a_usable_sandbox_is_refused_naming_what_is_missing() -> None:
+    from toolledger import InvalidInput
+    from toolledger.extra.pytest import Connector
+
+    class CountsOnly:
+        def effects(self, execution_id: str) -> int:
+            return 0
+
+    with pytest.raises(InvalidInput, match=r"has no inject\(\), deliver_late\(\)"):
+        Connector(call=lambda a: "ok", sandbox=CountsOnly())  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="must be the tool body"):
+        Connector(call="send", sandbox=CountsOnly())  # type: ignore[arg-type]

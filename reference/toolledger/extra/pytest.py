@@ -154,6 +154,25 @@ class Connector:
     arguments: Mapping[str, Any] = field(default_factory=lambda: {"amount": 1})
     name: str = "connector"
 
+    def __post_init__(self) -> None:
+        if not callable(self.call):
+            raise InvalidInput(f"Connector(call=...) must be the tool body, a callable taking "
+                               f"a toolledger.Attempt; got {self.call!r}")
+        if self.reconcile is not None and not callable(self.reconcile):
+            raise InvalidInput(f"Connector(reconcile=...) must be ask(call, attempt) or None; "
+                               f"got {self.reconcile!r}")
+        missing = [m for m in ("effects", "inject", "deliver_late")
+                   if not callable(getattr(self.sandbox, m, None))]
+        if missing:
+            raise InvalidInput(
+                f"Connector(sandbox=...) {type(self.sandbox).__name__} has no "
+                f"{', '.join(m + '()' for m in missing)}: a sandbox counts effects per "
+                "execution id, takes injected faults and lands held requests "
+                "(toolledger.extra.pytest.Sandbox)")
+        if not isinstance(self.arguments, Mapping):
+            raise InvalidInput(f"Connector(arguments=...) must be a JSON object (a dict) the "
+                               f"tool accepts; got {type(self.arguments).__name__}")
+
 
 class ManualClock:
     """An injectable clock for sandboxes with a retention window: ``advance`` moves it.
