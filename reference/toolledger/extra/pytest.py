@@ -86,6 +86,7 @@ __all__ = [
     "Fault",
     "ManualClock",
     "Obligation",
+    "ObligationViolated",
     "Sandbox",
     "obligations_for",
     "obligations_table",
