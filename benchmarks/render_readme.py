@@ -204,6 +204,54 @@ def render(doc: dict[str, Any]) -> str:
                 + (": " + "; ".join(f"{n} x {kind}" for kind, n in
                                     (fz.get("unhandled_kinds") or {}).items())
                    if fz.get("unhandled") else "") + "."]
+    ra = b.get("races") or {}
+    if "stores" in ra:
+        out += ["", f"**Races** (`bench_races.py`): {ra['workers']} worker processes load the "
+                "same session, wait for each other, then all resume it at once; "
+                f"{ra['races_per_store']} races per store, the policies in turn; every loser's "
+                "INSERT/UPDATE/DELETE counted by its store's statement trace:", ""]
+        out.append(_md(
+            ("store", "policy", "races", "losers refused", "losers that wrote",
+             "duplicate effects", "max dispatches per attempt"),
+            [(store, pol, x["races"], x.get("refused", 0), x.get("losers_that_wrote", 0),
+              x.get("duplicate_effects", "-"),
+              x.get("max_dispatches_per_attempt", 0))
+             for store, r in ra["stores"].items() for pol, x in r["by_policy"].items()],
+            right=(2, 3, 4, 5, 6)))
+        out += ["", "In all: " + "; ".join(
+            f"{store}: {r['refused_losers']} losers refused, {r['losers_that_wrote']} wrote, "
+            f"{r['duplicate_effects']} duplicate effects, audit rows the winner's: "
+            f"{'yes' if r['ok'] else '**no**'}"
+            + ("" if r.get("server_rows_written") is None else
+               f" (rows written as the server counts them: {r['server_rows_written']:,}, "
+               f"the winners' write statements: {r['winners_write_statements']:,})")
+            for store, r in ra["stores"].items()) + "."]
+    f = b.get("pg_faults") or {}
+    if "rows" in f:
+        names = {"sigkill": "SIGKILL at crash points", "stop_fast": "stop -m fast",
+                 "kill_postmaster": "kill -9 postmaster",
+                 "terminate_backend": "pg_terminate_backend"}
+        out += ["", "**Faults on PostgreSQL** (`bench_pg_faults.py`): the crash campaign's "
+                "two-turn runs on a PostgresStore (throwaway cluster, `fsync` on), effects "
+                "counted by the external system's own log; the server faults hit at the k-th "
+                "SQL statement of a run (a `COMMIT` included), then the server is started "
+                "again and a new process resumes:", ""]
+        out.append(_md(
+            ("fault", "policy", "runs", "fail-closed errors", "duplicates", "lost",
+             "unsettled", "other counts"),
+            [(names.get(r["fault"], r["fault"]), r["policy"], r["runs"], r["fail_closed"],
+              r["duplicates"], r["lost"], r["unsettled"],
+              sum(r[k] for k in ("fabricated", "contradicted", "store_unusable",
+                                 "child_errors"))) for r in f["rows"]],
+            right=(2, 3, 4, 5, 6, 7)))
+        u = f["unreachable"]
+        out += ["", f"{f['sigkills']} SIGKILLs; {f['server_fault_runs_failed_closed']} of "
+                f"{f['server_fault_runs']} workers hit by a server fault stopped with a "
+                "`StoreError` naming the server; after recovery every call settled.  An "
+                f"unreachable server: a refused port fails in {u['refused']['seconds']:.2f} s, "
+                f"a host that never answers in {u['never_answers']['seconds']:.2f} s "
+                f"(`connect_timeout={u['never_answers']['connect_timeout']:g}`), both "
+                f"`{u['never_answers']['error']}` naming host, port and database."]
     return "\n".join(out)
 
 

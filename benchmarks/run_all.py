@@ -33,6 +33,8 @@ from benchmarks import (
     bench_bugfinding,
     bench_conformance,
     bench_models,
+    bench_pg_faults,
+    bench_races,
     bench_recovery,
     bench_sqlite,
     crash_campaign,
@@ -49,6 +51,8 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "conformance": bench_conformance.run,
     "models": bench_models.run,
     "crash_campaign": crash_campaign.run,
+    "races": bench_races.run,
+    "pg_faults": bench_pg_faults.run,
 }
 
 
@@ -98,6 +102,28 @@ def goals(b: dict[str, Any]) -> list[dict[str, Any]]:
     ts = _get(h, "tlc", "median_seconds")
     goal("TLC finds the LegacyResume counterexample", "<= 5 s",
          None if ts is None else f"{ts:.2f} s", _get(h, "tlc", "goal_met"))
+    ra: Any = b.get("races")
+    stores = _get(ra, "stores") or {}
+    if stores:
+        n = min(s["races"] for s in stores.values())
+        dups = sum(s["duplicate_effects"] for s in stores.values())
+        wrote = sum(s["losers_that_wrote"] for s in stores.values())
+        measured: str | None = (f"{n} races per store ({', '.join(stores)}), {ra['workers']} "
+                                f"workers: {dups} duplicate effects, {wrote} losers wrote")
+    else:
+        measured = None
+    goal("races: >= 4 workers, >= 200 races per store, 0 duplicates, losers refused before "
+         "they write", "0 and 0", measured,
+         None if not stores else (ra["ok"] and ra["workers"] >= 4
+                                  and all(s["races"] >= 200 for s in stores.values())))
+    f: Any = b.get("pg_faults")
+    ft = _get(f, "totals")
+    goal("faults on PostgreSQL: nothing lost or duplicated, workers fail closed",
+         "0, 0, all",
+         None if ft is None else
+         f"{f['runs']} runs: {ft['duplicates']} duplicates, {ft['lost']} lost, "
+         f"{f['server_fault_runs_failed_closed']}/{f['server_fault_runs']} failed closed",
+         _get(f, "ok"))
     kills, zero = _get(k, "kills"), _get(k, "all_zero")
     goal("crash campaign: all counts zero, >= 200 SIGKILLs", "0 and >= 200",
          None if kills is None else f"{kills} kills, all zero: {'yes' if zero else 'no'}",
