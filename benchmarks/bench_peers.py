@@ -469,7 +469,7 @@ def _per_call(rows: list[Result], key: str) -> float:
 
 
 def run(smoke: bool = False) -> Result:
-    rounds, warm, turns, raw_n = (1, 1, 2, 5) if smoke else (5, 20, 40, 100)
+    rounds, warm, turns, raw_n = (1, 1, 2, 5) if smoke else (3, 10, 30, 100)
     systems = [s for s in SYSTEMS if installed(s)]
     missing = [s for s in SYSTEMS if s not in systems]
     strace = shutil.which("strace")
