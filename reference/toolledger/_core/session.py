@@ -125,6 +125,7 @@ from .protocol import (
     InvalidInput,
     LedgerStatus,
     MessageState,
+    ProtocolError,
     RecoveryDecision,
     RecoveryInputs,
     RecoveryPolicy,
@@ -191,6 +192,9 @@ class Session:
         self._lock = threading.RLock()
         self._running: set[str] = set()  # keys whose tool body runs now
         self._interrupted_by: str | None = None
+        # execute_many: (key, next key) while key runs; its success commit may
+        # carry next key's dispatched (see execute_many)
+        self._chain: tuple[str, str] | None = None
 
     @contextmanager
     def _usable(self) -> Iterator[None]:
@@ -492,6 +496,60 @@ class Session:
         assert attempt.status is not None
         return attempt.status
 
+    def execute_many(
+        self, calls: Sequence[tuple[str, Callable[[Attempt], object]]]
+    ) -> list[CallStatus]:
+        """Run ``calls`` (``(key, fn)`` pairs) one after the other, as :meth:`execute` each.
+
+        The difference is the number of commits.  When call k succeeded and
+        call k+1 can be dispatched right now (protected, approved, live or to
+        be retried, not running), ``succeeded(k)`` + its result and
+        ``dispatched(k+1)`` are ONE transaction: consecutive steps of the spec
+        (``EngineRecordSucceeded``, ``EngineAppendResult``,
+        ``EnginePersistDispatched``) in one commit.  Nothing is acted on
+        before that commit is durable: a crash before it leaves call k
+        dispatched-and-unknown and call k+1 not dispatched, exactly as
+        :meth:`execute` does; after it, call k has its result and call k+1 is
+        dispatched, as after a crash right after k+1's own dispatch commit.
+        So n protected calls take n + 1 commits instead of 2n; a single call
+        still takes exactly two.  Any other outcome of call k (failed,
+        unknown, readonly) is recorded on its own and call k+1 dispatches in
+        its own commit.  An error raised by :meth:`execute` (e.g. a call not
+        approved) stops the sequence; the calls before it are recorded.
+        """
+        given: object = calls  # checked at run time: engines pass what they parsed
+        if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
+            raise InvalidInput(f"execute_many takes a list of (key, fn) pairs, got {calls!r}")
+        for i, item in enumerate(calls):
+            if (not isinstance(item, tuple) or len(item) != 2 or not isinstance(item[0], str)
+                    or not callable(item[1])):
+                raise InvalidInput(f"execute_many: item {i} must be a (key, fn) pair with a "
+                                   f"str key and a callable fn, got {item!r}; nothing was run")
+        out = []
+        for i, (key, fn) in enumerate(calls):
+            with self._lock:
+                self._chain = (key, calls[i + 1][0]) if i + 1 < len(calls) else None
+            try:
+                out.append(self.execute(key, fn))
+            finally:
+                with self._lock:
+                    self._chain = None
+        return out
+
+    def _chained_dispatch(self, key: str) -> list[Event]:
+        """``EnginePersistDispatched`` of the call after ``key`` in execute_many, if it
+        can be dispatched now (the checks of :meth:`_start`); else nothing."""
+        if self._chain is None or self._chain[0] != key:
+            return []
+        try:
+            c = self._find(self._chain[1])
+        except InvalidInput:
+            return []
+        ok = (c.result is None and c.execution_id not in self._running and c.tool.protected
+              and (c.stage is Stage.RETRY
+                   or (c.stage is Stage.LIVE and _approved(self._ledger.state, c))))
+        return [Event(Action.EnginePersistDispatched, c.position)] if ok else []
+
     def _start(self, key: str) -> tuple[Attempt, bool]:
         with self._usable():
             c = self._find(key)
@@ -551,10 +609,16 @@ class Session:
         pos = a.call.position
         self._invoked(a)
         self._step(Event(Action.ExternalApply, pos, attempt=a.attempt))  # volatile
-        self._step_many(  # commit 2: succeeded + the tool result, ONE transaction
-            [Event(Action.EngineRecordSucceeded, pos), Event(Action.EngineAppendResult, pos)],
-            result_content={pos: text},
-        )
+        done = [Event(Action.EngineRecordSucceeded, pos), Event(Action.EngineAppendResult, pos)]
+        chained = self._chained_dispatch(a.call.key)
+        try:  # commit 2: succeeded + the tool result (+ the next call's dispatched), ONE tx
+            self._step_many(done + chained, result_content={pos: text})
+        except ProtocolError:
+            if not chained:
+                raise
+            # the next call could not be dispatched after all: record this one alone
+            # (a refused batch wrote nothing and left the state as it was)
+            self._step_many(done, result_content={pos: text})
         return replace(self._status_now(self._find_at(pos)), outcome=Outcome.APPLIED)
 
     def _failed(self, a: Attempt, exc: Exception) -> CallStatus:
