@@ -12,6 +12,9 @@ SQLite in the same scratch directory (``$TOOLLEDGER_BENCH_DIR``, see
   (one commit), then ``execute`` each (the ``dispatched`` commit before the
   tool runs, ``succeeded`` + the result after: two commits per call);
   idempotent tool, no approval;
+- ``toolledger-batched``: the same turn run with ``Session.execute_many``:
+  ``succeeded(k)`` + its result and ``dispatched(k+1)`` share one commit (n + 1
+  commits for n calls); the ratios and goals are computed from this row;
 - ``langgraph``: a LangGraph functional ``@entrypoint`` calling a ``@task``
   5 times, checkpointer ``SqliteSaver`` (its own ``setup()``: WAL),
   ``durability="sync"`` (each task's write is durable before the next runs);
@@ -94,7 +97,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import ROOT, Result, cli, filesystem_of, heading, median, scratch_dir, table
 
 CALLS_PER_TURN = 5
-SYSTEMS = ("toolledger", "langgraph", "dbos", "dbos-wal")
+SYSTEMS = ("toolledger", "toolledger-batched", "langgraph", "dbos", "dbos-wal")
+REFERENCE = "toolledger-batched"
+"""The toolledger row the ratios (tl/it) and the goals are computed from: an engine
+that runs a turn's calls with ``Session.execute_many`` (the ``toolledger`` row runs
+them one ``execute`` at a time: two commits per call)."""
 SLOW_SYNC_DELAY_US = 3000
 """The delay strace adds to every fsync/fdatasync exit in the slow-disk runs."""
 SLOW = f"delay_exit={SLOW_SYNC_DELAY_US}"
@@ -111,7 +118,8 @@ GOALS = {"langgraph": 1.2, "dbos-wal": 2.0}
 
 
 def _requirements(system: str) -> list[str]:
-    return {"toolledger": [], "langgraph": ["langgraph", "langgraph.checkpoint.sqlite"],
+    return {"toolledger": [], "toolledger-batched": [],
+            "langgraph": ["langgraph", "langgraph.checkpoint.sqlite"],
             "dbos": ["dbos"], "dbos-wal": ["dbos"]}[system]
 
 
@@ -165,7 +173,7 @@ class Effects:
 
 
 def toolledger_turns(directory: Path, effects: Effects, policy: str = "idempotent",
-                     after_effect: Hook = None) -> Workload:
+                     after_effect: Hook = None, *, batched: bool = False) -> Workload:
     from toolledger import Session, SqliteStore, Tool
 
     store = SqliteStore(directory / "toolledger.sqlite3")
@@ -175,16 +183,21 @@ def toolledger_turns(directory: Path, effects: Effects, policy: str = "idempoten
         s = Session.open(store, f"turn-{n}", tools)
         recorded = s.record(1, [{"id": f"c{i}", "name": "send", "arguments": {"i": i}}
                                 for i in range(calls)])
-        for st in recorded:
-            def body(a: Any) -> str:
-                # idempotent: the external system deduplicates on the key; reconcile: it
-                # keeps the execution id it was sent, to answer reconcile(); manual: nothing
-                effects.apply(a.idempotency_key or (a.call.key if policy == "reconcile"
-                                                    else None))
-                if after_effect is not None:
-                    after_effect()
-                return "sent"
-            s.execute(st.call.key, body)
+
+        def body(a: Any) -> str:
+            # idempotent: the external system deduplicates on the key; reconcile: it
+            # keeps the execution id it was sent, to answer reconcile(); manual: nothing
+            effects.apply(a.idempotency_key or (a.call.key if policy == "reconcile"
+                                                else None))
+            if after_effect is not None:
+                after_effect()
+            return "sent"
+
+        if batched:  # succeeded(k) and dispatched(k+1) share a commit
+            s.execute_many([(st.call.key, body) for st in recorded])
+        else:
+            for st in recorded:
+                s.execute(st.call.key, body)
 
     return turn, store.close
 
@@ -258,8 +271,9 @@ def dbos_turns(directory: Path, effects: Effects, *, wal: bool,
 
 def make(system: str, directory: Path, effects: Effects, policy: str = "idempotent",
          after_effect: Callable[[], None] | None = None) -> tuple[Turn, Callable[[], None]]:
-    if system == "toolledger":
-        return toolledger_turns(directory, effects, policy, after_effect)
+    if system in ("toolledger", "toolledger-batched"):
+        return toolledger_turns(directory, effects, policy, after_effect,
+                                batched=system == "toolledger-batched")
     if system == "langgraph":
         return langgraph_turns(directory, effects, after_effect)
     if system in ("dbos", "dbos-wal"):
@@ -529,7 +543,7 @@ def run(smoke: bool = False) -> Result:
             for disk, ms in MODEL_SYNC_MS.items():
                 row[f"model_{disk}_disk_calls_per_second"] = 1 / (t0 + syncs * ms / 1000)
         per[s] = row
-    tl = per.get("toolledger")
+    tl = per.get(REFERENCE)
     ratio_of = {"calls_per_second": "ratio_measured_fast",
                 "slow_calls_per_second": "ratio_measured_slow",
                 "model_fast_disk_calls_per_second": "ratio_model_fast_disk",

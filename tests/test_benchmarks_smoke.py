@@ -113,7 +113,7 @@ def test_peers_figures_and_crash_table(smoke: dict[str, Any]) -> None:
             # every system syncs at least once per durably recorded call
             assert row["syncs_per_call"] >= 1, name
             assert row["slow_calls_per_second"] > 0 and row["nosync_calls_per_second"] > 0
-    assert p["systems"]["toolledger"]["ratio_measured_fast"] == 1
+    assert p["systems"][bench_peers.REFERENCE]["ratio_measured_fast"] == 1
     crash = {(c["system"], c["policy"]): c for c in p["crash"]}
     assert set(crash) == set(bench_peers.CRASH_CASES)
     # the harness really killed every child between its effect and the checkpoint
