@@ -3,8 +3,8 @@
 (* The conversation loses or renumbers an unanswered call while the ledger *)
 (* and the approval survive: one manual call that needs approval, whose   *)
 (* arguments the provider may change when it emits a call at the same     *)
-(* position again; one crash, one load-time repair (ConversationRepair)   *)
-(* and one renumbering (ConversationRenumber).  One attempt: a human      *)
+(* position again; one crash and one load-time repair                    *)
+(* (ConversationRepair).  One attempt: a human                             *)
 (* retry of a digest-mismatched record would send the OTHER call under    *)
 (* the first call's id, a limit the spec states (docs/protocol.md).       *)
 (* Every constant is a literal: the Python checkers read them from here.   *)
@@ -24,7 +24,6 @@ MCMaxAttempts == 1
 MCKeyByPosition == TRUE
 MCFenceOnReconcile == TRUE
 MCMaxRepairs == 1
-MCMaxRenumbers == 1
 
 (* DigestIgnored twin: Decide trusts a record whatever call stands at its *)
 (* position (the digest always "matches").  Breaks ResultFidelity: a      *)
@@ -32,10 +31,4 @@ MCMaxRenumbers == 1
 (* call's result.                                                          *)
 DecideIgnoresDigest(c) ==
     Decide([DecisionInputs(c) EXCEPT !.digestMatches = TRUE])
-
-(* IdFromPosition twin: the engine re-derives the id from the turn it      *)
-(* reads now instead of the stored one.  Breaks ExecutionIdStable: after  *)
-(* a renumbering the call's earlier requests carry another id, and a      *)
-(* resume finds no record at the new id.                                  *)
-MCUseStoredId == FALSE
 =============================================================================

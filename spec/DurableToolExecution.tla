@@ -38,7 +38,8 @@
 (*    at most MaxRenumbers times).  It never loses or alters a result.    *)
 (*  - the LEDGER store (durable, loses nothing, never rewritten by the     *)
 (*    conversation's repairs): approval, ledger, audit, storedId (the     *)
-(*    execution id the ledger keeps for a call from its first record on). *)
+(*    execution id the ledger store keeps for a call from the moment the  *)
+(*    call is persisted on; a legacy call's was stored by the old engine). *)
 (*    An audit row is <<kind, attempt, inputs>>: a recovery decision's    *)
 (*    row carries the DecisionInputs it was computed from;               *)
 (*  - volatile, the engine's memory (lost on every crash): stage;          *)
@@ -104,10 +105,11 @@ ASSUME /\ Policy \in [Calls -> Policies]
 (* KeyByPosition = FALSE two calls of different turns share an id          *)
 (* (docs/protocol.md#what-must-fail).  The turn the engine reads is a      *)
 (* variable (turnOf): the conversation may renumber an unanswered call     *)
-(* (ConversationRenumber), so the id is derived once, stored in the        *)
-(* ledger with the call's first record (storedId) and read back from there *)
-(* afterwards (ExecId, after VARIABLES).  The ids a call can ever derive   *)
-(* are IdAt(c, t) for t in Renumberings(c).                                *)
+(* (ConversationRenumber), so the id is derived once, when the call is    *)
+(* persisted, stored in the ledger store with it (storedId: before the     *)
+(* call's first record, its approval and every request) and read back     *)
+(* from there afterwards (ExecId, after VARIABLES).  The ids a call can   *)
+(* ever derive are IdAt(c, t) for t in Renumberings(c).                    *)
 (***************************************************************************)
 \* Bounds of the conversation's rewrites, and the stored-id design switch.
 \* Operators, not CONSTANTS, so that only the models that change them name
@@ -199,7 +201,7 @@ VARIABLES
     decided,      \* decided[c]: <<kind, attempt>> of every decision taken on c
     \* --- positions and the conversation's rewrites ----------------------
     turnOf,       \* turnOf[c]: the turn the engine reads for c (conversation)
-    storedId,     \* storedId[c]: the id the ledger keeps for c, or NoId
+    storedId,     \* storedId[c]: the id the ledger store keeps for c, or NoId
     renumbers,    \* ConversationRenumber steps so far (bound MaxRenumbers)
     repairs       \* ConversationRepair steps so far (bound MaxRepairs)
 
@@ -214,13 +216,16 @@ vars == <<msg, args, result, approval, ledger, audit, marker, stage,
 positions == <<turnOf, storedId, renumbers, repairs>>
 
 (***************************************************************************)
-(* The id the engine uses for call c: the one the ledger stored with c's   *)
-(* first record, else the one derived from the turn it reads now.         *)
+(* The id the engine uses for call c: the one the ledger store keeps for  *)
+(* c, else (a call not persisted yet) the one derived from the turn it    *)
+(* reads now.                                                              *)
 (***************************************************************************)
 NoId == <<>>
 DerivedId(c) == IdAt(c, turnOf[c])
 ExecId(c) == IF UseStoredId /\ storedId[c] # NoId THEN storedId[c] ELSE DerivedId(c)
-\* The ledger keeps the id from the call's first record on.
+\* The ledger store keeps the id from the moment the call is persisted
+\* (EnginePersistCall) on: every approval, record and request of the call
+\* uses it, whatever the conversation does to the position later.
 StoreId(c) == storedId' = IF storedId[c] = NoId
                           THEN [storedId EXCEPT ![c] = ExecId(c)] ELSE storedId
 
@@ -269,7 +274,7 @@ TypeOK ==
 Init ==
     \* first: ExecId, used below, reads them
     /\ turnOf = Turn
-    /\ storedId = [c \in Calls |-> NoId]
+    /\ storedId = [c \in Calls |-> IF IsLegacy(c) THEN IdAt(c, Turn[c]) ELSE NoId]
     /\ renumbers = 0
     /\ repairs = 0
     /\ msg = [c \in Calls |-> IF IsLegacy(c) THEN "durable" ELSE "absent"]
@@ -381,7 +386,8 @@ EnginePersistCall(c) ==
                                                               ELSE "resume"]
     /\ UNCHANGED <<args, result, approval, ledger, audit, marker>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
-    /\ UNCHANGED positions
+    /\ StoreId(c)
+    /\ UNCHANGED <<turnOf, renumbers, repairs>>
 
 \* The approval is parked in the inbox and persisted.
 EngineParkApproval(c) ==
@@ -439,7 +445,7 @@ EnginePersistDispatched(c) ==
     /\ stage' = [stage EXCEPT ![c] = "dispatched"]
     /\ UNCHANGED <<msg, args, result, approval, marker>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
-    /\ StoreId(c) /\ UNCHANGED <<turnOf, renumbers, repairs>>
+    /\ UNCHANGED positions
 
 \* The adapter is invoked with the execution id: the request is now out.
 EngineInvokeAdapter(c) ==
@@ -617,8 +623,7 @@ Recover(c) ==
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, knownOutcome, sentAfterOutcome>>
-    /\ IF d = "recovery_required" THEN StoreId(c) ELSE UNCHANGED storedId
-    /\ UNCHANGED <<turnOf, renumbers, repairs>>
+    /\ UNCHANGED positions
 
 (***************************************************************************)
 (* Reconcile: ask the connector whether execution e was applied.  "Not    *)
@@ -711,7 +716,7 @@ HumanResolveRetry(c) ==
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, crashes,
                    sent, knownOutcome, sentAfterOutcome>>
-    /\ StoreId(c) /\ UNCHANGED <<turnOf, renumbers, repairs>>
+    /\ UNCHANGED positions
 
 HumanResolveAbandon(c) ==
     LET e == ExecId(c) IN
