@@ -29,7 +29,7 @@ SPEC_VARIABLES: Final = (
     "msg", "args", "result", "approval", "ledger", "audit", "marker", "stage",
     "inflight", "fenced", "applied", "invocations", "humanApproved",
     "humanRetries", "crashes", "sent", "knownOutcome", "sentAfterOutcome",
-    "decided",
+    "decided", "turnOf", "storedId", "renumbers", "repairs",
 )  # fmt: skip
 
 NONE: Final = "none"
@@ -160,6 +160,8 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
     sent: dict[Value, Value] = {}
     after_outcome: dict[Value, Value] = {}
     decided: dict[Value, Value] = {}
+    turn_of: dict[Value, Value] = {}
+    stored_id: dict[Value, Value] = {}
     for cc in cfg.calls:
         call = by_pos.get(cc.position)
         if call is None:
@@ -178,6 +180,10 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
         )
         after_outcome[cc.name] = gh.sent_after_outcome.get(cc.name, 0)
         decided[cc.name] = frozenset(gh.decisions(cc.name))
+        turn_of[cc.name] = cc.position[0] + s.turn_shift.get(cc.name, 0)
+        # the core keeps the id it derived at emit; the ledger store keeps it
+        # for every call ever persisted (the spec's NoId is the empty tuple)
+        stored_id[cc.name] = cfg.spec_exec_ids[cc.name] if cc.name in s.stored else ()
     approval: dict[Value, Value] = {}
     ledger: dict[Value, Value] = {}
     audit: dict[Value, Value] = {}
@@ -219,6 +225,10 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
         "knownOutcome": gh.known_outcome,
         "sentAfterOutcome": FnValue(after_outcome),
         "decided": FnValue(decided),
+        "turnOf": FnValue(turn_of),
+        "storedId": FnValue(stored_id),
+        "renumbers": s.renumbers,
+        "repairs": s.repairs,
     }
 
 
@@ -365,4 +375,12 @@ def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
             decided=decided,
         ),
         audit_inputs,
+        turn_shift={
+            str(name): _int(t) - cfg.by_name[str(name)].position[0]
+            for name, t in _fn(state, "turnOf").items()
+            if _int(t) != cfg.by_name[str(name)].position[0]
+        },
+        renumbers=_int(state["renumbers"]),
+        repairs=_int(state["repairs"]),
+        stored=frozenset(str(c) for c, e in _fn(state, "storedId").items() if e != ()),
     )

@@ -41,7 +41,7 @@ import html
 import textwrap
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
 
@@ -638,7 +638,7 @@ def spec_run_of_tape(
                                 "spec (its Init has approved, unanswered legacy calls only)")
     legacy = min(legacy_effects, 1) if protected else 0
     init = next((s for s in candidates if s.external.count(eid) == legacy), candidates[0])
-    state = SystemState(start, init.external, init.ghosts, init.audit_inputs)
+    state = replace(init, session=start)
     run: list[tuple[str, SystemState]] = [("Init", state)]
     for n, entry in enumerate(entries):
         if entry.kind == "crash":
