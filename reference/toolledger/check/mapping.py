@@ -94,7 +94,18 @@ class _Tables:
             # the first wins, and the states then differ visibly
             self.spec_eid.setdefault(py, spec)
             self.py_eid.setdefault(spec, py)
-        self.spec_eids = sorted(set(cfg.spec_exec_ids.values()))
+        # The spec's ExecIds: every id a call can derive, at its turn and at
+        # each turn a renumbering may move it to (IdAt(c, t), t in
+        # Renumberings(c)); the core uses only the first, the others map to
+        # the ids the same derivation gives there.
+        for c in cfg.calls:
+            turn, slot = c.position
+            for t in range(turn + 1, turn + cfg.max_renumbers + 1):
+                spec = (t, slot, c.tool_call_id) if cfg.key_by_position else (0, 0, c.tool_call_id)
+                py = p.derive_execution_id(cfg.session_id, t, slot, c.tool_call_id)
+                self.spec_eid.setdefault(py, spec)
+                self.py_eid.setdefault(spec, py)
+        self.spec_eids = sorted(set(self.py_eid))
         # Equal reference values map to one shared (hash-cached) spec value.
         self.results: dict[p.ToolResult | None, FnValue] = {None: _NO_RESULT}
         self.records: dict[p.ExecutionRecord, FnValue] = {}
