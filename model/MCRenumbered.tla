@@ -2,9 +2,9 @@
 (***************************************************************************)
 (* The conversation renumbers an unanswered call (compaction or a load-    *)
 (* time repair moves the turn the engine derives from the conversation's   *)
-(* length) while its requests may be in flight: one idempotent call that  *)
-(* needs approval, one crash, one renumbering, two attempts (a policy     *)
-(* retry after the renumbering must carry the stored id).                 *)
+(* length) while its requests may be in flight: one idempotent call that   *)
+(* needs approval, one crash, one renumbering, two attempts (a policy      *)
+(* retry after the renumbering must carry the stored id).                  *)
 (* Every constant is a literal: the Python checkers read them from here.   *)
 (***************************************************************************)
 EXTENDS DurableToolExecution
@@ -24,9 +24,9 @@ MCFenceOnReconcile == TRUE
 MCMaxRenumbers == 1
 
 (* IdFromPosition twin: the engine re-derives the id from the turn it      *)
-(* reads now instead of the stored one.  Breaks ExecutionIdStable: after  *)
-(* a renumbering the call's earlier requests carry another id, and its    *)
-(* next request goes out under a key the external system never saw (no   *)
-(* record, no approval, no deduplication behind it).                      *)
+(* reads now instead of the stored one.  Breaks ExecutionIdStable: after   *)
+(* a renumbering the call's earlier requests carry another id, and its     *)
+(* next request goes out under a key the external system never saw (no     *)
+(* record, no approval, no deduplication behind it).                       *)
 MCUseStoredId == FALSE
 =============================================================================
