@@ -19,6 +19,8 @@ import pytest
 
 from checker_support import model_config
 from toolledger._core import protocol as p
+from toolledger._core.ledger import Ledger
+from toolledger._core.stores import MemoryStore
 from toolledger.check.invariants import check_all
 from toolledger.check.mapping import spec_key, to_spec
 from toolledger.check.system import ModelConfig, SystemState, initial_states, successors
@@ -165,3 +167,12 @@ def test_an_id_derived_from_the_renumbered_position_breaks_execution_id_stable(
     _patched(monkeypatch, A.ConversationRenumber, rederive)
     found = violations(model_config("Renumbered"))
     assert "ExecutionIdStable" in found, found
+
+
+@pytest.mark.parametrize("action", [A.ConversationRepair, A.ConversationRenumber])
+def test_a_ledger_refuses_the_conversations_rewrites(action: p.Action) -> None:
+    ledger = Ledger.create(MemoryStore(), "s1")
+    before = ledger.state
+    with pytest.raises(p.InvalidInput, match="rewrite of the engine's conversation"):
+        ledger.step(p.Event(action, (1, 0)))
+    assert ledger.state == before
