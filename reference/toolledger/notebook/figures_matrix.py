@@ -647,7 +647,7 @@ def spec_run_of_tape(
                 raise SpecMismatch("a crash that no engine recovered from")
             loaded = reopened.after
             nxt = _step(cfg, state, p.Action.Crash, loaded)
-            state = SystemState(loaded, nxt.external, nxt.ghosts, nxt.audit_inputs)
+            state = replace(nxt, session=loaded)
             run.append((p.Action.Crash.value, state))
             continue
         if entry.kind != "commit":
@@ -664,7 +664,7 @@ def spec_run_of_tape(
                 else (lambda _: True)
             )
             nxt = _step(cfg, state, ev.action, session, accept)
-            state = SystemState(session, nxt.external, nxt.ghosts, nxt.audit_inputs)
+            state = replace(nxt, session=session)
             run.append((ev.action.value, state))
     for _, execution_id, attempt, status in late:
         if execution_id != eid or not protected:
