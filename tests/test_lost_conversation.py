@@ -176,3 +176,23 @@ def test_a_ledger_refuses_the_conversations_rewrites(action: p.Action) -> None:
     with pytest.raises(p.InvalidInput, match="rewrite of the engine's conversation"):
         ledger.step(p.Event(action, (1, 0)))
     assert ledger.state == before
+
+
+@pytest.mark.parametrize("model", ["LostConversation", "Renumbered"])
+def test_trace_validation_replays_the_rewrites(model: str) -> None:
+    """Random runs that repair or renumber the conversation are behaviours of
+    the spec (TLC replays them), and a run whose rewrite is dropped is not."""
+    from checker_support import ROOT
+    from toolledger.check import tracecheck as tc
+
+    cfg = model_config(model)
+    rewrite = A.ConversationRepair if cfg.max_repairs else A.ConversationRenumber
+    walks = [tc.random_walk(cfg, seed, 30) for seed in range(60)]
+    with_rewrite = [w for w in walks if any(a == rewrite.value for a, _ in w.steps)]
+    assert with_rewrite, f"no random walk took {rewrite}"
+    assert tc.validate_traces(ROOT, cfg, walks).ok
+    # the state after the rewrite replaced by the one before: not a spec step
+    w = with_rewrite[0]
+    i = next(i for i, (a, _) in enumerate(w.steps) if a == rewrite.value)
+    broken = tc.Trace((*w.steps[:i], (rewrite.value, w.steps[i - 1][1]), *w.steps[i + 1:]))
+    assert not tc.validate_traces(ROOT, cfg, [broken]).ok
