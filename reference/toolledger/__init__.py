@@ -28,7 +28,7 @@ The package is laid out by who uses what:
   and the TLA+ Jupyter kernel;
 - ``toolledger.kit``: the demo engine shaped like openworker, the crash
   simulation and a counting external system;
-- ``toolledger.extra``: optional integrations (``pydantic_ai``);
+- ``toolledger.extra``: optional integrations (``pydantic_ai``, ``langgraph``);
 - ``toolledger.cli``: the ``toolledger`` command (check, models, simulate,
   verify-store).
 """

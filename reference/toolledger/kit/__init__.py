@@ -4,7 +4,9 @@
 its steps and crash points in ``crash``, its provider, human and conversation
 stores in ``world``),
 ``simulate`` (``toolledger simulate``: crash it anywhere, restart it, count
-the effects) and ``external`` (a counting external system and its adapter).
+the effects), ``external`` (a counting external system and its adapter) and
+``frameworks`` (LangGraph and pydantic-ai agents SIGKILLed and resumed, alone and
+with the ledger; the children import the frameworks, the module does not).
 Used by the tests, the benchmarks and the notebooks; an engine may read it as
 an example, never import it.
 """
