@@ -346,3 +346,20 @@ def test_one_session_from_many_threads_runs_every_call_exactly_once() -> None:
     assert errors == []
     assert sorted(runs) == sorted(st.key for st in statuses)  # each exactly once
     assert all(st.next is Next.RESULT for st in s.recover())
+
+
+def test_status_reads_where_a_call_stands_and_writes_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.sqlite3"
+    store = SqliteStore(db)
+    s = Session.open(store, SID, {"send_email": "manual"})
+    [recorded] = s.record(1, [MAIL])
+    commits = store.commits
+    assert s.status(recorded.key).next is Next.AWAIT_APPROVAL
+    s.approve(recorded.key)
+    assert s.status(recorded.key).next is Next.EXECUTE
+    assert store.commits == commits + 1  # the approval only
+    restarted = Session.open(SqliteStore(db), SID, {"send_email": "manual"})
+    with pytest.raises(InvalidInput, match="interrupted by a restart"):
+        restarted.status(recorded.key)  # only recover() may say what is next
+    restarted.recover()
+    assert restarted.status(recorded.key).next is Next.EXECUTE

@@ -304,6 +304,14 @@ class Session:
         with self._usable():
             return self._ref(self._find(key))
 
+    def status(self, key: str) -> CallStatus:
+        """Where the call ``key`` stands now and what to do next (nothing is written).
+
+        A call interrupted by a restart has no status until :meth:`recover`
+        decided it (:class:`InvalidInput` says so)."""
+        with self._usable():
+            return self._status_now(self._find(key))
+
     def pending_approvals(self) -> list[CallRef]:
         """Calls waiting for an approval: what the host's inbox shows."""
         with self._usable():
