@@ -60,6 +60,7 @@ class World:
 
     def __init__(self, crash_at: str | None) -> None:
         self.outbox: list[str] = []
+        self.keys: set[str] = set()
         self.crash_at, self.crashed = crash_at, False
 
     def crash(self, point: str) -> None:
@@ -67,9 +68,12 @@ class World:
             self.crashed = True
             raise Crash(point)
 
-    def send_email(self, to: str) -> str:
+    def send_email(self, to: str, idempotency_key: str | None = None) -> str:
         self.crash("before_effect")
-        self.outbox.append(to)
+        if idempotency_key is None or idempotency_key not in self.keys:
+            self.outbox.append(to)  # the server deduplicates on the key it is given
+        if idempotency_key is not None:
+            self.keys.add(idempotency_key)
         self.crash("after_effect")  # the email is out; the engine never hears back
         return f"sent to {to}"
 
@@ -103,10 +107,11 @@ def human(world: World, item: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return "retry", {}
 
 
-def drive(kind: type[ToyWorker], base: Path, crash_at: str | None) -> tuple[World, ToyWorker]:
+def drive(kind: type[ToyWorker], base: Path, crash_at: str | None,
+          **extra: Any) -> tuple[World, ToyWorker]:
     """One turn to its end through crashes, restarts and the human's inbox answers."""
     world = World(crash_at)
-    engine = engine_factory(kind, base, world)
+    engine = engine_factory(kind, base, world, **extra)
     started = False
     for _ in range(12):
         e = engine()  # a (re)started process: everything from the files
@@ -139,6 +144,18 @@ def test_the_adopted_engine_sends_once_at_every_crash_point(
     assert tool["status"] == expected
     halted = [k for k, i in e.inbox.items.items() if i.get("kind") == "halted"]
     assert len(halted) == (crash_at in TOOL_POINTS)  # a human was asked only when unknown
+
+
+@pytest.mark.parametrize("crash_at", [*CRASH_POINTS, *TOOL_POINTS])
+def test_an_idempotent_tool_is_retried_with_its_key_and_no_human(
+    tmp_path: Path, crash_at: str
+) -> None:
+    world, e = drive(LedgerWorker, tmp_path, crash_at, tools={"send_email": "idempotent"})
+    assert world.outbox == ["ada"] and world.crashed
+    assert len(world.keys) == 1  # every attempt carried the same key
+    [tool] = [m for m in e.messages if m["role"] == "tool"]
+    assert tool["status"] == "ok"
+    assert [i["kind"] for i in e.inbox.items.values()] == ["await_approval"]  # no halt
 
 
 def test_the_matrix_catches_the_engine_without_the_glue(tmp_path: Path) -> None:

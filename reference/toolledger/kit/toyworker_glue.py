@@ -14,7 +14,9 @@ Each seam and the API call it becomes:
 - a halted call (``recovery_required``): an inbox item; its answer:
   ``resolve(key, "applied" | "retry" | "abandon")``;
 - ``_execute_sync`` around ``registry[name](**args)``: ``execute(key, fn)``; a
-  result the ledger holds is returned, never re-run;
+  result the ledger holds is returned, never re-run; an ``idempotent`` tool
+  gets the key as the keyword ``idempotency_key`` (a name the model's
+  arguments can never use: ``record()`` refuses it at any depth);
 - durable resume: ``record()`` of the trailing message again (a no-op write) gives
   each interrupted call its recovery decision.
 """
@@ -73,9 +75,10 @@ class LedgerWorker(ToyWorker):
 
     def execute_sync(self, call: ToyCall) -> dict[str, Any] | None:
         status = self.status[call.seq, call.index]
-        if status.next in (Next.EXECUTE, Next.RETRY):
-            status = self.session.execute(
-                status.key, lambda a: self.registry[call.name](**a.arguments))
+        if status.next in (Next.EXECUTE, Next.RETRY):  # an idempotent tool gets the key
+            status = self.session.execute(status.key, lambda a: self.registry[call.name](
+                **a.arguments, **({"idempotency_key": a.idempotency_key}
+                                  if a.idempotency_key else {})))
         if status.next is Next.HALTED:  # an unknown outcome: a human decides
             self.verdict(call, status)
         if status.result is None:
