@@ -158,6 +158,17 @@ def test_an_idempotent_tool_is_retried_with_its_key_and_no_human(
     assert [i["kind"] for i in e.inbox.items.values()] == ["await_approval"]  # no halt
 
 
+def test_the_idempotent_matrix_catches_glue_that_drops_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # broken on purpose: the tool is run without its key, so the retry sends again
+    real = World.send_email
+    monkeypatch.setattr(World, "send_email",
+                        lambda self, to, idempotency_key=None: real(self, to))
+    world, _ = drive(LedgerWorker, tmp_path, "after_effect", tools={"send_email": "idempotent"})
+    assert world.outbox == ["ada", "ada"]
+
+
 def test_the_matrix_catches_the_engine_without_the_glue(tmp_path: Path) -> None:
     for name in ("calm", "crash"):
         (tmp_path / name).mkdir()
