@@ -73,6 +73,10 @@ class ModelConfig:
     # False: the model's .cfg writes decision rows without their inputs
     # (AuditDecisionWithoutInputs), so the mapping drops them too
     decision_rows_with_inputs: bool = True
+    # bounds of the conversation's rewrites (the spec's MaxRepairs and
+    # MaxRenumbers; 0 unless the model overrides them)
+    max_repairs: int = 0
+    max_renumbers: int = 0
     # derived tables
     by_name: Mapping[str, CallConfig] = field(init=False)
     by_position: Mapping[p.CallPosition, CallConfig] = field(init=False)
@@ -180,6 +184,8 @@ class ModelConfig:
             key_by_position=bool(defs["KeyByPosition"]),
             fence_on_reconcile=bool(defs["FenceOnReconcile"]),
             decision_rows_with_inputs=bool(defs.get("DecisionRowsWithInputs", True)),
+            max_repairs=num("MaxRepairs") if "MaxRepairs" in defs else 0,
+            max_renumbers=num("MaxRenumbers") if "MaxRenumbers" in defs else 0,
         )
 
 
@@ -250,6 +256,18 @@ class SystemState:
     # write it (the core keeps only the audit keys): the inputs of the
     # decision that added the key (AuditRecomputable).
     audit_inputs: Mapping[p.AuditKey, p.RecoveryInputs] = field(default_factory=dict)
+    # What the conversation's rewrites change outside the core (the spec's
+    # turnOf, renumbers, repairs): how far each call's turn moved, and how
+    # many rewrites happened.  The core never reads them: it keeps the id it
+    # derived at ProviderEmitCall.
+    turn_shift: Mapping[str, int] = field(default_factory=dict)
+    renumbers: int = 0
+    repairs: int = 0
+    # Calls whose execution id the ledger store keeps (the spec's storedId):
+    # every call ever persisted.  The core's CallState carries the id while
+    # the conversation holds the call; after a ConversationRepair the ledger
+    # store still has it (records, approvals and audit rows are keyed by it).
+    stored: frozenset[str] = frozenset()
 
 
 def _upd(m: Mapping[str, object], k: str, v: object) -> dict[str, object]:
@@ -294,10 +312,11 @@ def initial_states(cfg: ModelConfig) -> list[SystemState]:
     maybe_applied = sorted(
         {cfg.exec_ids[c.name] for c in cfg.calls if cfg.is_legacy(c) and c.tool.protected}
     )
+    stored = frozenset(c.name for c in cfg.calls if cfg.is_legacy(c))
     out = []
     for mask in range(2 ** len(maybe_applied)):
         applied = {e: 1 for i, e in enumerate(maybe_applied) if mask >> i & 1}
-        out.append(SystemState(session, ExternalState(applied=applied), ghosts))
+        out.append(SystemState(session, ExternalState(applied=applied), ghosts, stored=stored))
     return out
 
 
@@ -406,7 +425,8 @@ def _call_step(cfg: ModelConfig, s: SystemState, call: p.CallState, action: p.Ac
         gh = replace(gh, human_retries=retries)  # type: ignore[arg-type]
     elif action is p.Action.EngineReconcileNotApplied and cfg.fence_on_reconcile:
         ext = replace(ext, fenced=_upd(ext.fenced, eid, s.session.record(eid).attempt))  # type: ignore[arg-type]
-    return SystemState(nxt, ext, gh, inputs)
+    stored = s.stored | {name} if action is p.Action.EnginePersistCall else s.stored
+    return replace(s, session=nxt, external=ext, ghosts=gh, audit_inputs=inputs, stored=stored)
 
 
 # Per-call actions that take a decision, with the decision's audit kind
@@ -457,17 +477,16 @@ def _external(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:
             dedup = cfg.dedups(eid) and ext.count(eid) >= 1
             applied = _upd(ext.applied, eid, ext.count(eid) + (0 if dedup else 1))
             after = replace(ext, inflight=rest, applied=applied)  # type: ignore[arg-type]
-            yield p.Action.ExternalApply, SystemState(
-                _deliver(cfg, s.session, eid, n, p.Action.ExternalApply), after, s.ghosts,
-                s.audit_inputs,
+            yield p.Action.ExternalApply, replace(
+                s, session=_deliver(cfg, s.session, eid, n, p.Action.ExternalApply),
+                external=after,
             )
             yield p.Action.ExternalApplyLoseAnswer, replace(s, external=after)
             if not dedup:
-                yield p.Action.ExternalRejectDefinite, SystemState(
-                    _deliver(cfg, s.session, eid, n, p.Action.ExternalRejectDefinite),
-                    replace(ext, inflight=rest),  # type: ignore[arg-type]
-                    s.ghosts,
-                    s.audit_inputs,
+                yield p.Action.ExternalRejectDefinite, replace(
+                    s,
+                    session=_deliver(cfg, s.session, eid, n, p.Action.ExternalRejectDefinite),
+                    external=replace(ext, inflight=rest),  # type: ignore[arg-type]
                 )
 
 
@@ -496,8 +515,27 @@ def successors(cfg: ModelConfig, s: SystemState) -> list[Successor]:
     if s.ghosts.crashes < cfg.max_crashes:
         crashed = p.apply(s.session, p.Event(p.Action.Crash))
         out.append(
-            (p.Action.Crash, SystemState(crashed, s.external,
-                                         replace(s.ghosts, crashes=s.ghosts.crashes + 1),
-                                         s.audit_inputs))
+            (p.Action.Crash, replace(s, session=crashed,
+                                     ghosts=replace(s.ghosts, crashes=s.ghosts.crashes + 1)))
         )
+    out.extend(_rewrites(cfg, s))
     return out
+
+
+def _rewrites(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:
+    """The conversation's own rewrites, offered for every call and refused by
+    the core where they do not apply (ConversationRepair,
+    ConversationRenumber)."""
+    for call in s.session.calls:
+        name = cfg.by_position[call.position].name
+        if s.repairs < cfg.max_repairs:
+            nxt = _try(s.session, p.Event(p.Action.ConversationRepair, call.position))
+            if nxt is not None:
+                yield p.Action.ConversationRepair, replace(s, session=nxt, repairs=s.repairs + 1)
+        if s.renumbers < cfg.max_renumbers:
+            nxt = _try(s.session, p.Event(p.Action.ConversationRenumber, call.position))
+            if nxt is not None:
+                shift = _upd(s.turn_shift, name, s.turn_shift.get(name, 0) + 1)
+                yield p.Action.ConversationRenumber, replace(
+                    s, session=nxt, renumbers=s.renumbers + 1, turn_shift=shift  # type: ignore[arg-type]
+                )
