@@ -30,6 +30,9 @@ the order and with the transactions the spec checks:
   again and a reconcile through :meth:`Session.reconcile`.
 - :meth:`Session.resolve` applies a human's answer to a halted call and
   everything that follows it.
+- :meth:`Session.cancel` is a user's Stop for an approved call that was never
+  dispatched (the protocol's ``HumanCancel``): a ``cancelled`` result, in
+  ONE transaction; it never runs afterwards.
 - :meth:`Session.adopt` puts a session that ran without the ledger under it,
   from plain message dicts; its unanswered calls follow the conservative
   legacy rule.
@@ -79,12 +82,10 @@ the ledger, and releases it while a tool body runs, so calls of one message
 may run in parallel.  Running the same call twice at once is an error
 (:class:`CallBusy`), never a second dispatch.
 
-What is not here: cancelling an approved call before dispatch (a user's Stop;
-the protocol's ``HumanCancel``, :meth:`~toolledger._core.ledger.Ledger.cancel` on the
-ledger underneath) is not offered by this API yet; and this module never decides
-recovery itself (:func:`~toolledger._core.protocol.decide_recovery` does) nor writes
-anything but through the :class:`~toolledger._core.ledger.Ledger` (legacy adoption
-aside, which writes the spec's initial legacy state through the store).
+What is not here: this module never decides recovery itself
+(:func:`~toolledger._core.protocol.decide_recovery` does) nor writes anything
+but through the :class:`~toolledger._core.ledger.Ledger` (legacy adoption aside,
+which writes the spec's initial legacy state through the store).
 """
 
 from __future__ import annotations
@@ -307,6 +308,14 @@ class Session:
         with self._usable():
             return self._ref(self._find(key))
 
+    def status(self, key: str) -> CallStatus:
+        """Where the call ``key`` stands now and what to do next (nothing is written).
+
+        A call interrupted by a restart has no status until :meth:`recover`
+        decided it (:class:`InvalidInput` says so)."""
+        with self._usable():
+            return self._status_now(self._find(key))
+
     def pending_approvals(self) -> list[CallRef]:
         """Calls waiting for an approval: what the host's inbox shows."""
         with self._usable():
@@ -443,6 +452,46 @@ class Session:
                 content = {c.position: _DENIED}
             self._step_many(events, result_content=content)
             return self._status_now(self._find(key))
+
+    def cancel(self, key: str, *, note: str = "") -> CallStatus:
+        """A user's Stop for the call ``key`` after its approval, before it ran.
+
+        The call gets a ``cancelled`` result (its tool message says so) in ONE
+        transaction, with an audit row (``note`` goes into it); it is never
+        dispatched afterwards and its approval authorizes nothing any more.
+        Only a call that is approved (or needs no approval) and was never
+        dispatched can be cancelled: a call still waiting for its approval is
+        rejected instead (:meth:`reject`); a dispatched or running call runs to
+        its outcome (a request may be out: cancelling it would hide an effect);
+        a call interrupted by a restart is decided by :meth:`recover` first.
+        Anything else raises :class:`InvalidInput` and nothing is written.
+        """
+        if not isinstance(note, str):
+            raise InvalidInput(f"note must be a string, got {type(note).__name__}")
+        with self._usable():
+            c = self._find(key)
+            st = self._ledger.state
+            rec = st.record(c.execution_id)
+            why = None
+            if c.result is not None:
+                why = f"it already has its result ({c.result.kind.value})"
+            elif key in self._running or rec.status is not LedgerStatus.NONE:
+                why = (f"it was dispatched (attempt {rec.attempt}): a request may be out, so "
+                       "it runs to its outcome; recover() / resolve() it instead")
+            elif c.stage is Stage.RESUME:
+                why = "it was interrupted by a restart: call recover() first, then cancel"
+            elif c.stage is not Stage.LIVE:
+                why = f"it is not waiting to run (stage {c.stage.value})"
+            elif not _approved(st, c):
+                why = (f"it is not approved (approval: {st.approval(c.execution_id).value}): "
+                       "reject(key) it instead")
+            if why is not None:
+                raise InvalidInput(f"call {key} cannot be cancelled: {why}; nothing was changed")
+            pos = c.position
+            self._guard(lambda: self._ledger.cancel(pos, note=note))
+            if self._observe is not None:
+                self._observe((Event(Action.HumanCancel, pos), Event(Action.Recover, pos)))
+            return self._status_now(self._find_at(pos))
 
     # -- running a call ----------------------------------------------------------
 
