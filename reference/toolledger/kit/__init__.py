@@ -1,8 +1,12 @@
 """The demo kit: a small engine shaped like openworker that adopts toolledger.
 
-``engine`` (the demo engine, the first adopter of :class:`toolledger.Session`),
+``engine`` (the demo engine, the first adopter of :class:`toolledger.Session`;
+its steps and crash points in ``crash``, its provider, human and conversation
+stores in ``world``),
 ``simulate`` (``toolledger simulate``: crash it anywhere, restart it, count
-the effects) and ``external`` (a counting external system and its adapter).
+the effects), ``external`` (a counting external system and its adapter) and
+``frameworks`` (LangGraph and pydantic-ai agents SIGKILLed and resumed, alone and
+with the ledger; the children import the frameworks, the module does not).
 Used by the tests, the benchmarks and the notebooks; an engine may read it as
 an example, never import it.
 """
