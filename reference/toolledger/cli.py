@@ -879,12 +879,16 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 def _configure_models(p: argparse.ArgumentParser) -> None:
     add_root_argument(p)
+    p.add_argument("--proves", action="store_true",
+                   help="print what each model proves and under which assumptions "
+                   "(the README's list) instead of the table")
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from .check.manifest import markdown_table
+    from .check.manifest import markdown_table, proves_markdown
 
-    print(markdown_table(load_manifest(resolve_root(args))))
+    manifest = load_manifest(resolve_root(args))
+    print(proves_markdown(manifest) if args.proves else markdown_table(manifest))
     return 0
 
 
