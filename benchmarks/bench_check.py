@@ -105,7 +105,7 @@ def breakdown(rows: list[dict[str, Any]], fixed: float) -> dict[str, Any]:
     jvm_and_parse = min(tlc_seconds, fixed * len(runs))
     conformance = sum(float(r["wall_seconds"]) for r in rows if r.get("check") == "conformance")
     return {
-        "rows": len(rows),
+        "row_count": len(rows),
         "tlc_runs": len(runs),
         "tlc_seconds": rounded(tlc_seconds),
         "jvm_start_and_parse_seconds": rounded(jvm_and_parse),
