@@ -353,9 +353,16 @@ _PER_CALL: Final = (
 def _emissions(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:
     # Every call of the model with every argument, whether or not its
     # position is taken, legacy, or after a turn still unanswered: the core
-    # refuses what the spec's guards (a free position, after the marker,
-    # PriorTurnsAnswered) refuse.  No check of the core's is repeated here.
+    # refuses what the spec's guards (a free position, after the marker, an
+    # earlier turn's call without a result) refuse.  The one condition kept
+    # here is the provider's, which the core cannot know: a model's call of a
+    # later turn comes only after every call of the earlier turns was emitted
+    # (the spec's PriorTurnsAnswered ranges over calls not yet emitted too).
+    present = {c.position for c in s.session.calls}
     for c in cfg.calls:
+        if any(d.position[0] < c.position[0] and d.position not in present
+               for d in cfg.calls):
+            continue
         for a in c.arg_choices:
             ev = p.Event(
                 p.Action.ProviderEmitCall, c.position, c.tool_call_id, c.tool, c.digest(a)
