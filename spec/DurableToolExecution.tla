@@ -27,16 +27,25 @@
 (* Names of actions and invariants are the ones used by the Python         *)
 (* reference (reference/toolledger) and the docs, one to one.             *)
 (*                                                                         *)
-(* Where each variable lives, and what can lose it:                        *)
-(*  - durable, the conversation store (lost: nothing once checkpointed; a  *)
-(*    call not yet checkpointed vanishes on a crash): msg, args, result,   *)
-(*    marker;                                                              *)
-(*  - durable, the ledger store (lost: nothing): approval, ledger, audit   *)
-(*    (an audit row is <<kind, attempt, inputs>>: a recovery decision's    *)
-(*    row carries the DecisionInputs it was computed from);               *)
+(* Where each variable lives, and what can lose it or change it:           *)
+(*  - the CONVERSATION store (the engine's message history; durable once   *)
+(*    checkpointed): msg, args, result, marker, turnOf.  A crash loses a   *)
+(*    call not yet checkpointed (msg = "volatile").  Its load-time         *)
+(*    pairing repair (ConversationRepair, at most MaxRepairs times) may    *)
+(*    REMOVE an unanswered durable call, and the provider may then emit    *)
+(*    a different call at that position; its compaction or repair may      *)
+(*    RENUMBER an unanswered call's turn (ConversationRenumber, turnOf,    *)
+(*    at most MaxRenumbers times).  It never loses or alters a result.     *)
+(*  - the LEDGER store (durable, loses nothing, never rewritten by the     *)
+(*    conversation's repairs): approval, ledger, audit, storedId (the      *)
+(*    execution id the ledger store keeps for a call from the moment the   *)
+(*    call is persisted on; a legacy call's was stored by the old engine). *)
+(*    An audit row is <<kind, attempt, inputs>>: a recovery decision's     *)
+(*    row carries the DecisionInputs it was computed from;                 *)
 (*  - volatile, the engine's memory (lost on every crash): stage;          *)
 (*  - external, the external system (survives engine crashes): inflight  *)
 (*    and fenced;                                                          *)
+(*  - environment bounds (no store): renumbers, repairs;                   *)
 (*  - ghost, history for the invariants (no implementation keeps it;      *)
 (*    keyed by the CALL, the real-world identity, unless said otherwise): *)
 (*    applied (by execution id: the effects, which only the invariants    *)
@@ -47,6 +56,18 @@
 (*    decision taken, AuditComplete).  The ghosts sent, knownOutcome,     *)
 (*    sentAfterOutcome and decided are functions of the other variables   *)
 (*    in every must-pass model, so they add no states.                    *)
+(*                                                                         *)
+(* The two durable stores disagree only through the conversation's         *)
+(* repairs, and the engine reconciles them in one place: a call is         *)
+(* matched with the ledger's record at its execution id by the argument    *)
+(* digest (Decide's digestMatches).  A freshly persisted call whose id     *)
+(* already has a record is not dispatched live: it goes through Recover    *)
+(* like a resumed one (EnginePersistCall), so a different call emitted at  *)
+(* the position of a lost one meets the digest rule and halts.  What the   *)
+(* digest does not cover: an approval is not bound to arguments, so a      *)
+(* call lost after its approval but BEFORE its first record leaves an      *)
+(* approval the different call at that position is dispatched on (the      *)
+(* approval would have to carry the digest; not modelled yet).             *)
 (***************************************************************************)
 EXTENDS Naturals, FiniteSets
 
@@ -77,15 +98,41 @@ ASSUME /\ Policy \in [Calls -> Policies]
        /\ \A c \in Calls : Turn[c] < MarkerTurn => Cardinality(ArgChoices[c]) = 1
 
 (***************************************************************************)
-(* The execution id.  The engine derives it from the call's persisted      *)
-(* position and the provider's tool_call_id, never from tool arguments.    *)
-(* Gemini numbers calls call_0, call_1, ... on every turn, so the          *)
-(* tool_call_id alone is not a key: with KeyByPosition = FALSE two calls   *)
-(* of different turns share an id (docs/protocol.md#what-must-fail).       *)
+(* The execution id.  The engine derives it from the call's position (the  *)
+(* turn it reads from the conversation, and the slot) and the provider's   *)
+(* tool_call_id, never from tool arguments.  Gemini numbers calls call_0,  *)
+(* call_1, ... on every turn, so the tool_call_id alone is not a key: with *)
+(* KeyByPosition = FALSE two calls of different turns share an id          *)
+(* (docs/protocol.md#what-must-fail).  The turn the engine reads is a      *)
+(* variable (turnOf): the conversation may renumber an unanswered call     *)
+(* (ConversationRenumber), so the id is derived once, when the call is     *)
+(* persisted, stored in the ledger store with it (storedId: before the     *)
+(* call's first record, its approval and every request) and read back      *)
+(* from there afterwards (ExecId, after VARIABLES).  The ids a call can    *)
+(* ever derive are IdAt(c, t) for t in Renumberings(c).                    *)
 (***************************************************************************)
-ExecId(c) == IF KeyByPosition THEN <<Turn[c], Slot[c], ToolCallId[c]>>
-                              ELSE <<0, 0, ToolCallId[c]>>
-ExecIds == {ExecId(c) : c \in Calls}
+\* Bounds of the conversation's rewrites, and the stored-id design switch.
+\* Operators, not CONSTANTS, so that only the models that change them name
+\* them (in their .cfg, e.g. MaxRenumbers <- MCMaxRenumbers).
+MaxRenumbers == 0  \* ConversationRenumber steps in one behaviour
+MaxRepairs == 0    \* ConversationRepair steps in one behaviour
+UseStoredId == TRUE \* FALSE: the IdFromPosition twin re-derives the id
+
+IdAt(c, t) == IF KeyByPosition THEN <<t, Slot[c], ToolCallId[c]>>
+                               ELSE <<0, 0, ToolCallId[c]>>
+Renumberings(c) == Turn[c]..(Turn[c] + MaxRenumbers)
+ExecIds == UNION {{IdAt(c, t) : t \in Renumberings(c)} : c \in Calls}
+
+(* ExecutionIdUnique: two different calls never share an id, even when    *)
+(* the provider reuses tool_call_ids and whatever the renumbering: the     *)
+(* engine never gives a new call a position an earlier call had (its       *)
+(* sequence numbers only grow).  An ASSUMPTION on the id's derivation,     *)
+(* checked once per model, not a state invariant (nothing a step does can  *)
+(* change it).  The KeyByToolCallId twin is the design without it.         *)
+ExecutionIdUnique ==
+    \A c, d \in Calls : c # d =>
+        \A t \in Renumberings(c), u \in Renumberings(d) : IdAt(c, t) # IdAt(d, u)
+ASSUME KeyByPosition => ExecutionIdUnique
 
 IsLegacy(c) == Turn[c] < MarkerTurn
 LegacyCalls == {c \in Calls : IsLegacy(c)}
@@ -151,7 +198,12 @@ VARIABLES
     sent,         \* sent[c][n]: requests sent for attempt n of CALL c
     knownOutcome, \* calls whose succeeded/failed outcome was ever durable
     sentAfterOutcome, \* sentAfterOutcome[c]: requests of c sent after that
-    decided       \* decided[c]: <<kind, attempt>> of every decision taken on c
+    decided,      \* decided[c]: <<kind, attempt>> of every decision taken on c
+    \* --- positions and the conversation's rewrites ----------------------
+    turnOf,       \* turnOf[c]: the turn the engine reads for c (conversation)
+    storedId,     \* storedId[c]: the id the ledger store keeps for c, or NoId
+    renumbers,    \* ConversationRenumber steps so far (bound MaxRenumbers)
+    repairs       \* ConversationRepair steps so far (bound MaxRepairs)
 
 durable  == <<msg, args, result, approval, ledger, audit, marker>>
 external == <<inflight, fenced>>
@@ -159,7 +211,23 @@ ghosts   == <<applied, invocations, humanApproved, humanRetries, crashes,
              sent, knownOutcome, sentAfterOutcome, decided>>
 vars == <<msg, args, result, approval, ledger, audit, marker, stage,
           inflight, fenced, applied, invocations, humanApproved,
-          humanRetries, crashes, sent, knownOutcome, sentAfterOutcome, decided>>
+          humanRetries, crashes, sent, knownOutcome, sentAfterOutcome, decided,
+          turnOf, storedId, renumbers, repairs>>
+positions == <<turnOf, storedId, renumbers, repairs>>
+
+(***************************************************************************)
+(* The id the engine uses for call c: the one the ledger store keeps for   *)
+(* c, else (a call not persisted yet) the one derived from the turn it     *)
+(* reads now.                                                              *)
+(***************************************************************************)
+NoId == <<>>
+DerivedId(c) == IdAt(c, turnOf[c])
+ExecId(c) == IF UseStoredId /\ storedId[c] # NoId THEN storedId[c] ELSE DerivedId(c)
+\* The ledger store keeps the id from the moment the call is persisted
+\* (EnginePersistCall) on: every approval, record and request of the call
+\* uses it, whatever the conversation does to the position later.
+StoreId(c) == storedId' = IF storedId[c] = NoId
+                          THEN [storedId EXCEPT ![c] = ExecId(c)] ELSE storedId
 
 (***************************************************************************)
 (* TypeOK: every variable has the shape described above.                   *)
@@ -191,6 +259,11 @@ TypeOK ==
     /\ knownOutcome \subseteq Calls
     /\ sentAfterOutcome \in [Calls -> Nat]
     /\ decided \in [Calls -> SUBSET (AuditKinds \X (0..MaxAttempts))]
+    /\ turnOf \in [Calls -> Nat]
+    /\ \A c \in Calls : turnOf[c] \in Renumberings(c)
+    /\ storedId \in [Calls -> ExecIds \cup {NoId}]
+    /\ renumbers \in 0..MaxRenumbers
+    /\ repairs \in 0..MaxRepairs
 
 (***************************************************************************)
 (* Init.  Calls of the protocol's turns are not emitted yet.  A legacy     *)
@@ -199,6 +272,11 @@ TypeOK ==
 (* it with no result and no record and must recover it.                    *)
 (***************************************************************************)
 Init ==
+    \* first: ExecId, used below, reads them
+    /\ turnOf = Turn
+    /\ storedId = [c \in Calls |-> IF IsLegacy(c) THEN IdAt(c, Turn[c]) ELSE NoId]
+    /\ renumbers = 0
+    /\ repairs = 0
     /\ msg = [c \in Calls |-> IF IsLegacy(c) THEN "durable" ELSE "absent"]
     /\ args = [c \in Calls |-> IF IsLegacy(c) THEN CHOOSE a \in ArgChoices[c] : TRUE
                                               ELSE "none"]
@@ -290,15 +368,26 @@ ProviderEmitCall(c, a) ==
     /\ args' = [args EXCEPT ![c] = a]
     /\ UNCHANGED <<result, approval, ledger, audit, marker, stage>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED positions
 
 \* The assistant message holding c is checkpointed.  Nothing is dispatched
 \* before this: otherwise a crash could put another call at this position.
+\* A fresh call goes through the same recovery decision as a resumed one:
+\* with no record at its id, Decide says "execute" (a fresh call has no
+\* result and is never legacy), which is the live stage; a call whose id
+\* already has a record (the conversation lost an unanswered call and the
+\* provider emitted one at its position) is handed to Recover, which
+\* compares the record's argument digest with this call's and audits the
+\* decision.  Dispatching it live would overwrite the record blindly.
 EnginePersistCall(c) ==
     /\ msg[c] = "volatile"
     /\ msg' = [msg EXCEPT ![c] = "durable"]
-    /\ stage' = [stage EXCEPT ![c] = "live"]
+    /\ stage' = [stage EXCEPT ![c] = IF Rec(c).status = "none" THEN "live"
+                                                              ELSE "resume"]
     /\ UNCHANGED <<args, result, approval, ledger, audit, marker>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ StoreId(c)
+    /\ UNCHANGED <<turnOf, renumbers, repairs>>
 
 \* The approval is parked in the inbox and persisted.
 EngineParkApproval(c) ==
@@ -306,6 +395,7 @@ EngineParkApproval(c) ==
     /\ approval' = [approval EXCEPT ![ExecId(c)] = "pending"]
     /\ UNCHANGED <<msg, args, result, ledger, audit, marker, stage>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED positions
 
 HumanApprove(c) ==
     /\ msg[c] = "durable" /\ approval[ExecId(c)] = "pending"
@@ -315,12 +405,14 @@ HumanApprove(c) ==
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanRetries, crashes>>
     /\ UNCHANGED <<sent, knownOutcome, sentAfterOutcome, decided>>
+    /\ UNCHANGED positions
 
 HumanReject(c) ==
     /\ msg[c] = "durable" /\ approval[ExecId(c)] = "pending"
     /\ approval' = [approval EXCEPT ![ExecId(c)] = "rejected"]
     /\ UNCHANGED <<msg, args, result, ledger, audit, marker, stage>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED positions
 
 \* A rejected approval becomes a "denied" tool result.
 EngineRecordDenied(c) ==
@@ -329,6 +421,7 @@ EngineRecordDenied(c) ==
     /\ stage' = [stage EXCEPT ![c] = "none"]
     /\ UNCHANGED <<msg, args, approval, ledger, audit, marker>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED positions
 
 \* dispatched(attempt n) is made durable, with its audit row, BEFORE the
 \* adapter is invoked.  Attempt 1 is authorized by the approval (or needs
@@ -352,6 +445,7 @@ EnginePersistDispatched(c) ==
     /\ stage' = [stage EXCEPT ![c] = "dispatched"]
     /\ UNCHANGED <<msg, args, result, approval, marker>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED positions
 
 \* The adapter is invoked with the execution id: the request is now out.
 EngineInvokeAdapter(c) ==
@@ -367,12 +461,14 @@ EngineInvokeAdapter(c) ==
     /\ UNCHANGED durable /\ UNCHANGED fenced
     /\ UNCHANGED <<applied, humanApproved, humanRetries, crashes>>
     /\ UNCHANGED <<knownOutcome, decided>>
+    /\ UNCHANGED positions
 
 \* A readonly tool bypasses the ledger: replaying it is safe.
 EngineInvokeReadonly(c) ==
     /\ stage[c] = "live" /\ Policy[c] = "readonly" /\ ApprovalOK(c)
     /\ stage' = [stage EXCEPT ![c] = "got_ok"]
     /\ UNCHANGED durable /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED positions
 
 (***************************************************************************)
 (* The external system processes request n of execution e.  An answer     *)
@@ -382,7 +478,9 @@ Waiting(c, e, n) == ExecId(c) = e /\ stage[c] = "waiting" /\ Rec(c).attempt = n
 Answer(e, n, s) ==
     stage' = [c \in Calls |-> IF Waiting(c, e, n) THEN s ELSE stage[c]]
 Fenced(e, n) == n <= fenced[e]
-Dedups(e) == \E c \in Calls : ExecId(c) = e /\ Policy[c] = "idempotent"
+\* The external system's own property of the key: not what the engine reads.
+Dedups(e) == \E c \in Calls : Policy[c] = "idempotent" /\
+                 \E t \in Renumberings(c) : IdAt(c, t) = e
 Apply(e) == applied' = [applied EXCEPT ![e] = IF Dedups(e) /\ @ >= 1 THEN @ ELSE @ + 1]
 
 \* Applied (or deduplicated on the execution id) and answered.
@@ -395,6 +493,7 @@ ExternalApply(e) ==
       /\ UNCHANGED durable /\ UNCHANGED fenced
       /\ UNCHANGED <<invocations, humanApproved, humanRetries, crashes>>
       /\ UNCHANGED <<sent, knownOutcome, sentAfterOutcome, decided>>
+      /\ UNCHANGED positions
 
 \* Applied, but the answer is lost (time-out, connection reset).
 ExternalApplyLoseAnswer(e) ==
@@ -405,6 +504,7 @@ ExternalApplyLoseAnswer(e) ==
       /\ UNCHANGED durable /\ UNCHANGED stage /\ UNCHANGED fenced
       /\ UNCHANGED <<invocations, humanApproved, humanRetries, crashes>>
       /\ UNCHANGED <<sent, knownOutcome, sentAfterOutcome, decided>>
+      /\ UNCHANGED positions
 
 \* A definite failure: known not applied (e.g. rejected before sending).
 \* An idempotent system that already applied e answers with that result.
@@ -415,6 +515,7 @@ ExternalRejectDefinite(e) ==
       /\ inflight' = [inflight EXCEPT ![e] = @ \ {n}]
       /\ Answer(e, n, "got_fail")
       /\ UNCHANGED durable /\ UNCHANGED fenced /\ UNCHANGED ghosts
+      /\ UNCHANGED positions
 
 \* A late request of a fenced attempt is dropped without effect.
 ExternalDropFenced(e) ==
@@ -423,6 +524,7 @@ ExternalDropFenced(e) ==
       /\ inflight' = [inflight EXCEPT ![e] = @ \ {n}]
       /\ UNCHANGED durable /\ UNCHANGED stage /\ UNCHANGED fenced
       /\ UNCHANGED ghosts
+      /\ UNCHANGED positions
 
 \* succeeded(result) is made durable immediately after the adapter returns.
 EngineRecordSucceeded(c) ==
@@ -436,6 +538,7 @@ EngineRecordSucceeded(c) ==
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, sentAfterOutcome, decided>>
+    /\ UNCHANGED positions
 
 \* failed(error) is made durable for a definite, known-not-applied failure.
 EngineRecordFailed(c) ==
@@ -449,6 +552,7 @@ EngineRecordFailed(c) ==
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, sentAfterOutcome, decided>>
+    /\ UNCHANGED positions
 
 \* The role="tool" result is appended to the conversation and checkpointed:
 \* from the ledger record, or (readonly) from the answer in memory.
@@ -461,6 +565,7 @@ EngineAppendResult(c) ==
     /\ stage' = [stage EXCEPT ![c] = "none"]
     /\ UNCHANGED <<msg, args, approval, ledger, audit, marker>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED positions
 
 \* The live engine gives up waiting: the outcome is unknown, exactly as
 \* after a crash, so the same recovery decision applies.
@@ -468,6 +573,7 @@ EngineTimeout(c) ==
     /\ stage[c] = "waiting"
     /\ stage' = [stage EXCEPT ![c] = "resume"]
     /\ UNCHANGED durable /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED positions
 
 (***************************************************************************)
 (* Recover: apply the recovery decision to call c, and audit it with the  *)
@@ -517,6 +623,7 @@ Recover(c) ==
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, knownOutcome, sentAfterOutcome>>
+    /\ UNCHANGED positions
 
 (***************************************************************************)
 (* Reconcile: ask the connector whether execution e was applied.  "Not    *)
@@ -540,6 +647,7 @@ EngineReconcileApplied(c) ==
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, sentAfterOutcome>>
+    /\ UNCHANGED positions
 
 EngineReconcileNotApplied(c) ==
     LET e == ExecId(c) IN
@@ -554,6 +662,7 @@ EngineReconcileNotApplied(c) ==
     /\ UNCHANGED inflight
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, knownOutcome, sentAfterOutcome>>
+    /\ UNCHANGED positions
 
 \* The connector cannot tell (unreachable, or the retry budget is spent).
 EngineReconcileUnknown(c) ==
@@ -567,6 +676,7 @@ EngineReconcileUnknown(c) ==
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, knownOutcome, sentAfterOutcome>>
+    /\ UNCHANGED positions
 
 (***************************************************************************)
 (* A human resolves a recovery_required item.  Resolving it resumes the    *)
@@ -586,6 +696,7 @@ HumanResolveApplied(c) ==
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, sentAfterOutcome>>
+    /\ UNCHANGED positions
 
 HumanResolveRetry(c) ==
     LET e == ExecId(c)
@@ -605,6 +716,7 @@ HumanResolveRetry(c) ==
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, crashes,
                    sent, knownOutcome, sentAfterOutcome>>
+    /\ UNCHANGED positions
 
 HumanResolveAbandon(c) ==
     LET e == ExecId(c) IN
@@ -619,6 +731,7 @@ HumanResolveAbandon(c) ==
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, knownOutcome, sentAfterOutcome>>
+    /\ UNCHANGED positions
 
 (***************************************************************************)
 (* HumanCancel: a user's Stop after approval (or for a call that needs     *)
@@ -647,6 +760,7 @@ HumanCancel(c) ==
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, knownOutcome, sentAfterOutcome>>
+    /\ UNCHANGED positions
 
 (***************************************************************************)
 (* Crash: the engine process dies and restarts.  Only volatile state is   *)
@@ -665,6 +779,41 @@ Crash ==
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries>>
     /\ UNCHANGED <<sent, knownOutcome, sentAfterOutcome, decided>>
+    /\ UNCHANGED positions
+
+(***************************************************************************)
+(* The conversation's own rewrites (environment actions, no fairness).     *)
+(* Both happen when the engine loads the conversation after a restart, to  *)
+(* an unanswered durable call the loader hands to Recover (stage resume).  *)
+(* Neither touches the ledger store, which is why the two stores can       *)
+(* disagree.                                                               *)
+(***************************************************************************)
+\* The load-time pairing repair removes an unanswered call from the
+\* conversation (openworker rewrites history on load so that every call has
+\* a result); the provider may then emit another call at that position.
+ConversationRepair(c) ==
+    /\ repairs < MaxRepairs
+    /\ msg[c] = "durable" /\ result[c] = NoResult /\ stage[c] = "resume"
+    /\ ~IsLegacy(c)
+    /\ repairs' = repairs + 1
+    /\ msg' = [msg EXCEPT ![c] = "absent"]
+    /\ args' = [args EXCEPT ![c] = "none"]
+    /\ stage' = [stage EXCEPT ![c] = "none"]
+    /\ UNCHANGED <<result, approval, ledger, audit, marker>>
+    /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED <<turnOf, storedId, renumbers>>
+
+\* Compaction or a repair changes the number of messages before an
+\* unanswered call, so the turn the engine derives from the conversation's
+\* length moves (by one per step here).
+ConversationRenumber(c) ==
+    /\ renumbers < MaxRenumbers
+    /\ msg[c] = "durable" /\ result[c] = NoResult /\ stage[c] = "resume"
+    /\ renumbers' = renumbers + 1
+    /\ turnOf' = [turnOf EXCEPT ![c] = @ + 1]
+    /\ UNCHANGED durable /\ UNCHANGED stage
+    /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED <<storedId, repairs>>
 
 Next ==
     \/ \E c \in Calls, a \in Args : ProviderEmitCall(c, a)
@@ -693,6 +842,8 @@ Next ==
     \/ \E c \in Calls : HumanResolveAbandon(c)
     \/ \E c \in Calls : HumanCancel(c)
     \/ Crash
+    \/ \E c \in Calls : ConversationRepair(c)
+    \/ \E c \in Calls : ConversationRenumber(c)
 
 (***************************************************************************)
 (* Fairness: the engine, the provider and the engine's time-out are weakly *)
@@ -822,16 +973,15 @@ LegacyConservative ==
             \/ /\ i[3] = "policy"
                /\ \E row \in audit[ExecId(c)] : row[1] = "human_retry" /\ row[2] < i[2]
 
-(* ExecutionIdStable: every invocation of a call, live or after any       *)
-(* number of resumes, carries the one id derived from its position.       *)
+(* ExecutionIdStable: the id a call's requests carry never changes: every  *)
+(* invocation in the call's history (live, or after any number of resumes  *)
+(* and renumberings of its position) carries one id, the one the engine    *)
+(* uses for the call now.  A statement about behaviour through the         *)
+(* history ghost invocations: once a request was sent with an id, every    *)
+(* later state still has ExecId(c) equal to it.                            *)
 ExecutionIdStable ==
     \A c \in Calls :
         \A i \in invocations[c] : i[1] = ExecId(c)
-
-(* ExecutionIdUnique: two different calls never share an id, even when    *)
-(* the provider reuses tool_call_ids.                                     *)
-ExecutionIdUnique ==
-    \A c, d \in Calls : c # d => ExecId(c) # ExecId(d)
 
 (* AuditComplete: every invocation has its dispatch row, and every        *)
 (* decision the engine or a human took on a call (the ghost decided: each  *)
@@ -918,7 +1068,7 @@ Witness_LegacyInvoked ==
     ~\E c \in LegacyCalls : invocations[c] # {}
 
 \* Two calls that share a tool_call_id were both invoked, one after a
-\* crash (ExecutionIdStable, ExecutionIdUnique).
+\* crash (ExecutionIdStable; ExecutionIdUnique is an ASSUME).
 Witness_ReusedIdsInvoked ==
     ~\E c, d \in Calls :
         /\ c # d /\ ToolCallId[c] = ToolCallId[d] /\ crashes >= 1
@@ -939,6 +1089,21 @@ Witness_DecisionRowWithInputs ==
 \* and the engine went on).
 Witness_DecideSkip ==
     ~\E c \in Calls : stage[c] = "resume" /\ DecisionFor(c) = "skip"
+
+\* A call is about to be decided against a record whose argument digest
+\* differs from it: the conversation lost the record's call and the provider
+\* emitted another at that position (ResultFidelity: without the digest
+\* rule the record's result would be shown for the other call).
+Witness_DigestMismatch ==
+    ~\E c \in Calls : stage[c] = "resume" /\ Rec(c).status # "none"
+                      /\ ~DecisionInputs(c).digestMatches
+
+\* A call that was already invoked is about to be resumed after its
+\* position was renumbered (ExecutionIdStable: the moment an id derived
+\* from the position again would differ from the one its requests carried).
+Witness_RenumberedAfterInvoke ==
+    ~\E c \in Calls : stage[c] = "resume" /\ turnOf[c] # Turn[c]
+                      /\ invocations[c] # {}
 
 (***************************************************************************)
 (* LIVENESS.                                                               *)

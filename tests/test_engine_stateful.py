@@ -548,7 +548,6 @@ class EngineMachine(RuleBasedStateMachine):
                 ("ApprovalSingleUse", self.ApprovalSingleUse),
                 ("RecoveryRequiredHalts", self.RecoveryRequiredHalts),
                 ("ExecutionIdStable", self.ExecutionIdStable),
-                ("ExecutionIdUnique", self.ExecutionIdUnique),
                 ("AuditComplete", self.AuditComplete),
                 ("AuditRecomputable", self.AuditRecomputable),
                 ("CancelledNeverInvoked", self.CancelledNeverInvoked),
@@ -557,6 +556,11 @@ class EngineMachine(RuleBasedStateMachine):
             assert name in INVARIANTS, name
             problems = check(view)
             assert not problems, f"{name} violated: {problems}\n{_describe(view)}"
+        if self.mode is EngineMode.LEDGER:
+            # an ASSUME of the spec (the id's derivation), not an invariant:
+            # checked here because the kit derives the ids itself
+            problems = self.ExecutionIdUnique(view)
+            assert not problems, f"ExecutionIdUnique violated: {problems}\n{_describe(view)}"
 
     def _calls(self, view: View) -> dict[str, Any]:
         return {} if view.state is None else {c.execution_id: c for c in view.state.calls}

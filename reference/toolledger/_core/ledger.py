@@ -373,6 +373,15 @@ class Ledger:
                 raise InvalidInput(
                     "a Crash cannot be part of a batch: commit the batch, then call Ledger.reload()"
                 )
+            if ev.action in (Action.ConversationRepair, Action.ConversationRenumber):
+                # The conversation's own rewrites: the ledger store is exactly
+                # what they do not touch, so there is nothing to commit.  The
+                # checkers apply them to the core's state (toolledger.check).
+                raise InvalidInput(
+                    f"{ev.action} is a rewrite of the engine's conversation, not a ledger "
+                    "step: the ledger keeps its records; record the call the provider emits "
+                    "next as usual (it goes through Recover if its id has a record)"
+                )
             if ev.position is not None:
                 _position(ev.position, f"the position of {ev.action} events")
         for key, text in contents.items():

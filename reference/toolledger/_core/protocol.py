@@ -183,8 +183,9 @@ TRANSITIONS: Final[Mapping[Action, TransitionSpec]] = {
     for t in (
         _row(Action.ProviderEmitCall, Actor.PROVIDER, (), S.NONE, "-",
              "the model emits a call (in memory only)"),
-        _row(Action.EnginePersistCall, Actor.ENGINE, (S.NONE,), S.LIVE, "the call",
-             "the assistant message holding the call is checkpointed"),
+        _row(Action.EnginePersistCall, Actor.ENGINE, (S.NONE,), None, "the call",
+             "the assistant message holding the call is checkpointed; live, or "
+             "Recover if its id already has a record"),
         _row(Action.EngineParkApproval, Actor.ENGINE, (S.LIVE,), S.LIVE, "approval pending",
              "the approval is parked in the inbox"),
         _row(Action.HumanApprove, Actor.HUMAN, (), None, "approval approved",
@@ -233,6 +234,11 @@ TRANSITIONS: Final[Mapping[Action, TransitionSpec]] = {
              "a user's Stop before dispatch: cancelled, re-decided (skip), never dispatched"),
         _row(Action.Crash, Actor.ENVIRONMENT, (), S.RESUME, "-",
              "the process dies and restarts: volatile state is lost"),
+        _row(Action.ConversationRepair, Actor.ENVIRONMENT, (S.RESUME,), None, "-",
+             "the conversation's load-time repair removes an unanswered call "
+             "(the ledger keeps its record and approval)"),
+        _row(Action.ConversationRenumber, Actor.ENVIRONMENT, (S.RESUME,), S.RESUME, "-",
+             "compaction or repair moves an unanswered call's turn (its id stays)"),
     )
 }
 del S
@@ -308,7 +314,15 @@ def _emit(state: SessionState, ev: Event) -> SessionState:
 def _persist_call(state: SessionState, ev: Event) -> SessionState:
     c = _call(state, ev)
     _require(c.message is MessageState.VOLATILE, ev, "the call is already durable")
-    return state._with_call(replace(c, message=MessageState.DURABLE, stage=Stage.LIVE))
+    # A fresh call goes through the same decision as a resumed one: with no
+    # record at its id the decision is "execute" (the live stage); a call
+    # whose id already has a record (the conversation lost an unanswered
+    # call and the provider emitted one at its position) goes to Recover,
+    # where the record's argument digest is compared with this call's.
+    # Dispatching it live would overwrite that record blindly.
+    fresh = state.record(c.execution_id).status is LedgerStatus.NONE
+    stage = Stage.LIVE if fresh else Stage.RESUME
+    return state._with_call(replace(c, message=MessageState.DURABLE, stage=stage))
 
 
 @_handles(Action.EngineParkApproval)
@@ -613,6 +627,36 @@ def _crash(state: SessionState, ev: Event) -> SessionState:
         if c.message is MessageState.DURABLE
     )
     return replace(state, calls=calls)
+
+
+def _unanswered_loaded(state: SessionState, ev: Event) -> CallState:
+    # The conversation's rewrites happen when the engine loads it: to a
+    # durable call without a result, which the loader hands to Recover.
+    c = _call(state, ev)
+    _require(c.message is MessageState.DURABLE, ev, "the call is not durable")
+    _require(c.result is None, ev, "the call already has a result")
+    _stage(c, ev, Stage.RESUME)
+    return c
+
+
+@_handles(Action.ConversationRepair)
+def _repair(state: SessionState, ev: Event) -> SessionState:
+    # The conversation drops the call; the ledger's records, approvals and
+    # audit (keyed by execution id) stay.  The provider may emit another
+    # call at the position: its persist meets the record (EnginePersistCall).
+    c = _unanswered_loaded(state, ev)
+    _require(not state.is_legacy(c.position), ev, "a legacy call is not re-emitted")
+    return replace(state, calls=tuple(d for d in state.calls if d is not c))
+
+
+@_handles(Action.ConversationRenumber)
+def _renumber(state: SessionState, ev: Event) -> SessionState:
+    # The turn the conversation reports for the call moves.  The core keeps
+    # the execution id derived when the call was emitted (CallState) and
+    # never derives it again, so nothing it holds changes: the call keeps
+    # its id, its position as the core knows it, its record and approval.
+    _unanswered_loaded(state, ev)
+    return state
 
 
 # Actions with no effect on the engine's state: the external system's own

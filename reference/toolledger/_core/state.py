@@ -163,6 +163,8 @@ class Action(StrEnum):
     HumanResolveAbandon = "HumanResolveAbandon"
     HumanCancel = "HumanCancel"
     Crash = "Crash"
+    ConversationRepair = "ConversationRepair"
+    ConversationRenumber = "ConversationRenumber"
 
 
 # --------------------------------------------------------------------------

@@ -29,7 +29,7 @@ SPEC_VARIABLES: Final = (
     "msg", "args", "result", "approval", "ledger", "audit", "marker", "stage",
     "inflight", "fenced", "applied", "invocations", "humanApproved",
     "humanRetries", "crashes", "sent", "knownOutcome", "sentAfterOutcome",
-    "decided",
+    "decided", "turnOf", "storedId", "renumbers", "repairs",
 )  # fmt: skip
 
 NONE: Final = "none"
@@ -94,7 +94,18 @@ class _Tables:
             # the first wins, and the states then differ visibly
             self.spec_eid.setdefault(py, spec)
             self.py_eid.setdefault(spec, py)
-        self.spec_eids = sorted(set(cfg.spec_exec_ids.values()))
+        # The spec's ExecIds: every id a call can derive, at its turn and at
+        # each turn a renumbering may move it to (IdAt(c, t), t in
+        # Renumberings(c)); the core uses only the first, the others map to
+        # the ids the same derivation gives there.
+        for c in cfg.calls:
+            turn, slot = c.position
+            for t in range(turn + 1, turn + cfg.max_renumbers + 1):
+                spec = (t, slot, c.tool_call_id) if cfg.key_by_position else (0, 0, c.tool_call_id)
+                py = p.derive_execution_id(cfg.session_id, t, slot, c.tool_call_id)
+                self.spec_eid.setdefault(py, spec)
+                self.py_eid.setdefault(spec, py)
+        self.spec_eids = sorted(set(self.py_eid))
         # Equal reference values map to one shared (hash-cached) spec value.
         self.results: dict[p.ToolResult | None, FnValue] = {None: _NO_RESULT}
         self.records: dict[p.ExecutionRecord, FnValue] = {}
@@ -160,6 +171,8 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
     sent: dict[Value, Value] = {}
     after_outcome: dict[Value, Value] = {}
     decided: dict[Value, Value] = {}
+    turn_of: dict[Value, Value] = {}
+    stored_id: dict[Value, Value] = {}
     for cc in cfg.calls:
         call = by_pos.get(cc.position)
         if call is None:
@@ -178,6 +191,10 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
         )
         after_outcome[cc.name] = gh.sent_after_outcome.get(cc.name, 0)
         decided[cc.name] = frozenset(gh.decisions(cc.name))
+        turn_of[cc.name] = cc.position[0] + s.turn_shift.get(cc.name, 0)
+        # the core keeps the id it derived at emit; the ledger store keeps it
+        # for every call ever persisted (the spec's NoId is the empty tuple)
+        stored_id[cc.name] = cfg.spec_exec_ids[cc.name] if cc.name in s.stored else ()
     approval: dict[Value, Value] = {}
     ledger: dict[Value, Value] = {}
     audit: dict[Value, Value] = {}
@@ -219,6 +236,10 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
         "knownOutcome": gh.known_outcome,
         "sentAfterOutcome": FnValue(after_outcome),
         "decided": FnValue(decided),
+        "turnOf": FnValue(turn_of),
+        "storedId": FnValue(stored_id),
+        "renumbers": s.renumbers,
+        "repairs": s.repairs,
     }
 
 
@@ -365,4 +386,12 @@ def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
             decided=decided,
         ),
         audit_inputs,
+        turn_shift={
+            str(name): _int(t) - cfg.by_name[str(name)].position[0]
+            for name, t in _fn(state, "turnOf").items()
+            if _int(t) != cfg.by_name[str(name)].position[0]
+        },
+        renumbers=_int(state["renumbers"]),
+        repairs=_int(state["repairs"]),
+        stored=frozenset(str(c) for c, e in _fn(state, "storedId").items() if e != ()),
     )

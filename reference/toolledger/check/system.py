@@ -11,8 +11,16 @@ notebooks; the engine kit uses real adapters instead.
 
 :class:`ModelConfig` is read from a TLC model's ``MC*.tla`` module (its
 constants are literals).  :func:`successors` enumerates every enabled action
-with every parameter, as TLC's ``Next`` does.  Nothing here performs I/O
-except :meth:`ModelConfig.from_mc_module`, which reads one file.
+with every parameter, as TLC's ``Next`` does.  It offers the core every event
+the environment can produce (every per-call action on every call from every
+stage, every emission of the model, every answer of the external system to
+every call of its execution id) and repeats none of the core's guards: what
+the core refuses (``ProtocolError``) is not enabled.  So a core that allows a
+step the spec does not is an ``extra`` edge for the conformance checker, not
+a step nobody tried.  The only conditions checked here are the environment's
+own: which requests are in flight, what the connector answers, the crash
+bound.  Nothing here performs I/O except :meth:`ModelConfig.from_mc_module`,
+which reads one file.
 """
 
 from __future__ import annotations
@@ -73,6 +81,10 @@ class ModelConfig:
     # False: the model's .cfg writes decision rows without their inputs
     # (AuditDecisionWithoutInputs), so the mapping drops them too
     decision_rows_with_inputs: bool = True
+    # bounds of the conversation's rewrites (the spec's MaxRepairs and
+    # MaxRenumbers; 0 unless the model overrides them)
+    max_repairs: int = 0
+    max_renumbers: int = 0
     # derived tables
     by_name: Mapping[str, CallConfig] = field(init=False)
     by_position: Mapping[p.CallPosition, CallConfig] = field(init=False)
@@ -180,6 +192,8 @@ class ModelConfig:
             key_by_position=bool(defs["KeyByPosition"]),
             fence_on_reconcile=bool(defs["FenceOnReconcile"]),
             decision_rows_with_inputs=bool(defs.get("DecisionRowsWithInputs", True)),
+            max_repairs=num("MaxRepairs") if "MaxRepairs" in defs else 0,
+            max_renumbers=num("MaxRenumbers") if "MaxRenumbers" in defs else 0,
         )
 
 
@@ -250,6 +264,18 @@ class SystemState:
     # write it (the core keeps only the audit keys): the inputs of the
     # decision that added the key (AuditRecomputable).
     audit_inputs: Mapping[p.AuditKey, p.RecoveryInputs] = field(default_factory=dict)
+    # What the conversation's rewrites change outside the core (the spec's
+    # turnOf, renumbers, repairs): how far each call's turn moved, and how
+    # many rewrites happened.  The core never reads them: it keeps the id it
+    # derived at ProviderEmitCall.
+    turn_shift: Mapping[str, int] = field(default_factory=dict)
+    renumbers: int = 0
+    repairs: int = 0
+    # Calls whose execution id the ledger store keeps (the spec's storedId):
+    # every call ever persisted.  The core's CallState carries the id while
+    # the conversation holds the call; after a ConversationRepair the ledger
+    # store still has it (records, approvals and audit rows are keyed by it).
+    stored: frozenset[str] = frozenset()
 
 
 def _upd(m: Mapping[str, object], k: str, v: object) -> dict[str, object]:
@@ -294,14 +320,22 @@ def initial_states(cfg: ModelConfig) -> list[SystemState]:
     maybe_applied = sorted(
         {cfg.exec_ids[c.name] for c in cfg.calls if cfg.is_legacy(c) and c.tool.protected}
     )
+    stored = frozenset(c.name for c in cfg.calls if cfg.is_legacy(c))
     out = []
     for mask in range(2 ** len(maybe_applied)):
         applied = {e: 1 for i, e in enumerate(maybe_applied) if mask >> i & 1}
-        out.append(SystemState(session, ExternalState(applied=applied), ghosts))
+        out.append(SystemState(session, ExternalState(applied=applied), ghosts, stored=stored))
     return out
 
 
 Successor = tuple[p.Action, SystemState]
+
+
+@functools.lru_cache(maxsize=4096)
+def _event(action: p.Action, position: p.CallPosition, attempt: int | None = None) -> p.Event:
+    # Events are immutable: built (and validated) once, then offered from
+    # every state; successors offers each of them many times per state.
+    return p.Event(action, position, attempt=attempt)
 
 
 def _try(state: p.SessionState, ev: p.Event) -> p.SessionState | None:
@@ -336,21 +370,23 @@ _PER_CALL: Final = (
 
 
 def _emissions(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:
-    session = s.session
-    present = {c.position for c in session.calls}
-    answered = {c.position for c in session.calls if c.result is not None}
+    # Every call of the model with every argument, whether or not its
+    # position is taken, legacy, or after a turn still unanswered: the core
+    # refuses what the spec's guards (a free position, after the marker, an
+    # earlier turn's call without a result) refuse.  The one condition kept
+    # here is the provider's, which the core cannot know: a model's call of a
+    # later turn comes only after every call of the earlier turns was emitted
+    # (the spec's PriorTurnsAnswered ranges over calls not yet emitted too).
+    present = {c.position for c in s.session.calls}
     for c in cfg.calls:
-        if c.position in present or cfg.is_legacy(c):
-            continue
-        # the provider answers turns in order: every call of an earlier turn
-        # of the model exists and has its result (PriorTurnsAnswered)
-        if any(d.position[0] < c.position[0] and d.position not in answered for d in cfg.calls):
+        if any(d.position[0] < c.position[0] and d.position not in present
+               for d in cfg.calls):
             continue
         for a in c.arg_choices:
             ev = p.Event(
                 p.Action.ProviderEmitCall, c.position, c.tool_call_id, c.tool, c.digest(a)
             )
-            nxt = _try(session, ev)
+            nxt = _try(s.session, ev)
             if nxt is not None:
                 yield p.Action.ProviderEmitCall, replace(s, session=nxt)
 
@@ -361,11 +397,14 @@ def _call_step(cfg: ModelConfig, s: SystemState, call: p.CallState, action: p.Ac
     ext, gh = s.external, s.ghosts
     eid = call.execution_id
     name = cfg.by_position[call.position].name
+    # The connector's answer is the environment's, not a guard of the core:
+    # it says "applied" only if the effect was applied, "not applied" only if
+    # it was not (and fences); the core decides whether it asks at all.
     if action is p.Action.EngineReconcileApplied and ext.count(eid) < 1:
         return None
     if action is p.Action.EngineReconcileNotApplied and ext.count(eid) != 0:
         return None
-    nxt = _try(s.session, p.Event(action, call.position))
+    nxt = _try(s.session, _event(action, call.position))
     if nxt is None:
         return None
     inputs = s.audit_inputs
@@ -406,7 +445,8 @@ def _call_step(cfg: ModelConfig, s: SystemState, call: p.CallState, action: p.Ac
         gh = replace(gh, human_retries=retries)  # type: ignore[arg-type]
     elif action is p.Action.EngineReconcileNotApplied and cfg.fence_on_reconcile:
         ext = replace(ext, fenced=_upd(ext.fenced, eid, s.session.record(eid).attempt))  # type: ignore[arg-type]
-    return SystemState(nxt, ext, gh, inputs)
+    stored = s.stored | {name} if action is p.Action.EnginePersistCall else s.stored
+    return replace(s, session=nxt, external=ext, ghosts=gh, audit_inputs=inputs, stored=stored)
 
 
 # Per-call actions that take a decision, with the decision's audit kind
@@ -432,14 +472,21 @@ _OUTCOME_KNOWN: Final = frozenset({
 
 def _deliver(cfg: ModelConfig, session: p.SessionState, eid: str, n: int,
              action: p.Action) -> p.SessionState:
-    """Deliver an answer for attempt n of eid to every call waiting for it."""
+    """Offer the answer for attempt n of eid to every call of that execution id.
+
+    Whatever the call's stage and attempt: the core takes the answer only if
+    the call waits for exactly that attempt, and refuses (``ProtocolError``)
+    a late answer of an older attempt, one after a time-out or a crash, or one
+    for a call that never sent it.  A refused answer is discarded, as the
+    spec's ``Answer`` leaves such a call's stage unchanged.  Routing by the
+    execution id is the adapter's (an answer comes back on the invocation
+    that sent it); nothing else of the core's guard is repeated here.
+    """
     for c in session.calls:
-        if (
-            c.execution_id == eid
-            and c.stage is p.Stage.WAITING
-            and session.record(eid).attempt == n
-        ):
-            session = p.apply(session, p.Event(action, c.position, attempt=n))
+        if c.execution_id == eid:
+            nxt = _try(session, _event(action, c.position, n))
+            if nxt is not None:
+                session = nxt
     return session
 
 
@@ -457,38 +504,28 @@ def _external(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:
             dedup = cfg.dedups(eid) and ext.count(eid) >= 1
             applied = _upd(ext.applied, eid, ext.count(eid) + (0 if dedup else 1))
             after = replace(ext, inflight=rest, applied=applied)  # type: ignore[arg-type]
-            yield p.Action.ExternalApply, SystemState(
-                _deliver(cfg, s.session, eid, n, p.Action.ExternalApply), after, s.ghosts,
-                s.audit_inputs,
+            yield p.Action.ExternalApply, replace(
+                s, session=_deliver(cfg, s.session, eid, n, p.Action.ExternalApply),
+                external=after,
             )
             yield p.Action.ExternalApplyLoseAnswer, replace(s, external=after)
             if not dedup:
-                yield p.Action.ExternalRejectDefinite, SystemState(
-                    _deliver(cfg, s.session, eid, n, p.Action.ExternalRejectDefinite),
-                    replace(ext, inflight=rest),  # type: ignore[arg-type]
-                    s.ghosts,
-                    s.audit_inputs,
+                yield p.Action.ExternalRejectDefinite, replace(
+                    s,
+                    session=_deliver(cfg, s.session, eid, n, p.Action.ExternalRejectDefinite),
+                    external=replace(ext, inflight=rest),  # type: ignore[arg-type]
                 )
-
-
-# Per stage, the per-call actions worth trying: the transition table's
-# from_stages (an empty set means any stage).  Only a shortcut: every guard is
-# still checked by the core.
-_BY_STAGE: Final[Mapping[p.Stage, tuple[p.Action, ...]]] = {
-    stage: tuple(
-        a
-        for a in _PER_CALL
-        if not p.TRANSITIONS[a].from_stages or stage in p.TRANSITIONS[a].from_stages
-    )
-    for stage in p.Stage
-}
 
 
 def successors(cfg: ModelConfig, s: SystemState) -> list[Successor]:
     """Every (action, next state) the spec's ``Next`` allows from ``s``."""
     out: list[Successor] = list(_emissions(cfg, s))
+    # Every per-call action on every call, from every stage: the core's guards
+    # (ProtocolError) alone decide what is enabled.  Trying only the stages
+    # the transition table lists would hide a core that also allows an action
+    # elsewhere (a human resolving a call before Recover re-decided it).
     for call in s.session.calls:
-        for action in _BY_STAGE[call.stage]:
+        for action in _PER_CALL:
             nxt = _call_step(cfg, s, call, action)
             if nxt is not None:
                 out.append((action, nxt))
@@ -496,8 +533,27 @@ def successors(cfg: ModelConfig, s: SystemState) -> list[Successor]:
     if s.ghosts.crashes < cfg.max_crashes:
         crashed = p.apply(s.session, p.Event(p.Action.Crash))
         out.append(
-            (p.Action.Crash, SystemState(crashed, s.external,
-                                         replace(s.ghosts, crashes=s.ghosts.crashes + 1),
-                                         s.audit_inputs))
+            (p.Action.Crash, replace(s, session=crashed,
+                                     ghosts=replace(s.ghosts, crashes=s.ghosts.crashes + 1)))
         )
+    out.extend(_rewrites(cfg, s))
     return out
+
+
+def _rewrites(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:
+    """The conversation's own rewrites, offered for every call and refused by
+    the core where they do not apply (ConversationRepair,
+    ConversationRenumber)."""
+    for call in s.session.calls:
+        name = cfg.by_position[call.position].name
+        if s.repairs < cfg.max_repairs:
+            nxt = _try(s.session, p.Event(p.Action.ConversationRepair, call.position))
+            if nxt is not None:
+                yield p.Action.ConversationRepair, replace(s, session=nxt, repairs=s.repairs + 1)
+        if s.renumbers < cfg.max_renumbers:
+            nxt = _try(s.session, p.Event(p.Action.ConversationRenumber, call.position))
+            if nxt is not None:
+                shift = _upd(s.turn_shift, name, s.turn_shift.get(name, 0) + 1)
+                yield p.Action.ConversationRenumber, replace(
+                    s, session=nxt, renumbers=s.renumbers + 1, turn_shift=shift  # type: ignore[arg-type]
+                )

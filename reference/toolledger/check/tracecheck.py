@@ -148,6 +148,8 @@ def config_module(cfg: ModelConfig, name: str) -> str:
         f"MCMaxAttempts == {cfg.max_attempts}",
         f"MCKeyByPosition == {serialize(cfg.key_by_position)}",
         f"MCFenceOnReconcile == {serialize(cfg.fence_on_reconcile)}",
+        f"MCMaxRepairs == {cfg.max_repairs}",
+        f"MCMaxRenumbers == {cfg.max_renumbers}",
         "====",
     ]
     return "\n".join(lines) + "\n"
@@ -216,6 +218,12 @@ def _trace_cfg(cfg: ModelConfig) -> str:
     subs = "\n".join(f"    {c} <- MC{c}" for c in _CONSTANTS)
     if not cfg.decision_rows_with_inputs:  # as the model's own .cfg does
         subs += "\n    AuditDecision <- AuditDecisionWithoutInputs"
+    # definitions, 0 unless overridden, as the LostConversation and
+    # Renumbered models' .cfg files do
+    if cfg.max_repairs:
+        subs += "\n    MaxRepairs <- MCMaxRepairs"
+    if cfg.max_renumbers:
+        subs += "\n    MaxRenumbers <- MCMaxRenumbers"
     return f"CONSTANTS\n{subs}\nINIT TraceInit\nNEXT TraceStep\nINVARIANT TraceStartsInInit\n"
 
 

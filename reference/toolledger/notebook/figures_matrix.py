@@ -41,7 +41,7 @@ import html
 import textwrap
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
 
@@ -638,7 +638,7 @@ def spec_run_of_tape(
                                 "spec (its Init has approved, unanswered legacy calls only)")
     legacy = min(legacy_effects, 1) if protected else 0
     init = next((s for s in candidates if s.external.count(eid) == legacy), candidates[0])
-    state = SystemState(start, init.external, init.ghosts, init.audit_inputs)
+    state = replace(init, session=start)
     run: list[tuple[str, SystemState]] = [("Init", state)]
     for n, entry in enumerate(entries):
         if entry.kind == "crash":
@@ -647,7 +647,7 @@ def spec_run_of_tape(
                 raise SpecMismatch("a crash that no engine recovered from")
             loaded = reopened.after
             nxt = _step(cfg, state, p.Action.Crash, loaded)
-            state = SystemState(loaded, nxt.external, nxt.ghosts, nxt.audit_inputs)
+            state = replace(nxt, session=loaded)
             run.append((p.Action.Crash.value, state))
             continue
         if entry.kind != "commit":
@@ -664,7 +664,7 @@ def spec_run_of_tape(
                 else (lambda _: True)
             )
             nxt = _step(cfg, state, ev.action, session, accept)
-            state = SystemState(session, nxt.external, nxt.ghosts, nxt.audit_inputs)
+            state = replace(nxt, session=session)
             run.append((ev.action.value, state))
     for _, execution_id, attempt, status in late:
         if execution_id != eid or not protected:
