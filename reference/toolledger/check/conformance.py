@@ -106,10 +106,13 @@ class ConformanceReport:
 # --------------------------------------------------------------------------
 
 # Set by check_graph before forking workers (copy-on-write shared).
-_JOB: tuple[ModelConfig, StateGraph, dict[int, Key], SuccessorFn, int, bool] | None = None
+_JOB: tuple[ModelConfig, StateGraph, dict[int, Key], SuccessorFn, int, bool, bool] | None = None
 
 
 def _check_nodes(nodes: Sequence[int]) -> tuple[int, int, list[Mismatch]]:
+    assert _JOB is not None
+    if not _JOB[-1]:  # memoise=False: every question asked afresh (a benchmark's baseline)
+        return _check_with(None, nodes)
     gc_was_enabled = gc.isenabled()
     # The memos keep ~10^5 acyclic objects alive; the cyclic GC's passes over
     # them cost more than the check itself (measured on SameTurn: 1.5-2x).
@@ -122,9 +125,10 @@ def _check_nodes(nodes: Sequence[int]) -> tuple[int, int, list[Mismatch]]:
             gc.enable()
 
 
-def _check_with(memo: CoreMemo, nodes: Sequence[int]) -> tuple[int, int, list[Mismatch]]:
+def _check_with(memo: CoreMemo | None, nodes: Sequence[int]
+                ) -> tuple[int, int, list[Mismatch]]:
     assert _JOB is not None
-    cfg, graph, keys, succ_fn, limit, fail_fast = _JOB
+    cfg, graph, keys, succ_fn, limit, fail_fast, _ = _JOB
     mismatches: list[Mismatch] = []
     count = 0
     ref_edges = 0
@@ -139,6 +143,10 @@ def _check_with(memo: CoreMemo, nodes: Sequence[int]) -> tuple[int, int, list[Mi
     image: dict[Hashable, tuple[int | Key, dict[str, Value]]] = {}
 
     def spec_of(state: SystemState) -> tuple[int | Key, dict[str, Value]]:
+        if memo is None:
+            st = to_spec(cfg, state)
+            k = spec_key(st)
+            return node_of.get(k, k), st
         vk = memo.keys.state_key(state)
         got = image.get(vk)
         if got is None:
@@ -215,11 +223,14 @@ def check_graph(
     workers: int = 1,
     max_mismatches: int = 10,
     fail_fast: bool = False,
+    memoise: bool = True,
 ) -> ConformanceReport:
     """Compare the reference with every state and edge of ``graph``.
 
     ``fail_fast`` stops each worker at its first mismatch (for tests that
-    only need to know that a broken reference is caught)."""
+    only need to know that a broken reference is caught).  ``memoise=False``
+    asks the core and maps every state afresh, for every edge (the same
+    verdict, slower: see :mod:`toolledger.check.memo`)."""
     global _JOB
     started = time.perf_counter()
     report = ConformanceReport(model=model, states=len(graph.states), edges=len(graph.edges))
@@ -242,7 +253,7 @@ def check_graph(
         report.seconds = time.perf_counter() - started
         return report
     nodes = sorted(graph.states)
-    _JOB = (cfg, graph, keys, successors_fn, max_mismatches, fail_fast)
+    _JOB = (cfg, graph, keys, successors_fn, max_mismatches, fail_fast, memoise)
     graph._successor_index()  # build before forking, so workers share it
     try:
         if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
