@@ -139,8 +139,9 @@ def _check_with(memo: CoreMemo | None, nodes: Sequence[int]
     node_of: dict[Key, int] = {k: n for n, k in keys.items()}
     # The spec image of each distinct reference state, by value (to_spec is a
     # pure function of the state): a state reached from many nodes is mapped
-    # once.  Equal keys mean equal states (memo.value_key).
-    image: dict[Hashable, tuple[int | Key, dict[str, Value]]] = {}
+    # once.  Equal keys mean equal states (memo.value_key).  An image that is
+    # a state of the graph is kept as its node only (the graph has its values).
+    image: dict[Hashable, tuple[int | Key, dict[str, Value] | None]] = {}
 
     def spec_of(state: SystemState) -> tuple[int | Key, dict[str, Value]]:
         if memo is None:
@@ -152,8 +153,10 @@ def _check_with(memo: CoreMemo | None, nodes: Sequence[int]
         if got is None:
             st = to_spec(cfg, state)
             k = spec_key(st)
-            got = image[vk] = (node_of.get(k, k), st)
-        return got
+            dst = node_of.get(k)
+            got = image[vk] = (k, st) if dst is None else (dst, None)
+        name, kept = got
+        return name, kept if kept is not None else graph.states[name]  # type: ignore[index]
 
     for node in nodes:
         if fail_fast and count:
