@@ -318,15 +318,26 @@ class Attempt:
     ``idempotency_key`` is the same id for ``idempotent`` tools (send it as
     the external system's deduplication key, e.g. an ``Idempotency-Key``
     header) and ``None`` otherwise; ``attempt`` numbers the attempts (1, 2,
-    ...; a reconcile connector fences per attempt).  ``arguments`` are the
+    ...; a reconcile connector fences per attempt).  ``epoch`` is the lease
+    epoch of the session's owner (``Session.open(..., take_session=True)``;
+    ``None`` without a lease): send it beside the execution id to a
+    connector that can refuse a request of an older epoch than one it has
+    seen (a worker declared dead that still runs).  ``arguments`` are the
     model's, read-only.
     """
 
-    def __init__(self, call: CallRef, attempt: int, idempotency_key: str | None) -> None:
+    def __init__(
+        self,
+        call: CallRef,
+        attempt: int,
+        idempotency_key: str | None,
+        epoch: int | None = None,
+    ) -> None:
         self.call = call
         self.execution_id = call.key
         self.idempotency_key = idempotency_key
         self.attempt = attempt
+        self.epoch = epoch
         self.arguments: Mapping[str, Any] = frozen_arguments(dict(call.arguments))
         self.sent = False
         self.status: CallStatus | None = None  # set when the with block ends
@@ -417,15 +428,23 @@ class Session:
         max_attempts: int = 3,
         legacy_messages: Sequence[Mapping[str, Any]] | None = None,
         legacy_approvals: Mapping[str, str] | None = None,
+        take_session: bool = False,
     ) -> Session:
         """The session ``session_id`` of ``store``, created if it does not exist.
 
         With ``legacy_messages`` (the conversation so far, of a session that
         ran without the ledger), a new session is adopted (:meth:`adopt`).
+        ``take_session=True`` (an existing session) takes the session's lease
+        (:class:`~toolledger._core.ledger.Ledger`): a worker that lost the
+        session since cannot commit, and tools get the epoch (``Attempt.epoch``).
         """
         declared = _tools(tools)
         try:
-            ledger = Ledger(store, session_id)
+            ledger = (
+                Ledger(store, session_id, take_session=True)
+                if take_session
+                else Ledger(store, session_id)
+            )
         except UnknownSession:
             if legacy_messages:
                 return cls.adopt(store, session_id, legacy_messages, tools,
@@ -729,7 +748,9 @@ class Session:
             if not dispatch and c.stage is not Stage.DISPATCHED:
                 raise InvalidInput(f"call {key} cannot run now (stage {c.stage.value})")
             key_ = c.execution_id if c.tool.policy is RecoveryPolicy.IDEMPOTENT else None
-            attempt = Attempt(ref, rec.attempt + 1 if dispatch else rec.attempt, key_)
+            attempt = Attempt(
+                ref, rec.attempt + 1 if dispatch else rec.attempt, key_, self._ledger.epoch
+            )
             if dispatch:  # DISPATCHED: a human's retry, already durable
                 self._step_many([Event(Action.EnginePersistDispatched, pos)])  # commit 1
             assert self._ledger.state.record(c.execution_id).attempt == attempt.attempt

@@ -41,7 +41,7 @@ Schema (version :data:`SCHEMA_VERSION`)
 table       columns (every table but ``meta`` ends with ``row_checksum``)
 ==========  ===============================================================
 meta        singleton (=1), schema_version, created
-sessions    session_id PK, marker, max_attempts
+sessions    session_id PK, marker, max_attempts, epoch (the lease epoch)
 calls       session_id, turn, slot (PK together), tool_call_id, tool_name,
             policy, requires_approval, execution_id UNIQUE, args_digest,
             arguments, message_state, result_kind, result_content,
@@ -146,21 +146,27 @@ from .stores import (
     UnknownSession,
     UnsupportedSchema,
     _check_session_values,
+    check_lease,
     plan_commit,
 )
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "FileCheck", "SqliteStore", "verify_file"]
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 """The schema this version writes and reads; a file with another one is refused.
 
-Version 3 (from 2): ``result_kind`` may be ``'cancelled'`` (``HumanCancel``,
-a user's Stop before dispatch).  Only a CHECK list grew, but a version-2 file
-carries the old CHECK in its table definition (SQLite cannot alter it in
-place), so a cancel would fail on it at the first Stop, mid-session; and a
-version-2 reader would meet a result kind it does not know.  Refusing the
-other version at open, with a message naming it, is the honest outcome for
-both; no migration exists yet (a table rebuild would be one)."""
+Version 4 (from 3): ``sessions.epoch``, the session's lease epoch
+(:meth:`SqliteStore.take_session`; a commit carrying an older one is
+refused with :class:`~toolledger._core.stores.LeaseLost`).  A version-3 file
+has no such column (and its rows' checksums do not cover one): it is refused
+at open with a message naming both versions.  Version 3 (from 2):
+``result_kind`` may be ``'cancelled'`` (``HumanCancel``, a user's Stop
+before dispatch).  Only a CHECK list grew, but a version-2 file carries the
+old CHECK in its table definition (SQLite cannot alter it in place), so a
+cancel would fail on it at the first Stop, mid-session; and a version-2
+reader would meet a result kind it does not know.  Refusing the other
+version at open, with a message naming it, is the honest outcome for both;
+no migration exists yet (a table rebuild would be one)."""
 
 APPLICATION_ID: Final = 0x544C4752
 """``PRAGMA application_id`` of a toolledger store ("TLGR")."""
@@ -185,7 +191,7 @@ _RESULT: Final = ("result_kind", "result_content", "result_execution_id", "resul
 
 # The checksummed columns of each table, in order (``row_checksum`` follows).
 _DATA: Final[Mapping[str, tuple[str, ...]]] = {
-    "sessions": ("session_id", "marker", "max_attempts"),
+    "sessions": ("session_id", "marker", "max_attempts", "epoch"),
     "calls": (
         "session_id", "turn", "slot", "tool_call_id", "tool_name", "policy",
         "requires_approval", "execution_id", "args_digest", "arguments", "message_state",
@@ -230,6 +236,7 @@ _SCHEMA: Final[tuple[str, ...]] = (
         session_id TEXT PRIMARY KEY,
         marker INTEGER NOT NULL CHECK (marker >= 0),
         max_attempts INTEGER NOT NULL CHECK (max_attempts >= 1),
+        epoch INTEGER NOT NULL CHECK (epoch >= 0),
         row_checksum TEXT NOT NULL)""",
     f"""CREATE TABLE calls (
         session_id TEXT NOT NULL REFERENCES sessions (session_id),
@@ -766,11 +773,41 @@ class SqliteStore:
             self._insert(
                 conn,
                 "sessions",
-                {"session_id": session_id, "marker": marker, "max_attempts": max_attempts},
+                {
+                    "session_id": session_id,
+                    "marker": marker,
+                    "max_attempts": max_attempts,
+                    "epoch": 0,
+                },
             )
 
         self._write_transaction(f"creating session {session_id!r}", body)
         self.commits += 1
+
+    def _epoch_row(self, conn: sqlite3.Connection, session_id: str) -> tuple[Row, int]:
+        rows = self._select(conn, "sessions", "WHERE session_id = ?", (session_id,))
+        if not rows:
+            raise UnknownSession(
+                f"no session {session_id!r} in {self.path}: create it with create_session() "
+                "first, or check the session id"
+            )
+        return rows[0], _int(rows[0]["epoch"], f"sessions[{session_id!r}].epoch", self)
+
+    def take_session(self, session_id: str) -> int:
+        """Bump the session's lease epoch durably (one transaction) and return it."""
+        taken: list[int] = []
+
+        def body(conn: sqlite3.Connection) -> None:
+            row, epoch = self._epoch_row(conn, session_id)
+            self._update(conn, "sessions", row, {"epoch": epoch + 1})
+            taken.append(epoch + 1)
+
+        self._write_transaction(f"taking session {session_id!r}", body)
+        return taken[0]
+
+    def lease_epoch(self, session_id: str) -> int:
+        """The session's current lease epoch."""
+        return self._read(lambda conn: self._epoch_row(conn, session_id)[1])
 
     def _session_row(self, conn: sqlite3.Connection, session_id: str) -> tuple[int, int]:
         rows = self._select(conn, "sessions", "WHERE session_id = ?", (session_id,))
@@ -990,9 +1027,13 @@ class SqliteStore:
         audit_rows: Sequence[AuditRow],
         *,
         arguments: Mapping[CallPosition, Mapping[str, Any]] | None = None,
+        epoch: int | None = None,
     ) -> None:
         """Make the transition ``before -> after`` durable in one transaction.
 
+        First, inside the transaction, the lease: with ``epoch`` given, a
+        session taken since by another worker raises
+        :class:`~toolledger._core.stores.LeaseLost` before anything is written.
         Writes ``durable_changes(before, after)`` and ``audit_rows`` (see
         :func:`~toolledger._core.stores.plan_commit` for the checks), each row only
         if what is stored is still what ``before`` says (else
@@ -1004,6 +1045,8 @@ class SqliteStore:
             return
 
         def body(conn: sqlite3.Connection) -> None:
+            if epoch is not None:
+                check_lease(session_id, self._epoch_row(conn, session_id)[1], epoch)
             plan.check_session(
                 session_id,
                 self._session_row(conn, session_id),
