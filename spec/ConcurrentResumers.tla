@@ -40,8 +40,9 @@
 (*                                                                         *)
 (* Where each variable lives:                                              *)
 (*  - durable, the store: rec (the execution record), res (the call's      *)
-(*    result in the conversation), ver (the version every commit bumps:   *)
-(*    what a compare-and-set compares), epoch (the session's lease);      *)
+(*    result in the conversation), audit (the audit keys <<kind,          *)
+(*    attempt>>), ver (the version every commit bumps: what a             *)
+(*    compare-and-set compares), epoch (the session's lease);             *)
 (*  - volatile, per process (lost when it crashes): pc, view, held;       *)
 (*  - external: inflight (requests <<attempt, epoch, sender>>), fenced,    *)
 (*    extEpoch (the newest epoch the external system has seen);           *)
@@ -74,7 +75,8 @@ ResKinds == {"none", "ok", "error", "human", "abandoned"}
 \* rec.result: the result the record carries for the conversation.
 NoRecord == [status |-> "none", attempt |-> 0, auth |-> "none", result |-> "none"]
 Dispatched(n, a) == [status |-> "dispatched", attempt |-> n, auth |-> a, result |-> "none"]
-NoView == [ver |-> 0, rec |-> NoRecord, res |-> "none"]
+Halt(r) == [r EXCEPT !.status = "recovery_required"]
+NoView == [ver |-> 0, rec |-> NoRecord, res |-> "none", audit |-> {}]
 
 \* Process locations (the main spec's stages, plus the connector's answer
 \* held in memory before it is committed, and "halted": the process holds
@@ -84,18 +86,18 @@ PCs == {"idle", "resume", "live", "retry", "dispatched", "waiting", "got_ok",
         "rec_unknown", "reconciling", "halted"}
 
 VARIABLES
-    rec, res, ver, epoch,        \* durable
+    rec, res, ver, epoch, audit, \* durable
     pc, view, held,              \* volatile, per process
     inflight, fenced, extEpoch,  \* external
     applied, sent, invocations, humanRetries, crashes,
     staleCommits, refusals, staleDropped   \* ghosts
 
-durable == <<rec, res, ver, epoch>>
+durable == <<rec, res, ver, epoch, audit>>
 volatile == <<pc, view, held>>
 external == <<inflight, fenced, extEpoch>>
 ghosts == <<applied, sent, invocations, humanRetries, crashes,
             staleCommits, refusals, staleDropped>>
-vars == <<rec, res, ver, epoch, pc, view, held, inflight, fenced, extEpoch,
+vars == <<rec, res, ver, epoch, audit, pc, view, held, inflight, fenced, extEpoch,
           applied, sent, invocations, humanRetries, crashes, staleCommits,
           refusals, staleDropped>>
 
@@ -104,12 +106,17 @@ Records == [status : Statuses, attempt : 0..MaxAttempts, auth : Auths,
 \* The crashed engine that left the session (epoch 0): not a process here.
 Orig == "orig"
 Senders == Procs \cup {Orig}
+AuditKinds == {"dispatch", "execute", "retry_same_id", "reconcile", "recovery_required",
+               "reconstruct", "reconcile_applied", "reconcile_not_applied",
+               "reconcile_unknown", "human_applied", "human_retry", "human_abandon"}
+Rows == AuditKinds \X (0..MaxAttempts)
 Requests == (1..MaxAttempts) \X (0..MaxEpoch) \X Senders
 
 TypeOK ==
     /\ rec \in Records /\ res \in ResKinds /\ ver \in Nat /\ epoch \in 0..MaxEpoch
+    /\ audit \subseteq Rows
     /\ pc \in [Procs -> PCs]
-    /\ view \in [Procs -> [ver : Nat, rec : Records, res : ResKinds]]
+    /\ view \in [Procs -> [ver : Nat, rec : Records, res : ResKinds, audit : SUBSET Rows]]
     /\ held \in [Procs -> 0..MaxEpoch]
     /\ inflight \subseteq Requests /\ fenced \in 0..MaxAttempts
     /\ extEpoch \in 0..MaxEpoch
@@ -140,6 +147,7 @@ Init ==
              \/ /\ inflight = {} /\ applied = 1
                 /\ invocations = {<<1, FirstAuth, Orig, 0>>}
                 /\ sent = [n \in 1..MaxAttempts |-> IF n = 1 THEN 1 ELSE 0]
+    /\ audit = IF rec = NoRecord THEN {} ELSE {<<"dispatch", 1>>}
     /\ res = "none" /\ ver = 0 /\ epoch = 0
     /\ pc = [p \in Procs |-> "idle"]
     /\ view = [p \in Procs |-> NoView]
@@ -185,18 +193,31 @@ DecisionFor(p) == Decide(InputsOf(view[p]))
 Current(p) == held[p] = epoch
 CanCommit(p) == (UseCAS => view[p].ver = ver) /\ (UseLease => Current(p))
 
-Commit(p, r, s) ==
+Commit(p, r, s, rows) ==
     /\ CanCommit(p)
-    /\ rec' = r /\ res' = s /\ ver' = ver + 1
-    /\ view' = [view EXCEPT ![p] = [ver |-> ver + 1, rec |-> r, res |-> s]]
+    /\ rec' = r /\ res' = s /\ ver' = ver + 1 /\ audit' = audit \cup rows
+    /\ view' = [view EXCEPT ![p] = [ver |-> ver + 1, rec |-> r, res |-> s,
+                                    audit |-> audit \cup rows]]
     /\ staleCommits' = IF Current(p) THEN staleCommits ELSE staleCommits + 1
     /\ UNCHANGED <<epoch, held>>
 
-\* The locations whose next step is a commit.
+\* A commit that would change nothing the process knows of (the record as
+\* it read it, and an audit row it already saw: the store's audit key is
+\* (execution, kind, attempt)) writes nothing and checks nothing, exactly
+\* as an empty CommitPlan: the decision is taken again on the same inputs.
+Empty(p, r, rows) == r = view[p].rec /\ rows \subseteq view[p].audit
+RecoverRows(p) == {<<DecisionFor(p), view[p].rec.attempt>>}
+RecoverRecord(p) == IF DecisionFor(p) = "recovery_required" THEN Halt(view[p].rec)
+                    ELSE view[p].rec
+NotAppliedRows(p) == {<<"reconcile_not_applied", view[p].rec.attempt>>}
+
+\* The locations whose next step is a commit that writes something.
 CommitsNext(p) ==
     \/ pc[p] \in {"live", "retry", "got_ok", "got_fail", "recorded",
-                  "rec_applied", "rec_not_applied", "rec_unknown", "halted"}
-    \/ pc[p] = "resume" /\ DecisionFor(p) # "skip"
+                  "rec_applied", "rec_unknown", "halted"}
+    \/ pc[p] = "rec_not_applied" /\ ~Empty(p, view[p].rec, NotAppliedRows(p))
+    \/ /\ pc[p] = "resume" /\ DecisionFor(p) # "skip"
+       /\ ~Empty(p, RecoverRecord(p), RecoverRows(p))
 
 \* The store refuses the commit: nothing is written; the process forgets
 \* what it read and must take the session again and decide again.
@@ -218,14 +239,15 @@ Refused(p) ==
 (***************************************************************************)
 \* Take the session and read it: bump the lease epoch (the takeover is not
 \* conditioned on anything: the previous holder may be declared dead while
-\* it still runs) and load the durable state, in one transaction.
+\* it still runs, and a resume path may fire when nothing is left to do)
+\* and load the durable state, in one transaction.
 TakeSession(p) ==
-    /\ pc[p] = "idle" /\ res = "none" /\ epoch < MaxEpoch
+    /\ pc[p] = "idle" /\ epoch < MaxEpoch
     /\ epoch' = epoch + 1
     /\ held' = [held EXCEPT ![p] = epoch + 1]
-    /\ view' = [view EXCEPT ![p] = [ver |-> ver, rec |-> rec, res |-> res]]
+    /\ view' = [view EXCEPT ![p] = [ver |-> ver, rec |-> rec, res |-> res, audit |-> audit]]
     /\ pc' = [pc EXCEPT ![p] = "resume"]
-    /\ UNCHANGED <<rec, res, ver>> /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED <<rec, res, ver, audit>> /\ UNCHANGED external /\ UNCHANGED ghosts
 
 StageAfter(d) ==
     CASE d = "skip" -> "idle"
@@ -235,8 +257,6 @@ StageAfter(d) ==
       [] d = "reconcile" -> "reconciling"
       [] d = "recovery_required" -> "halted"
 
-Halt(r) == [r EXCEPT !.status = "recovery_required"]
-
 \* Apply the recovery decision to the call as the process read it.  Every
 \* decision but skip is audited, so every decision but skip is a commit
 \* (the audit row is the commit's content here; a halt also writes the
@@ -245,10 +265,9 @@ Recover(p) ==
     LET d == DecisionFor(p) IN
     /\ pc[p] = "resume"
     /\ pc' = [pc EXCEPT ![p] = StageAfter(d)]
-    /\ IF d = "skip"
-       THEN UNCHANGED <<rec, res, ver, epoch, view, held, staleCommits>>
-       ELSE Commit(p, IF d = "recovery_required" THEN Halt(view[p].rec)
-                      ELSE view[p].rec, view[p].res)
+    /\ IF d = "skip" \/ Empty(p, RecoverRecord(p), RecoverRows(p))
+       THEN UNCHANGED <<rec, res, ver, epoch, audit, view, held, staleCommits>>
+       ELSE Commit(p, RecoverRecord(p), view[p].res, RecoverRows(p))
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
                    refusals, staleDropped>>
@@ -259,7 +278,7 @@ PersistDispatched(p) ==
         auth == IF pc[p] = "retry" THEN "policy" ELSE FirstAuth
     IN
     /\ pc[p] \in {"live", "retry"} /\ n <= MaxAttempts
-    /\ Commit(p, Dispatched(n, auth), view[p].res)
+    /\ Commit(p, Dispatched(n, auth), view[p].res, {<<"dispatch", n>>})
     /\ pc' = [pc EXCEPT ![p] = "dispatched"]
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
@@ -282,7 +301,7 @@ InvokeAdapter(p) ==
 RecordSucceeded(p) ==
     /\ pc[p] = "got_ok"
     /\ Commit(p, [view[p].rec EXCEPT !.status = "succeeded", !.result = "ok"],
-              view[p].res)
+              view[p].res, {})
     /\ pc' = [pc EXCEPT ![p] = "recorded"]
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
@@ -291,7 +310,7 @@ RecordSucceeded(p) ==
 RecordFailed(p) ==
     /\ pc[p] = "got_fail"
     /\ Commit(p, [view[p].rec EXCEPT !.status = "failed", !.result = "error"],
-              view[p].res)
+              view[p].res, {})
     /\ pc' = [pc EXCEPT ![p] = "recorded"]
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
@@ -301,7 +320,7 @@ RecordFailed(p) ==
 \* check) and the process is done with the call.
 AppendResult(p) ==
     /\ pc[p] = "recorded"
-    /\ Commit(p, view[p].rec, view[p].rec.result)
+    /\ Commit(p, view[p].rec, view[p].rec.result, {})
     /\ pc' = [pc EXCEPT ![p] = "idle"]
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
@@ -336,13 +355,16 @@ ReconcileQuery(p) ==
 ReconcileCommit(p) ==
     /\ \/ /\ pc[p] = "rec_applied"
           /\ Commit(p, [view[p].rec EXCEPT !.status = "succeeded", !.result = "ok"],
-                    view[p].res)
+                    view[p].res, {<<"reconcile_applied", view[p].rec.attempt>>})
           /\ pc' = [pc EXCEPT ![p] = "recorded"]
        \/ /\ pc[p] = "rec_not_applied"
-          /\ Commit(p, view[p].rec, view[p].res)
+          /\ IF Empty(p, view[p].rec, NotAppliedRows(p))
+             THEN UNCHANGED <<rec, res, ver, epoch, audit, view, held, staleCommits>>
+             ELSE Commit(p, view[p].rec, view[p].res, NotAppliedRows(p))
           /\ pc' = [pc EXCEPT ![p] = "retry"]
        \/ /\ pc[p] = "rec_unknown"
-          /\ Commit(p, Halt(view[p].rec), view[p].res)
+          /\ Commit(p, Halt(view[p].rec), view[p].res,
+                    {<<"reconcile_unknown", view[p].rec.attempt>>})
           /\ pc' = [pc EXCEPT ![p] = "halted"]
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
@@ -353,7 +375,7 @@ ReconcileCommit(p) ==
 HumanResolveApplied(p) ==
     /\ pc[p] = "halted" /\ view[p].rec.status = "recovery_required"
     /\ Commit(p, [view[p].rec EXCEPT !.status = "succeeded", !.result = "human"],
-              view[p].res)
+              view[p].res, {<<"human_applied", view[p].rec.attempt>>})
     /\ pc' = [pc EXCEPT ![p] = "recorded"]
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
@@ -363,7 +385,8 @@ HumanResolveRetry(p) ==
     LET n == view[p].rec.attempt + 1 IN
     /\ pc[p] = "halted" /\ view[p].rec.status = "recovery_required"
     /\ n <= MaxAttempts
-    /\ Commit(p, Dispatched(n, "human"), view[p].res)
+    /\ Commit(p, Dispatched(n, "human"), view[p].res,
+              {<<"human_retry", n>>, <<"dispatch", n>>})
     /\ humanRetries' = humanRetries + 1
     /\ pc' = [pc EXCEPT ![p] = "dispatched"]
     /\ UNCHANGED external
@@ -372,7 +395,7 @@ HumanResolveRetry(p) ==
 HumanResolveAbandon(p) ==
     /\ pc[p] = "halted" /\ view[p].rec.status = "recovery_required"
     /\ Commit(p, [view[p].rec EXCEPT !.status = "abandoned", !.result = "abandoned"],
-              view[p].res)
+              view[p].res, {<<"human_abandon", view[p].rec.attempt>>})
     /\ pc' = [pc EXCEPT ![p] = "recorded"]
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
