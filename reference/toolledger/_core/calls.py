@@ -220,15 +220,26 @@ class Attempt:
     ``idempotency_key`` is the same id for ``idempotent`` tools (send it as
     the external system's deduplication key, e.g. an ``Idempotency-Key``
     header) and ``None`` otherwise; ``attempt`` numbers the attempts (1, 2,
-    ...; a reconcile connector fences per attempt).  ``arguments`` are the
+    ...; a reconcile connector fences per attempt).  ``epoch`` is the lease
+    epoch of the session's owner (``Session.open(..., take_session=True)``;
+    ``None`` without a lease): send it beside the execution id to a
+    connector that can refuse a request of an older epoch than one it has
+    seen (a worker declared dead that still runs).  ``arguments`` are the
     model's, read-only.
     """
 
-    def __init__(self, call: CallRef, attempt: int, idempotency_key: str | None) -> None:
+    def __init__(
+        self,
+        call: CallRef,
+        attempt: int,
+        idempotency_key: str | None,
+        epoch: int | None = None,
+    ) -> None:
         self.call = call
         self.execution_id = call.key
         self.idempotency_key = idempotency_key
         self.attempt = attempt
+        self.epoch = epoch
         self.arguments: Mapping[str, Any] = frozen_arguments(dict(call.arguments))
         self.sent = False
         self.status: CallStatus | None = None  # set when the with block ends

@@ -126,11 +126,22 @@ class Ledger:
     ``Ledger(store, session_id)`` loads the session (raises
     :class:`~toolledger._core.stores.UnknownSession` if it does not exist; use
     :meth:`create` for a new one).
+
+    ``take_session=True`` makes this ledger the session's owner first: it
+    takes the session's lease (:meth:`~toolledger._core.stores.Store.take_session`
+    bumps the durable epoch, before the load), and every commit carries that
+    epoch, so once another worker takes the session every commit of this one
+    raises :class:`~toolledger._core.stores.LeaseLost` before it writes
+    (docs/protocol.md#concurrent-resumers).  Without it only the stores'
+    compare-and-set on what was read protects the session.
     """
 
-    def __init__(self, store: Store, session_id: str) -> None:
+    def __init__(self, store: Store, session_id: str, *, take_session: bool = False) -> None:
         self._store = store
         self._session_id = session_id
+        # Taken before the load: what this ledger reads is at least as new as
+        # its lease, so no commit of an older holder can slip in unseen.
+        self._epoch: int | None = store.take_session(session_id) if take_session else None
         self._state = store.load_working_set(session_id)
         # Volatile, like the stages: lost by crash().
         self._arguments: dict[CallPosition, str] = {}
@@ -151,6 +162,16 @@ class Ledger:
     def store(self) -> Store:
         """The store this ledger commits to."""
         return self._store
+
+    @property
+    def epoch(self) -> int | None:
+        """The lease epoch this ledger holds (``None``: it did not take the session).
+
+        It travels to the tool beside the execution id and the attempt
+        (``Attempt.epoch``), so that a connector that supports it can refuse a
+        request of an older epoch than one it has already seen.
+        """
+        return self._epoch
 
     @property
     def session_id(self) -> str:
@@ -462,7 +483,12 @@ class Ledger:
                 and c.position not in was_durable
                 and c.position in pending
             }
-            self._store.commit(self._session_id, start, state, rows, arguments=new_args)
+            if self._epoch is None:
+                self._store.commit(self._session_id, start, state, rows, arguments=new_args)
+            else:
+                self._store.commit(
+                    self._session_id, start, state, rows, arguments=new_args, epoch=self._epoch
+                )
         kept = working_set(state)
         if kept is not state:
             positions = {c.position for c in kept.calls}

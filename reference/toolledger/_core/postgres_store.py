@@ -58,9 +58,11 @@ DELETE on ``audit``.  Opening a schema with no tables creates them (under an
 advisory lock: concurrent openers create it once); :meth:`PostgresStore.create`
 refuses an existing store.
 
-Session ownership (a lease with a fencing epoch) is not part of this store
-yet: a worker that lost a session is refused by the compare-and-set of its
-next commit, not before.
+Session ownership: ``sessions.epoch`` is the session's lease epoch.
+:meth:`PostgresStore.take_session` bumps it (one transaction, under the
+session's row lock); a commit carrying an epoch checks it first, under the
+same row lock, and a worker that lost the session gets
+:class:`~toolledger._core.stores.LeaseLost` before anything is written.
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ from .stores import (
     UnknownSession,
     UnsupportedSchema,
     _check_session_values,
+    check_lease,
     plan_commit,
 )
 
@@ -116,8 +119,11 @@ if TYPE_CHECKING:
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore", "StoreExists", "StoreUnavailable"]
 
-SCHEMA_VERSION: Final = 1
-"""The PostgreSQL schema version this version writes and reads."""
+SCHEMA_VERSION: Final = 2
+"""The PostgreSQL schema version this version writes and reads.
+
+Version 2 (from 1): ``sessions.epoch``, the session's lease epoch
+(:meth:`PostgresStore.take_session`); a version-1 schema is refused at open."""
 
 APPLICATION: Final = "toolledger"
 
@@ -142,6 +148,7 @@ _SCHEMA: Final[tuple[str, ...]] = (
         session_id TEXT PRIMARY KEY,
         marker INTEGER NOT NULL CHECK (marker >= 0),
         max_attempts INTEGER NOT NULL CHECK (max_attempts >= 1),
+        epoch BIGINT NOT NULL CHECK (epoch >= 0),
         row_checksum TEXT NOT NULL)""",
     f"""CREATE TABLE calls (
         session_id TEXT NOT NULL REFERENCES sessions (session_id),
@@ -650,7 +657,12 @@ class PostgresStore:
         _check_session_values(session_id, marker, max_attempts)
 
         def body(conn: psycopg.Connection[Any]) -> None:
-            row = {"session_id": session_id, "marker": marker, "max_attempts": max_attempts}
+            row = {
+                "session_id": session_id,
+                "marker": marker,
+                "max_attempts": max_attempts,
+                "epoch": 0,
+            }
             if self._insert(conn, "sessions", row).rowcount != 1:
                 raise SessionExists(
                     f"session {session_id!r} already exists in {self.where}: open it with "
@@ -659,6 +671,33 @@ class PostgresStore:
 
         self._write(f"creating session {session_id!r}", body)
         self.commits += 1
+
+    def _epoch_row(
+        self, conn: psycopg.Connection[Any], session_id: str, *, lock: bool = False
+    ) -> tuple[Row, int]:
+        rows = self._select(conn, "sessions", "WHERE session_id = %s", (session_id,), lock=lock)
+        if not rows:
+            raise UnknownSession(
+                f"no session {session_id!r} in {self.where}: create it with create_session() "
+                "first, or check the session id"
+            )
+        return rows[0], _int(rows[0]["epoch"], f"sessions[{session_id!r}].epoch", self._rows)
+
+    def take_session(self, session_id: str) -> int:
+        """Bump the session's lease epoch durably (one transaction) and return it."""
+        taken: list[int] = []
+
+        def body(conn: psycopg.Connection[Any]) -> None:
+            row, epoch = self._epoch_row(conn, session_id, lock=True)
+            self._update(conn, "sessions", row, {"epoch": epoch + 1})
+            taken.append(epoch + 1)
+
+        self._write(f"taking session {session_id!r}", body)
+        return taken[0]
+
+    def lease_epoch(self, session_id: str) -> int:
+        """The session's current lease epoch."""
+        return self._read(lambda conn: self._epoch_row(conn, session_id)[1])
 
     def _session_row(
         self, conn: psycopg.Connection[Any], session_id: str, *, lock: bool = False
@@ -852,10 +891,13 @@ class PostgresStore:
         audit_rows: Sequence[AuditRow],
         *,
         arguments: Mapping[CallPosition, Mapping[str, Any]] | None = None,
+        epoch: int | None = None,
     ) -> None:
         """Make the transition ``before -> after`` durable in one transaction.
 
-        Takes the session's row lock, checks that what the commit was decided
+        Takes the session's row lock, checks the lease epoch if ``epoch`` is
+        given (:class:`~toolledger._core.stores.LeaseLost` when another worker
+        took the session since, nothing written), checks that what the commit was decided
         on is still stored (else :class:`~toolledger._core.stores.StaleState`,
         nothing written), writes, and returns after ``COMMIT``.
         """
@@ -864,6 +906,12 @@ class PostgresStore:
             return
 
         def body(conn: psycopg.Connection[Any]) -> None:
+            if epoch is not None:
+                check_lease(
+                    session_id,
+                    self._epoch_row(conn, session_id, lock=self.LOCK_SESSION)[1],
+                    epoch,
+                )
             plan.check_session(
                 session_id,
                 self._session_row(conn, session_id, lock=self.LOCK_SESSION),

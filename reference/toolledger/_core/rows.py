@@ -52,7 +52,7 @@ _RESULT: Final = ("result_kind", "result_content", "result_execution_id", "resul
 
 # The checksummed columns of each table, in order (``row_checksum`` follows).
 _DATA: Final[Mapping[str, tuple[str, ...]]] = {
-    "sessions": ("session_id", "marker", "max_attempts"),
+    "sessions": ("session_id", "marker", "max_attempts", "epoch"),
     "calls": (
         "session_id", "turn", "slot", "tool_call_id", "tool_name", "policy",
         "requires_approval", "execution_id", "args_digest", "arguments", "message_state",

@@ -33,8 +33,15 @@ from .stores import (
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 """The schema this version writes and reads; a file with another one is refused.
+
+Version 4 (from 3): ``sessions.epoch``, the session's lease epoch
+(:meth:`~toolledger._core.sqlite_store.SqliteStore.take_session`; a commit
+carrying an older one is refused with
+:class:`~toolledger._core.stores.LeaseLost`).  A version-3 file has no such
+column (and its rows' checksums do not cover one): it is refused at open
+with a message naming both versions.
 
 Version 3 (from 2): ``result_kind`` may be ``'cancelled'`` (``HumanCancel``,
 a user's Stop before dispatch).  Only a CHECK list grew, but a version-2 file
@@ -71,6 +78,7 @@ _SCHEMA: Final[tuple[str, ...]] = (
         session_id TEXT PRIMARY KEY,
         marker INTEGER NOT NULL CHECK (marker >= 0),
         max_attempts INTEGER NOT NULL CHECK (max_attempts >= 1),
+        epoch INTEGER NOT NULL CHECK (epoch >= 0),
         row_checksum TEXT NOT NULL)""",
     f"""CREATE TABLE calls (
         session_id TEXT NOT NULL REFERENCES sessions (session_id),

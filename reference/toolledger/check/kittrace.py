@@ -149,8 +149,10 @@ class KitRecorder:
         self._saved = {"__init__": init, "_advance": advance, "crash": crash}
         entries = self.entries
 
-        def recording_init(ledger: Ledger, store: Any, session_id: str) -> None:
-            init(ledger, store, session_id)
+        def recording_init(
+            ledger: Ledger, store: Any, session_id: str, **kwargs: Any
+        ) -> None:
+            init(ledger, store, session_id, **kwargs)
             entries.append(Logged(session_id, (), ledger.full_state(), ledger.state))
 
         def recording_advance(
