@@ -8,7 +8,8 @@ HYPOTHESIS_PROFILE ?= ci
 export HYPOTHESIS_PROFILE
 
 BIN := $(VENV)/bin
-# Rebuilt whenever pyproject.toml changes (dependencies, entry points).
+# Rebuilt whenever pyproject.toml changes (dependencies, entry points) or the
+# kernel module does (the installed kernel.json names its module path).
 SETUP := $(VENV)/.installed
 NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 NOTEBOOKS_HTML ?= build/notebooks-html
@@ -26,11 +27,11 @@ help:
 
 setup: $(SETUP)
 
-$(SETUP): pyproject.toml
+$(SETUP): pyproject.toml reference/toolledger/notebook/kernel.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 	$(BIN)/python -m pip install -e '.[dev]'
-	$(BIN)/python -m toolledger.jupyter_kernel install --sys-prefix
+	$(BIN)/python -m toolledger.notebook.kernel install --sys-prefix
 	touch $@
 
 check: $(SETUP)
@@ -45,7 +46,7 @@ typecheck: $(SETUP)
 	$(BIN)/mypy --strict
 
 # The notebooks run under nbmake with the tests: a notebook whose TLA+ parse
-# or model check fails fails `make test` (see toolledger/jupyter_kernel.py).
+# or model check fails fails `make test` (see toolledger/notebook/kernel.py).
 pytest: $(SETUP)
 	$(BIN)/python -m pytest tests $(if $(NOTEBOOKS),--nbmake $(NOTEBOOKS))
 
@@ -64,7 +65,7 @@ endif
 # For reviewers who do not run Jupyter: the notebooks as committed (not re-run), code
 # inputs hidden; refuses a notebook whose outputs name a machine path.
 notebooks-html: $(SETUP)
-	$(BIN)/python -m toolledger.notebook_html --out $(NOTEBOOKS_HTML) $(NOTEBOOKS)
+	$(BIN)/python -m toolledger.notebook.html --out $(NOTEBOOKS_HTML) $(NOTEBOOKS)
 
 clean:
 	rm -rf build dist reference/*.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -7,7 +7,7 @@ What it measures
    approved side-effecting calls in one assistant message, the crash point
    (any of the legacy engine's crash points, or none), and whether a request
    still in flight lands before the new process resumes.  The engine runs,
-   dies at the point (:class:`~toolledger.engine.SimulatedCrash`), a new
+   dies at the point (:class:`~toolledger.kit.engine.SimulatedCrash`), a new
    engine resumes from the durable conversation and inbox, late requests
    land, and the property is the protocol's ``AtMostOnceEffect``: the
    external system applied no execution more than once.  ``hypothesis.find``
@@ -40,8 +40,12 @@ from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
 from benchmarks.common import ROOT, Result, cli, heading, median, rounded
-from toolledger.adapters import CountingAdapter, CountingExternalSystem, ToolRegistry
-from toolledger.engine import (
+from toolledger._core.protocol import RecoveryPolicy
+from toolledger._core.stores import MemoryStore
+from toolledger._core.tools import ToolRegistry
+from toolledger.check.manifest import load_manifest
+from toolledger.check.tlc import run_tlc
+from toolledger.kit.engine import (
     CrashInjector,
     CrashPoint,
     EngineMode,
@@ -53,10 +57,7 @@ from toolledger.engine import (
     crash_points,
     tool_call,
 )
-from toolledger.manifest import load_manifest
-from toolledger.protocol import RecoveryPolicy
-from toolledger.stores import MemoryStore
-from toolledger.tlc import run_tlc
+from toolledger.kit.external import CountingAdapter, CountingExternalSystem
 
 GOAL_HYPOTHESIS_SECONDS = 1.0
 GOAL_TLC_SECONDS = 5.0

@@ -8,8 +8,8 @@ in each repetition and side by side:
 - TLC without a state-graph dump (what checking the model alone costs);
 - TLC with ``-dump dot,actionlabels`` (what ``toolledger check`` runs, the
   dump being the input of the conformance check);
-- loading the dump (:func:`toolledger.stategraph.load_dot`) and the check
-  itself (:func:`toolledger.conformance.check_graph`, 2 worker processes as
+- loading the dump (:func:`toolledger.check.stategraph.load_dot`) and the check
+  itself (:func:`toolledger.check.conformance.check_graph`, 2 worker processes as
   in ``toolledger check``).
 
 The ratio is (load + check) / TLC, reported against both TLC times, so it
@@ -31,12 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_models import growth_config
 from benchmarks.common import ROOT, Result, cli, heading, median, rounded, scratch_dir, table
-from toolledger.conformance import check_graph
-from toolledger.manifest import load_manifest
-from toolledger.stategraph import load_dot
-from toolledger.system import ModelConfig
-from toolledger.tlc import TLCResult, run_tlc
-from toolledger.tracecheck import config_module
+from toolledger.check.conformance import check_graph
+from toolledger.check.manifest import load_manifest
+from toolledger.check.stategraph import load_dot
+from toolledger.check.system import ModelConfig
+from toolledger.check.tlc import TLCResult, run_tlc
+from toolledger.check.tracecheck import config_module
 
 GOAL_RATIO = 3.0
 

@@ -3,7 +3,7 @@
 What it measures
 ----------------
 1. Every model of ``model/manifest.toml`` (the CI set and the bigger non-CI
-   ones), run with :func:`toolledger.tlc.run_tlc` exactly as ``toolledger
+   ones), run with :func:`toolledger.check.tlc.run_tlc` exactly as ``toolledger
    check`` runs it (one TLC worker, ``-fp 0``): outcome, distinct states,
    wall time (median over the repetitions; it includes the JVM's start, about
    a second) and distinct states per second.
@@ -14,7 +14,7 @@ What it measures
    exhaustive conformance check of the reference), the real CI cost.
 3. Growth: generated models of ``DurableToolExecution`` with 1 to 3
    calls and 0 to 2 crashes (written with
-   :func:`toolledger.tracecheck.config_module` into a temporary directory),
+   :func:`toolledger.check.tracecheck.config_module` into a temporary directory),
    the distinct states and wall time of each; a cell that exceeds the time
    limit is stopped and reported with the states seen so far.  The calls:
    manual + idempotent in turn 1, reconcile reusing ``call_0`` in turn 2,
@@ -47,11 +47,11 @@ from benchmarks.common import (
     scratch_dir,
     table,
 )
-from toolledger.manifest import ModelEntry, load_manifest
-from toolledger.protocol import RecoveryPolicy, ToolProfile
-from toolledger.system import CallConfig, ModelConfig
-from toolledger.tlc import Outcome, TLCResult, run_tlc
-from toolledger.tracecheck import config_module
+from toolledger._core.protocol import RecoveryPolicy, ToolProfile
+from toolledger.check.manifest import ModelEntry, load_manifest
+from toolledger.check.system import CallConfig, ModelConfig
+from toolledger.check.tlc import Outcome, TLCResult, run_tlc
+from toolledger.check.tracecheck import config_module
 
 CI_GOAL_SECONDS = 60.0
 PARALLEL = 2  # toolledger check's default on a 2-core machine

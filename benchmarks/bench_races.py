@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import cli, heading, rounded, scratch_dir, table
-from toolledger import protocol as p
-from toolledger.ledger import Ledger
-from toolledger.stores import StaleState, Store
+from toolledger._core import protocol as p
+from toolledger._core.ledger import Ledger
+from toolledger._core.stores import StaleState, Store
 
 Result = dict[str, Any]
 A = p.Action
@@ -71,10 +71,10 @@ AUDIT: dict[p.RecoveryPolicy, list[tuple[str, int]]] = {
 
 def open_store(kind: str, where: str) -> Store:
     if kind == "sqlite":
-        from toolledger.sqlite_store import SqliteStore
+        from toolledger._core.sqlite_store import SqliteStore
 
         return SqliteStore(where, busy_timeout=30)
-    from toolledger.postgres_store import PostgresStore
+    from toolledger._core.postgres_store import PostgresStore
 
     conninfo, schema = where.rsplit("|", 1)
     return PostgresStore(conninfo, schema=schema)
@@ -154,7 +154,7 @@ def without_guards() -> None:
     """The broken variant the checks must catch: no compare-and-set of what was read."""
     from dataclasses import replace
 
-    from toolledger.stores import CommitPlan
+    from toolledger._core.stores import CommitPlan
 
     original = CommitPlan.check_session
 

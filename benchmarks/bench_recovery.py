@@ -2,7 +2,7 @@
 
 What it measures
 ----------------
-A session of a :class:`toolledger.sqlite_store.SqliteStore` holds H past
+A session of a :class:`toolledger._core.sqlite_store.SqliteStore` holds H past
 calls, all completed (manual tool, approved, ``dispatched`` then
 ``succeeded``, tool result, one ``dispatch`` audit row each), and a last
 turn of :data:`PENDING` calls that crashed after ``EnginePersistDispatched``:
@@ -29,7 +29,7 @@ checkpoints and syncs them when the building store closes) and in the page
 cache: warm-cache times.
 
 How the file is built: one complete call is driven through a real
-:class:`~toolledger.ledger.Ledger` (on a ``MemoryStore``) to get the exact
+:class:`~toolledger._core.ledger.Ledger` (on a ``MemoryStore``) to get the exact
 durable shape of a completed call (its call state, ledger record, approval,
 audit key and audit row).  That shape is replicated for H positions
 (turn i, slot 0, the reused provider id ``call_0``, execution ids derived
@@ -53,8 +53,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import Result, cli, heading, median, rounded, scratch_dir, table
-from toolledger.ledger import Ledger
-from toolledger.protocol import (
+from toolledger._core.ledger import Ledger
+from toolledger._core.protocol import (
     Action,
     CallState,
     Event,
@@ -65,8 +65,8 @@ from toolledger.protocol import (
     args_digest,
     derive_execution_id,
 )
-from toolledger.sqlite_store import SqliteStore
-from toolledger.stores import AuditRow, MemoryStore
+from toolledger._core.sqlite_store import SqliteStore
+from toolledger._core.stores import AuditRow, MemoryStore
 
 GOAL_RATIO = 1.5
 SESSION = "history"

@@ -4,8 +4,8 @@ What it measures
 ----------------
 1. Commits per call, counted three independent ways for each kind of call
    (protected / readonly, with and without a human approval), each call
-   driven through :class:`toolledger.ledger.Ledger` on a
-   :class:`toolledger.sqlite_store.SqliteStore` exactly as the engine kit
+   driven through :class:`toolledger._core.ledger.Ledger` on a
+   :class:`toolledger._core.sqlite_store.SqliteStore` exactly as the engine kit
    drives it (``ProviderEmitCall``, ``EnginePersistCall``, approval,
    ``EnginePersistDispatched``, the adapter, ``EngineRecordSucceeded`` +
    ``EngineAppendResult`` in one ``step_many``; a readonly call:
@@ -72,8 +72,8 @@ from benchmarks.common import (
     scratch_dir,
     table,
 )
-from toolledger.ledger import Ledger
-from toolledger.protocol import (
+from toolledger._core.ledger import Ledger
+from toolledger._core.protocol import (
     Action,
     CallPosition,
     Event,
@@ -81,7 +81,7 @@ from toolledger.protocol import (
     ToolProfile,
     args_digest,
 )
-from toolledger.sqlite_store import SqliteStore
+from toolledger._core.sqlite_store import SqliteStore
 
 GOAL_RATIO = 0.8
 WARM_CALLS = 300

@@ -169,7 +169,7 @@ def code_state() -> Result:
 
 def _tlc_version() -> str:
     try:
-        from toolledger.tlc import find_jar
+        from toolledger.check.tlc import find_jar
 
         jar = find_jar()
     except Exception as exc:  # the jar is optional for some benchmarks

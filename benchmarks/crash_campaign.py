@@ -3,9 +3,9 @@
 What it does
 ------------
 A *run* is one session of the engine adoption kit (``TurnEngine``, ledger
-mode) on a :class:`~toolledger.sqlite_store.SqliteStore`, with the
-conversation in a :class:`~toolledger.engine.FileConversationStore` and the
-tool's external system a :class:`~toolledger.adapters.CountingExternalSystem`
+mode) on a :class:`~toolledger._core.sqlite_store.SqliteStore`, with the
+conversation in a :class:`~toolledger.kit.engine.FileConversationStore` and the
+tool's external system a :class:`~toolledger.kit.external.CountingExternalSystem`
 in its durable mode: its own fsynced JSON-lines file, a separate record of
 every request it received and every effect it applied.  The session has two
 user turns, each asking for one approved call of the tool, both with the
@@ -21,8 +21,8 @@ before some resumes and at the end.
 How the child dies:
 
 - ``point``: at each enumerated crash point of the ledger engine
-  (:func:`toolledger.engine.crash_points`, the ones on the policy's path),
-  through :class:`~toolledger.engine.CrashInjector` with ``how="sigkill"``;
+  (:func:`toolledger.kit.engine.crash_points`, the ones on the policy's path),
+  through :class:`~toolledger.kit.engine.CrashInjector` with ``how="sigkill"``;
 - ``io``: at the k-th I/O boundary, for EVERY k of a complete run (or k
   drawn at random): before every SQL statement the store runs (so also
   between ``BEGIN`` and ``COMMIT``, and while the store is being created),
@@ -91,14 +91,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from toolledger.adapters import (
-    CountingAdapter,
-    CountingExternalSystem,
-    Fault,
-    RequestStatus,
-    ToolRegistry,
+from toolledger._core.protocol import (
+    InvalidInput,
+    LedgerStatus,
+    ProtocolError,
+    RecoveryPolicy,
+    ResultKind,
 )
-from toolledger.engine import (
+from toolledger._core.sqlite_store import SqliteStore
+from toolledger._core.stores import StoreCorrupt, StoreError, UnsupportedSchema
+from toolledger._core.tools import ToolRegistry
+from toolledger.kit.engine import (
     SEED_MATRIX,
     CrashInjector,
     EngineMode,
@@ -112,15 +115,7 @@ from toolledger.engine import (
     parse_crash_point,
     tool_call,
 )
-from toolledger.protocol import (
-    InvalidInput,
-    LedgerStatus,
-    ProtocolError,
-    RecoveryPolicy,
-    ResultKind,
-)
-from toolledger.sqlite_store import SqliteStore
-from toolledger.stores import StoreCorrupt, StoreError, UnsupportedSchema
+from toolledger.kit.external import CountingAdapter, CountingExternalSystem, Fault, RequestStatus
 
 SESSION = "campaign"
 TOOL = "send_email"
@@ -750,11 +745,11 @@ def fuzz(examples: int, seed: int, base: Path) -> dict[str, Any]:
     from hypothesis import seed as hseed
     from hypothesis import strategies as st
 
-    from toolledger.engine import MemoryConversationStore
-    from toolledger.ledger import Ledger
-    from toolledger.protocol import Action, Event, ToolProfile
-    from toolledger.simulate import run_simulation
-    from toolledger.stores import MemoryStore
+    from toolledger._core.ledger import Ledger
+    from toolledger._core.protocol import Action, Event, ToolProfile
+    from toolledger._core.stores import MemoryStore
+    from toolledger.kit.engine import MemoryConversationStore
+    from toolledger.kit.simulate import run_simulation
 
     documented = (InvalidInput, ProtocolError, StoreError)
     outcome: dict[str, Any] = {"examples": 0, "typed_errors": 0, "accepted": 0,

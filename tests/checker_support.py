@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from toolledger import protocol as p
-from toolledger.system import CallConfig, ModelConfig
+from toolledger._core import protocol as p
+from toolledger.check.system import CallConfig, ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

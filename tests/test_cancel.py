@@ -21,9 +21,14 @@ from typing import Any
 import pytest
 
 from checker_support import ROOT
-from toolledger import protocol as p
-from toolledger.adapters import CountingAdapter, CountingExternalSystem, ToolRegistry
-from toolledger.engine import (
+from toolledger._core import protocol as p
+from toolledger._core.ledger import Ledger
+from toolledger._core.sqlite_store import SCHEMA_VERSION, SqliteStore
+from toolledger._core.stores import MemoryStore, Store, UnsupportedSchema
+from toolledger._core.tools import ToolRegistry
+from toolledger.check.invariants import CancelledNeverInvoked, check_all
+from toolledger.check.system import ModelConfig, initial_states, successors
+from toolledger.kit.engine import (
     MemoryConversationStore,
     ScriptedHuman,
     ScriptedProvider,
@@ -31,11 +36,7 @@ from toolledger.engine import (
     TurnStatus,
     tool_call,
 )
-from toolledger.invariants import CancelledNeverInvoked, check_all
-from toolledger.ledger import Ledger
-from toolledger.sqlite_store import SCHEMA_VERSION, SqliteStore
-from toolledger.stores import MemoryStore, Store, UnsupportedSchema
-from toolledger.system import ModelConfig, initial_states, successors
+from toolledger.kit.external import CountingAdapter, CountingExternalSystem
 
 A = p.Action
 MAIL = p.ToolProfile("send_email", p.RecoveryPolicy.MANUAL, True)

@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 
 from toolledger import cli
+from toolledger.check.manifest import Manifest, ModelEntry, load_manifest
+from toolledger.check.tlavalues import FnValue, ModelValue, Value
+from toolledger.check.tlc import Cancellation, TraceStep
 from toolledger.cli import Row, Subcommand, changes, main, render_trace
-from toolledger.manifest import Manifest, ModelEntry, load_manifest
-from toolledger.tlavalues import FnValue, ModelValue, Value
-from toolledger.tlc import Cancellation, TraceStep
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tla"
 
@@ -470,15 +470,15 @@ def test_a_second_checkout_checks_its_own_reference(tmp_path: Path) -> None:
     """This checkout's `toolledger` (an editable install of *this* reference)
     run in a copy whose recovery rule is broken must check the copy's code."""
     other = copy_repo(tmp_path / "other")
-    protocol = other / "reference" / "toolledger" / "protocol.py"
-    text = protocol.read_text()
+    recovery = other / "reference" / "toolledger" / "_core" / "recovery.py"
+    text = recovery.read_text()
     rule = (
         "        elif i.policy is RecoveryPolicy.RECONCILE:\n"
         "            d = Decision.RECONCILE\n"
     )
     assert text.count(rule) == 1
     # broken: a reconcile call found dispatched halts for a human instead of reconciling
-    protocol.write_text(text.replace(rule, rule.replace("Decision.RECONCILE",
+    recovery.write_text(text.replace(rule, rule.replace("Decision.RECONCILE",
                                                         "Decision.RECOVERY_REQUIRED")))
     # --root relative to the current directory: the checker runs elsewhere
     done = run_cli("check", "--root", "other", "--model", "ReconcileReadonly", cwd=tmp_path)

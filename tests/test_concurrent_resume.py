@@ -29,10 +29,10 @@ from pathlib import Path
 import pytest
 
 from checker_support import race_two_resumers
-from toolledger import protocol as p
-from toolledger.ledger import Ledger
-from toolledger.sqlite_store import SqliteStore
-from toolledger.stores import CommitPlan, MemoryStore, Store
+from toolledger._core import protocol as p
+from toolledger._core.ledger import Ledger
+from toolledger._core.sqlite_store import SqliteStore
+from toolledger._core.stores import CommitPlan, MemoryStore, Store
 
 A = p.Action
 E = p.Event
@@ -109,10 +109,10 @@ def test_control_without_the_check_on_audit_only_commits_the_loser_writes(
 RESUMER = """
 import json, sys, time
 from pathlib import Path
-from toolledger import protocol as p
-from toolledger.ledger import Ledger
-from toolledger.sqlite_store import SqliteStore
-from toolledger.stores import StaleState
+from toolledger._core import protocol as p
+from toolledger._core.ledger import Ledger
+from toolledger._core.sqlite_store import SqliteStore
+from toolledger._core.stores import StaleState
 
 path, name, sync = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 store = SqliteStore(path)

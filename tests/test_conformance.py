@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from checker_support import BROKEN, ROOT, model_config
-from toolledger import conformance
-from toolledger.manifest import load_manifest
-from toolledger.stategraph import StateGraph, load_dot
-from toolledger.tlc import Outcome, run_tlc
+from toolledger.check import conformance
+from toolledger.check.manifest import load_manifest
+from toolledger.check.stategraph import StateGraph, load_dot
+from toolledger.check.tlc import Outcome, run_tlc
 
 MODEL = "TwoCalls"
 

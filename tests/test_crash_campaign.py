@@ -1,6 +1,6 @@
 """A fixed subset of the crash campaign (``benchmarks/crash_campaign.py``), in ``make test``.
 
-Under test: the engine kit on :class:`~toolledger.sqlite_store.SqliteStore`
+Under test: the engine kit on :class:`~toolledger._core.sqlite_store.SqliteStore`
 in real child processes that are SIGKILLed, then resumed by new processes.
 The oracle is the external system's own durable log and what survived on
 disk (see the campaign's module doc).  Here: the manual policy at the five
@@ -19,9 +19,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import crash_campaign as cc
-from toolledger.engine import SEED_MATRIX, EngineMode
-from toolledger.ledger import Ledger
-from toolledger.protocol import (
+from toolledger._core.ledger import Ledger
+from toolledger._core.protocol import (
     Action,
     Event,
     InvalidInput,
@@ -29,8 +28,9 @@ from toolledger.protocol import (
     RecoveryPolicy,
     ToolProfile,
 )
-from toolledger.sqlite_store import SqliteStore
-from toolledger.stores import MemoryStore
+from toolledger._core.sqlite_store import SqliteStore
+from toolledger._core.stores import MemoryStore
+from toolledger.kit.engine import SEED_MATRIX, EngineMode
 
 pytestmark = pytest.mark.slow
 

@@ -1,8 +1,8 @@
 """The engine adoption kit, driven through crashes.
 
-Under test: :mod:`toolledger.engine` (legacy and ledger modes) with the
-adapters of :mod:`toolledger.adapters`, on both stores.  The oracle is the
-:class:`~toolledger.adapters.CountingExternalSystem`: it counts how often an
+Under test: :mod:`toolledger.kit.engine` (legacy and ledger modes) with the
+adapters of :mod:`toolledger._core.tools`, on both stores.  The oracle is the
+:class:`~toolledger.kit.external.CountingExternalSystem`: it counts how often an
 effect was really applied and how often an adapter sent a request, so "one
 approval, one email" is measured, not assumed.  The seed issue's reproduction
 and its five fault-injection rows are named tests; every crash point of both
@@ -20,24 +20,29 @@ from typing import Any
 
 import pytest
 
-import toolledger.engine
-from toolledger.adapters import (
+import toolledger.kit.engine
+from toolledger._core.protocol import (
+    ApprovalState,
+    Authorization,
+    InvalidInput,
+    LedgerStatus,
+    RecoveryPolicy,
+)
+from toolledger._core.sqlite_store import SqliteStore
+from toolledger._core.stores import MemoryStore, Store
+from toolledger._core.tools import (
     RESERVED_ARGUMENT_NAMES,
     Applied,
     CannotTell,
-    CountingAdapter,
-    CountingExternalSystem,
     DefiniteFailure,
-    Fault,
     NotAppliedFenced,
-    RequestStatus,
     ToolRegistry,
     Unknown,
     WasApplied,
     check_arguments,
     reserved_argument_paths,
 )
-from toolledger.engine import (
+from toolledger.kit.engine import (
     LEDGER_STEPS,
     LEGACY_STEPS,
     SEED_MATRIX,
@@ -56,16 +61,8 @@ from toolledger.engine import (
     parse_crash_point,
     tool_call,
 )
-from toolledger.protocol import (
-    ApprovalState,
-    Authorization,
-    InvalidInput,
-    LedgerStatus,
-    RecoveryPolicy,
-)
-from toolledger.simulate import SimulationReport, run_simulation
-from toolledger.sqlite_store import SqliteStore
-from toolledger.stores import MemoryStore, Store
+from toolledger.kit.external import CountingAdapter, CountingExternalSystem, Fault, RequestStatus
+from toolledger.kit.simulate import SimulationReport, run_simulation
 
 POLICIES = [p.value for p in RecoveryPolicy]
 PROTECTED = [p.value for p in RecoveryPolicy if p is not RecoveryPolicy.READONLY]
@@ -773,7 +770,7 @@ def test_crash_between_conversation_and_ledger_registers_the_call_once(world: Wo
 
 
 def test_engine_docstring_example_runs() -> None:
-    failed, attempted = doctest.testmod(toolledger.engine)
+    failed, attempted = doctest.testmod(toolledger.kit.engine)
     assert attempted > 5 and failed == 0
 
 
@@ -848,7 +845,7 @@ def test_adopted_legacy_session_whose_calls_are_answered_resumes(policy: str) ->
     """Regression (found by notebook 03): a legacy session whose trailing calls
     all had their results when it was adopted used to make resume() raise
     'no call at (1, 0)'; those calls are answered and must be left alone."""
-    from toolledger.figures_matrix import run_cell
+    from toolledger.notebook.figures_matrix import run_cell
 
     cell = run_cell("ledger", "legacy", policy, "after EngineCheckpoint")
     assert cell.status != "error", cell.error

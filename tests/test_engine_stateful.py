@@ -1,19 +1,19 @@
 """Hypothesis stateful test of the engine adoption kit on a real SqliteStore, through crashes.
 
-Under test: :class:`toolledger.engine.TurnEngine` in ``ledger`` mode, as an
+Under test: :class:`toolledger.kit.engine.TurnEngine` in ``ledger`` mode, as an
 engine that adopts toolledger would run it: every step of the machine is a
 user turn, a durable resume, a human's answer or an event of the outside
 world, and every engine is a *process*: it is built from durable things
-only (a :class:`~toolledger.sqlite_store.SqliteStore` file, a
-:class:`~toolledger.engine.FileConversationStore` directory and the
+only (a :class:`~toolledger._core.sqlite_store.SqliteStore` file, a
+:class:`~toolledger.kit.engine.FileConversationStore` directory and the
 external system), may be reused by the next step or replaced by a new one,
-and dies at crash points drawn from :func:`~toolledger.engine.crash_points`
-(a :class:`~toolledger.engine.SimulatedCrash`: its store is closed and
+and dies at crash points drawn from :func:`~toolledger.kit.engine.crash_points`
+(a :class:`~toolledger.kit.engine.SimulatedCrash`: its store is closed and
 never used again).  The model (a scripted provider) emits one or two tool
 calls per turn, of tools of all four recovery policies, with and without
 approval, and with ``tool_call_id``s reused across turns (``call_0``,
 ``call_1``, ``""``, ``call_salvaged_0``).  The external system
-(:class:`~toolledger.adapters.CountingExternalSystem`, durable JSON-lines
+(:class:`~toolledger.kit.external.CountingExternalSystem`, durable JSON-lines
 mode) can be told to lose an answer, fail definitely, time out (the request
 stays in flight) or not know the answer to a reconcile question, and it
 delivers requests still in flight when the machine says so (late originals).
@@ -21,7 +21,7 @@ Humans approve or reject parked approvals and resolve ``recovery_required``
 items ("applied", "retry", "abandon").
 
 The oracle: after every step, the spec's invariants (docs/protocol.md#invariants,
-under the names of ``toolledger.invariants.INVARIANTS``), checked on what
+under the names of ``toolledger.check.invariants.INVARIANTS``), checked on what
 SURVIVES: a freshly opened ``SqliteStore`` on the file (calls, approvals,
 records, audit rows), the conversation file and a fresh
 ``CountingExternalSystem`` replaying its log (requests, effects per
@@ -58,34 +58,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-import toolledger.engine
-import toolledger.ledger
-import toolledger.protocol
-from toolledger.adapters import (
-    CountingAdapter,
-    CountingExternalSystem,
-    ExternalRequest,
-    Fault,
-    RequestStatus,
-    ToolRegistry,
-)
-from toolledger.engine import (
-    ApprovalRequest,
-    CrashInjector,
-    CrashPoint,
-    EngineMode,
-    FileConversationStore,
-    InboxItem,
-    ScriptedProvider,
-    SimulatedCrash,
-    TurnEngine,
-    TurnResult,
-    TurnStatus,
-    crash_points,
-    tool_call,
-)
-from toolledger.invariants import INVARIANTS
-from toolledger.protocol import (
+import toolledger._core.ledger
+import toolledger._core.protocol
+import toolledger.kit.engine
+from toolledger._core.protocol import (
     ApprovalState,
     Authorization,
     CallPosition,
@@ -101,8 +77,32 @@ from toolledger.protocol import (
     decide_recovery,
     derive_execution_id,
 )
-from toolledger.sqlite_store import SqliteStore
-from toolledger.stores import AuditRow
+from toolledger._core.sqlite_store import SqliteStore
+from toolledger._core.stores import AuditRow
+from toolledger._core.tools import ToolRegistry
+from toolledger.check.invariants import INVARIANTS
+from toolledger.kit.engine import (
+    ApprovalRequest,
+    CrashInjector,
+    CrashPoint,
+    EngineMode,
+    FileConversationStore,
+    InboxItem,
+    ScriptedProvider,
+    SimulatedCrash,
+    TurnEngine,
+    TurnResult,
+    TurnStatus,
+    crash_points,
+    tool_call,
+)
+from toolledger.kit.external import (
+    CountingAdapter,
+    CountingExternalSystem,
+    ExternalRequest,
+    Fault,
+    RequestStatus,
+)
 
 SESSION = "s1"
 MAX_ATTEMPTS = 3
@@ -932,7 +932,7 @@ def test_the_machine_catches_a_ledger_engine_that_replays_a_manual_call(
         return original(i)
 
     # the core decides; the Ledger and the engine recompute it for the audit and the log
-    for module in (toolledger.protocol, toolledger.ledger, toolledger.engine):
+    for module in (toolledger._core.protocol, toolledger._core.ledger, toolledger.kit.engine):
         monkeypatch.setattr(module, "decide_recovery", broken)
     EngineMachine.examples = 0
     with pytest.raises(AssertionError, match=r"NoBlindReplay violated|AtMostOnceEffect violated"):

@@ -1,6 +1,6 @@
 """The notebooks' tables and pictures show what their input says, and nothing else.
 
-Under test: ``toolledger.figures`` (step tables, sequence diagrams, state-graph
+Under test: ``toolledger.notebook.figures`` (step tables, sequence diagrams, state-graph
 drawings, the state-space chart) on small hand-made traces and graphs whose
 right answer is known, plus one real TLC counterexample; and the guard that keeps
 ``notebooks/02_the_protocol.ipynb`` reading the spec from ``spec/`` when it runs
@@ -25,7 +25,11 @@ from matplotlib.collections import PathCollection
 from matplotlib.colors import to_hex
 from matplotlib.text import Annotation
 
-from toolledger.figures import (
+from toolledger._core.protocol import TRANSITIONS, Actor
+from toolledger.check.stategraph import StateGraph
+from toolledger.check.tlavalues import FnValue, Value
+from toolledger.check.tlc import TraceStep
+from toolledger.notebook.figures import (
     LIFELINE_TITLES,
     LIFELINES,
     STATUS_COLOURS,
@@ -39,10 +43,6 @@ from toolledger.figures import (
     trace_rows,
     trace_table_html,
 )
-from toolledger.protocol import TRANSITIONS, Actor
-from toolledger.stategraph import StateGraph
-from toolledger.tlavalues import FnValue, Value
-from toolledger.tlc import TraceStep
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "spec" / "DurableToolExecution.tla"
@@ -255,7 +255,7 @@ def test_state_graph_colours_every_state_by_its_status() -> None:
 
 def test_every_figure_reads_at_10_pt_on_a_notebook_page() -> None:
     # What notebook_support.figure_html would refuse: text under 10 pt at the width shown.
-    from toolledger.notebook_support import MIN_TEXT_PT, smallest_text
+    from toolledger.notebook.support import MIN_TEXT_PT, smallest_text
 
     graph = small_graph()
     category = {n: ledger_status(s, (1, 0, "call_0")) for n, s in graph.states.items()}
@@ -304,8 +304,8 @@ def test_state_space_chart_has_one_line_per_number_of_calls() -> None:
 
 @pytest.mark.slow
 def test_the_legacy_counterexample_is_drawn_step_by_step() -> None:
-    from toolledger.manifest import load_manifest
-    from toolledger.tlc import run_tlc
+    from toolledger.check.manifest import load_manifest
+    from toolledger.check.tlc import run_tlc
 
     manifest = load_manifest(ROOT)
     entry = manifest.get("LegacyResume")

@@ -1,6 +1,6 @@
 """The fault matrix measures what the engine kit does, and maps it to the spec faithfully.
 
-Under test: ``toolledger.figures_matrix``. The oracles are the engine kit's
+Under test: ``toolledger.notebook.figures_matrix``. The oracles are the engine kit's
 own counters and the cases whose answer issue #443 and docs/protocol.md fix
 (a legacy engine delivers twice after the external success; the ledger halts
 a ``manual`` call; the conservative legacy rule halts an adopted call), the
@@ -24,15 +24,18 @@ import pytest
 from matplotlib.colors import ListedColormap, to_hex
 
 from checker_support import ROOT
-from toolledger import protocol as p
-from toolledger.adapters import CountingExternalSystem
-from toolledger.engine import (
+from toolledger._core import protocol as p
+from toolledger._core.stores import MemoryStore
+from toolledger.check.tracecheck import trace_of, validate_traces
+from toolledger.kit.engine import (
     SEED_MATRIX,
     CrashInjector,
     MemoryConversationStore,
     crash_points,
 )
-from toolledger.figures_matrix import (
+from toolledger.kit.external import CountingExternalSystem
+from toolledger.kit.simulate import ARGUMENTS, TOOL, USER_TEXT, run_simulation
+from toolledger.notebook.figures_matrix import (
     CATEGORY_COLOURS,
     POLICIES,
     CellCategory,
@@ -55,10 +58,7 @@ from toolledger.figures_matrix import (
     spec_run,
     spec_run_of_tape,
 )
-from toolledger.notebook_support import MIN_TEXT_PT, PAGE_WIDTH_PX, smallest_text
-from toolledger.simulate import ARGUMENTS, TOOL, USER_TEXT, run_simulation
-from toolledger.stores import MemoryStore
-from toolledger.tracecheck import trace_of, validate_traces
+from toolledger.notebook.support import MIN_TEXT_PT, PAGE_WIDTH_PX, smallest_text
 
 
 @pytest.fixture(autouse=True)

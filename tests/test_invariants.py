@@ -1,6 +1,6 @@
 """Each invariant added or strengthened for issue 11 catches a state that breaks it.
 
-Under test: ``toolledger.invariants``.  A legitimate state is reached by a
+Under test: ``toolledger.check.invariants``.  A legitimate state is reached by a
 walk of the closed-world model (TwoCalls constants); the violating state is
 that state with the one thing a broken engine would change: an attempt sent
 twice, a request sent after a known outcome, a decision without its audit
@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from checker_support import model_config
-from toolledger import protocol as p
-from toolledger.invariants import (
+from toolledger._core import protocol as p
+from toolledger.check.invariants import (
     INVARIANTS,
     AttemptSentOnce,
     AuditComplete,
@@ -24,8 +24,8 @@ from toolledger.invariants import (
     ResultFidelity,
     check_all,
 )
-from toolledger.system import ModelConfig, SystemState, initial_states, successors
-from toolledger.tlavalues import FnValue
+from toolledger.check.system import ModelConfig, SystemState, initial_states, successors
+from toolledger.check.tlavalues import FnValue
 
 CFG = model_config("TwoCalls")
 A = p.Action
@@ -124,7 +124,7 @@ def test_result_fidelity_covers_error_and_denied() -> None:
 
 def _rows(cfg: ModelConfig, s: SystemState) -> dict[str, FnValue]:
     """The spec audit rows of c1's execution: kind -> inputs record."""
-    from toolledger.mapping import to_spec
+    from toolledger.check.mapping import to_spec
 
     audit = to_spec(cfg, s)["audit"]
     assert isinstance(audit, FnValue)
@@ -141,7 +141,7 @@ def test_the_mapping_writes_row_inputs_as_the_model_does() -> None:
     """A model whose .cfg writes decision rows without inputs
     (MCDecisionRowsWithInputs == FALSE) maps to NoInputs rows; the others to
     the DecisionInputs record, and back."""
-    from toolledger.mapping import from_spec, to_spec
+    from toolledger.check.mapping import from_spec, to_spec
 
     assert CFG.decision_rows_with_inputs is False  # TwoCalls
     full = replace(CFG, decision_rows_with_inputs=True)

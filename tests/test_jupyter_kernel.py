@@ -1,6 +1,6 @@
 """The TLA+ notebook kernel can't hide a failed check.
 
-Under test: ``toolledger.jupyter_kernel`` driven by real Jupyter machinery and
+Under test: ``toolledger.notebook.kernel`` driven by real Jupyter machinery and
 the real TLC 2.15 jar. The oracle is nbmake itself (the tool that runs our
 notebooks in ``make test``): a notebook whose model check passes must pass, and
 one whose invariant is violated or whose module doesn't parse must FAIL. With
@@ -23,7 +23,7 @@ from nbclient import NotebookClient
 from nbformat import NotebookNode
 from nbformat.v4 import new_code_cell, new_notebook
 
-from toolledger.jupyter_kernel import (
+from toolledger.notebook.kernel import (
     DISPLAY_NAME,
     KERNEL_NAME,
     install_kernelspec,
@@ -64,7 +64,7 @@ def test_installed_kernel_spec_runs_this_module_with_this_python(tmp_path: Path)
     assert spec["argv"] == [
         sys.executable,
         "-m",
-        "toolledger.jupyter_kernel",
+        "toolledger.notebook.kernel",
         "-f",
         "{connection_file}",
     ]

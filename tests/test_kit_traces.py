@@ -1,19 +1,19 @@
 """TLC checks that runs of the engine kit (``toolledger simulate`` and friends) are spec behaviours.
 
-Under test: :mod:`toolledger.engine` in ``ledger`` mode on a real
-:class:`~toolledger.sqlite_store.SqliteStore`, as ``toolledger simulate``
-runs it (:func:`toolledger.simulate.run_simulation`), and a few runs with
+Under test: :mod:`toolledger.kit.engine` in ``ledger`` mode on a real
+:class:`~toolledger._core.sqlite_store.SqliteStore`, as ``toolledger simulate``
+runs it (:func:`toolledger.kit.simulate.run_simulation`), and a few runs with
 external faults and human resolutions driven the same way.  Every event the
-engine feeds its :class:`~toolledger.ledger.Ledger` is recorded
-(:class:`toolledger.kittrace.KitRecorder`), a new process is the spec's
-``Crash``, and :func:`toolledger.kittrace.replay` follows the recording in
+engine feeds its :class:`~toolledger._core.ledger.Ledger` is recorded
+(:class:`toolledger.check.kittrace.KitRecorder`), a new process is the spec's
+``Crash``, and :func:`toolledger.check.kittrace.replay` follows the recording in
 the closed-world model, inferring the environment's own steps the engine
 cannot log (a lost answer, a late original landing or dropped by its fence)
 by a bounded search.  The replay checks itself against the kit (the model's
 engine state after every batch is the ledger's; its effects at the end are
 the real external system's).
 
-The oracle is TLC: :func:`toolledger.tracecheck.validate_traces` replays
+The oracle is TLC: :func:`toolledger.check.tracecheck.validate_traces` replays
 each trace against ``DurableToolExecution`` and fails at the first step the
 spec does not allow.  For every policy, the five rows of the seed's
 fault-injection matrix (``SEED_MATRIX``) and the fault runs of that policy are
@@ -33,14 +33,24 @@ from typing import Any
 
 import pytest
 
-import toolledger.engine
-import toolledger.ledger
-import toolledger.protocol
+import toolledger._core.ledger
+import toolledger._core.protocol
+import toolledger.kit.engine
 from checker_support import ROOT
-from toolledger import kittrace as kt
-from toolledger import tracecheck as tc
-from toolledger.adapters import CountingAdapter, CountingExternalSystem, Fault, ToolRegistry
-from toolledger.engine import (
+from toolledger._core.protocol import (
+    Decision,
+    LedgerStatus,
+    RecoveryDecision,
+    RecoveryInputs,
+    RecoveryPolicy,
+    decide_recovery,
+)
+from toolledger._core.sqlite_store import SqliteStore
+from toolledger._core.tools import ToolRegistry
+from toolledger.check import kittrace as kt
+from toolledger.check import tracecheck as tc
+from toolledger.check.system import ModelConfig
+from toolledger.kit.engine import (
     SEED_MATRIX,
     CrashInjector,
     FileConversationStore,
@@ -53,17 +63,8 @@ from toolledger.engine import (
     parse_crash_point,
     tool_call,
 )
-from toolledger.protocol import (
-    Decision,
-    LedgerStatus,
-    RecoveryDecision,
-    RecoveryInputs,
-    RecoveryPolicy,
-    decide_recovery,
-)
-from toolledger.simulate import ARGUMENTS, SESSION_ID, TOOL, USER_TEXT, run_simulation
-from toolledger.sqlite_store import SqliteStore
-from toolledger.system import ModelConfig
+from toolledger.kit.external import CountingAdapter, CountingExternalSystem, Fault
+from toolledger.kit.simulate import ARGUMENTS, SESSION_ID, TOOL, USER_TEXT, run_simulation
 
 POLICIES = [p.value for p in RecoveryPolicy]
 
@@ -212,7 +213,8 @@ def test_seed_matrix_runs_of_simulate_are_spec_behaviours(policy: str, tmp_path:
     [call] = cfg.calls
     assert (call.position, call.tool_call_id, call.tool.name, call.tool.policy.value) == (
         (1, 0), "call_0", TOOL, policy)
-    assert call.digest(call.arg_choices[0]) == toolledger.protocol.args_digest(TOOL, ARGUMENTS)
+    digest = toolledger._core.protocol.args_digest(TOOL, ARGUMENTS)
+    assert call.digest(call.arg_choices[0]) == digest
 
     result, seconds = validate(cfg, [*seed, *faulty])
     print(f"\n{policy}: {result.traces} kit traces ({result.steps} steps) validated by TLC "
@@ -319,7 +321,7 @@ def test_replay_catches_a_ledger_that_keeps_settled_calls(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Broken on purpose: the ledger never prunes its memory to the working set."""
-    monkeypatch.setattr(toolledger.ledger, "working_set", lambda state: state)
+    monkeypatch.setattr(toolledger._core.ledger, "working_set", lambda state: state)
     run = two_turn_run(tmp_path)
     with pytest.raises(kt.ReplayError, match=r"the ledger kept .* in memory, the working set"):
         kt.replay(kt.kit_config([run.recording]), run.recording, run.world)
@@ -337,7 +339,7 @@ def manual_retries(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         return original(i)
 
     # the core decides; the Ledger and the engine recompute it for the audit and the log
-    for module in (toolledger.protocol, toolledger.ledger, toolledger.engine):
+    for module in (toolledger._core.protocol, toolledger._core.ledger, toolledger.kit.engine):
         monkeypatch.setattr(module, "decide_recovery", broken)
     yield
 

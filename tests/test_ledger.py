@@ -1,6 +1,6 @@
 """The Ledger facade over both stores: what it commits, when, and with which audit rows.
 
-Under test: ``toolledger.ledger.Ledger`` on ``MemoryStore`` and ``SqliteStore``.
+Under test: ``toolledger._core.ledger.Ledger`` on ``MemoryStore`` and ``SqliteStore``.
 The oracle for durability is the core itself: after every step, what the
 store loads (and what a freshly reopened store loads) must equal
 ``durable_projection(ledger.state)``, the core's own ``Crash`` of the
@@ -21,10 +21,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
-from toolledger import protocol as p
-from toolledger.ledger import RESOLUTIONS, Ledger
-from toolledger.sqlite_store import SqliteStore
-from toolledger.stores import (
+from toolledger._core import protocol as p
+from toolledger._core.ledger import RESOLUTIONS, Ledger
+from toolledger._core.sqlite_store import SqliteStore
+from toolledger._core.stores import (
     MemoryStore,
     StaleState,
     Store,

@@ -1,6 +1,6 @@
 """The Ledger's Python API at its edges: typed refusals whose advice works when followed.
 
-Under test: ``toolledger.ledger.Ledger``, ``protocol.Event`` and the stores'
+Under test: ``toolledger._core.ledger.Ledger``, ``protocol.Event`` and the stores'
 error messages.  Each trap: a result recorded without its content, a
 position given as a list, an error that names a method that does not exist
 (``load()``), and "reload the session" without saying how.  Oracles: the
@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 import toolledger
-from toolledger import protocol as p
-from toolledger.ledger import Ledger
-from toolledger.sqlite_store import SqliteStore
-from toolledger.stores import RELOAD, MemoryStore, SessionExists, StaleState, Store
+from toolledger._core import protocol as p
+from toolledger._core.ledger import Ledger
+from toolledger._core.sqlite_store import SqliteStore
+from toolledger._core.stores import RELOAD, MemoryStore, SessionExists, StaleState, Store
 
 A = p.Action
 E = p.Event
@@ -207,7 +207,7 @@ def _raised_texts(tree: ast.AST) -> Iterator[tuple[int, str]]:
 def test_every_error_that_asks_for_a_reload_names_the_method() -> None:
     package = Path(toolledger.__file__).parent
     asking, bad = 0, []
-    for module in sorted(package.glob("*.py")):
+    for module in sorted(package.rglob("*.py")):
         for line, text in _raised_texts(ast.parse(module.read_text(encoding="utf-8"))):
             if re.search(r"\b(reload (the session|it)|call reload)", text, re.IGNORECASE):
                 asking += 1

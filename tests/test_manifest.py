@@ -1,6 +1,6 @@
 """The manifest loader accepts valid manifests and explains every invalid one.
 
-Under test: ``toolledger.manifest``. Each invalid manifest below breaks one
+Under test: ``toolledger.check.manifest``. Each invalid manifest below breaks one
 rule; the error must name the model and say what to change. Valid entries
 must resolve to the outcome the cfg implies (an expected name is an
 INVARIANT or a PROPERTY of the cfg). ``drift`` must flag a wrong outcome, a
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from toolledger.manifest import (
+from toolledger.check.manifest import (
     MANIFEST,
     ManifestError,
     drift,
@@ -22,7 +22,7 @@ from toolledger.manifest import (
     load_manifest,
     result_label,
 )
-from toolledger.tlc import Outcome, TLCResult
+from toolledger.check.tlc import Outcome, TLCResult
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tla"
 

@@ -1,6 +1,6 @@
 """The store port's rules, on MemoryStore (SqliteStore is held to the same ones).
 
-Under test: ``toolledger.stores``: ``AuditRow``, ``plan_commit`` (what every
+Under test: ``toolledger._core.stores``: ``AuditRow``, ``plan_commit`` (what every
 store checks before writing), ``durable_projection`` and ``MemoryStore``.
 The oracle is the protocol core: a store must hold exactly
 ``durable_changes`` of each committed transition, refuse what would break
@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from toolledger import protocol as p
-from toolledger.ledger import Ledger
-from toolledger.sqlite_store import SqliteStore
-from toolledger.stores import (
+from toolledger._core import protocol as p
+from toolledger._core.ledger import Ledger
+from toolledger._core.sqlite_store import SqliteStore
+from toolledger._core.stores import (
     AuditRow,
     MemoryStore,
     SessionExists,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 
 from checker_support import ROOT
-from toolledger.manifest import WITNESS_PREFIX, load_manifest
+from toolledger.check.manifest import WITNESS_PREFIX, load_manifest
 
 SPEC = (ROOT / "spec" / "DurableToolExecution.tla").read_text()
 MANIFEST = load_manifest(ROOT)
@@ -89,7 +89,7 @@ def test_a_weakened_section_is_noticed() -> None:
 
 
 def test_manifest_names_are_the_specs_and_pythons() -> None:
-    from toolledger.invariants import INVARIANTS
+    from toolledger.check.invariants import INVARIANTS
 
     named = {n for m in MANIFEST.models for n in (*m.witnesses, *m.antecedent_of)}
     assert named <= set(INVARIANTS), named - set(INVARIANTS)

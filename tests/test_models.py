@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from checker_support import ROOT
-from toolledger.manifest import ModelEntry, drift, load_manifest
-from toolledger.tlc import Outcome, TLCResult, run_tlc
+from toolledger.check.manifest import ModelEntry, drift, load_manifest
+from toolledger.check.tlc import Outcome, TLCResult, run_tlc
 
 MANIFEST = load_manifest(ROOT)
 CI_MODELS = [m for m in MANIFEST.ci_models() if not m.conformance]  # those run in test_conformance
@@ -30,7 +30,7 @@ def test_model_matches_the_manifest(entry: ModelEntry) -> None:
 
 
 def test_ci_set_covers_what_the_issue_asks() -> None:
-    from toolledger.system import ModelConfig
+    from toolledger.check.system import ModelConfig
 
     policies: set[str] = set()
     calls = crashes = 0

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 from checker_support import ROOT
-from toolledger import protocol as p
-from toolledger.invariants import INVARIANTS, PROPERTIES
-from toolledger.manifest import WITNESS_PREFIX, load_manifest
+from toolledger._core import protocol as p
+from toolledger.check.invariants import INVARIANTS, PROPERTIES
+from toolledger.check.manifest import WITNESS_PREFIX, load_manifest
 
 
 def _names(section: str, text: str) -> set[str]:

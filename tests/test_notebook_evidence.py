@@ -1,6 +1,6 @@
 """The notebooks' evidence functions measure what their names say.
 
-Under test: ``toolledger.notebook_evidence``.  Each function is run on a small
+Under test: ``toolledger.notebook.evidence``.  Each function is run on a small
 input whose figures are known, and, where it checks something, on a
 deliberately broken variant it must report (a cell whose counts were tampered
 with, a trace with a step cut out, ...).
@@ -19,14 +19,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pytest
 
-from toolledger import notebook_evidence as ev
-from toolledger import notebook_support as ns
-from toolledger import protocol as p
-from toolledger.adapters import ToolRegistry
-from toolledger.figures_matrix import SpecRun, run_cell
-from toolledger.manifest import load_manifest
-from toolledger.simulate import ARGUMENTS, run_simulation
-from toolledger.stategraph import StateGraph
+from toolledger._core import protocol as p
+from toolledger._core.tools import ToolRegistry
+from toolledger.check.manifest import load_manifest
+from toolledger.check.stategraph import StateGraph
+from toolledger.kit.simulate import ARGUMENTS, run_simulation
+from toolledger.notebook import evidence as ev
+from toolledger.notebook import support as ns
+from toolledger.notebook.figures_matrix import SpecRun, run_cell
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -97,7 +97,7 @@ def test_a_human_resolution_is_measured_from_the_store(tmp_path: Path) -> None:
 
 
 def test_a_reused_call_id_gets_its_own_execution_id_and_approval(tmp_path: Path) -> None:
-    from toolledger.engine import ScriptedHuman
+    from toolledger.kit.engine import ScriptedHuman
 
     turn = ns.SqliteWorld(tmp_path, "turn")
     turn.open_engine(human=ScriptedHuman(default="approve")).run(ev.EMAIL_ADA)

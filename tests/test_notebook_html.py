@@ -1,6 +1,6 @@
 """``make notebooks-html``: a reviewer's rendering hides the code and publishes no machine path.
 
-Under test: ``toolledger.notebook_html`` (what the Makefile target runs) on a real
+Under test: ``toolledger.notebook.html`` (what the Makefile target runs) on a real
 committed notebook, its two checks on renderings that must fail them, and the
 Makefile target itself (``make -n``).
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from toolledger.notebook_html import (
+from toolledger.notebook.html import (
     RenderError,
     absolute_paths,
     has_input_cells,
@@ -93,7 +93,7 @@ def test_a_missing_notebook_is_named(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_make_notebooks_html_runs_the_renderer_on_every_notebook() -> None:
     dry = subprocess.run(["make", "-n", "notebooks-html", "SETUP="], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
-    (line,) = [ln for ln in dry.splitlines() if "toolledger.notebook_html" in ln]
+    (line,) = [ln for ln in dry.splitlines() if "toolledger.notebook.html" in ln]
     assert "--out build/notebooks-html" in line
     for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
         assert f"notebooks/{nb.name}" in line

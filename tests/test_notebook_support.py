@@ -1,6 +1,6 @@
 """What the notebooks show is computed, readable and read from the repository as it is.
 
-Under test: ``toolledger.notebook_support``: figures refused when their text would
+Under test: ``toolledger.notebook.support``: figures refused when their text would
 render below 10 pt or when they have no alt text; spec excerpts cut at the right
 place from the real spec and from hand-made text; the recovery table against
 ``decide_recovery``; the TLC cross-check of ``Decide`` on the real spec and on a
@@ -22,10 +22,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pytest
 
-from toolledger import notebook_support as ns
-from toolledger import protocol as p
-from toolledger.manifest import Manifest, load_manifest
-from toolledger.tlc import Outcome
+from toolledger._core import protocol as p
+from toolledger.check.manifest import Manifest, load_manifest
+from toolledger.check.tlc import Outcome
+from toolledger.notebook import support as ns
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = (ROOT / "spec" / "DurableToolExecution.tla").read_text()
@@ -272,7 +272,7 @@ def test_the_issues_six_steps_are_found_in_tlcs_trace_and_a_wrong_trace_is_refus
 
 
 def test_the_matrix_summary_counts_every_cell_once() -> None:
-    from toolledger.figures_matrix import run_matrix
+    from toolledger.notebook.figures_matrix import run_matrix
 
     cells = run_matrix(policies=("manual", "readonly"))
     rows = ns.matrix_summary(cells)
@@ -283,8 +283,8 @@ def test_the_matrix_summary_counts_every_cell_once() -> None:
 
 
 def test_a_sqlite_world_survives_a_crash_and_its_tape_and_audit_render(tmp_path: Path) -> None:
-    from toolledger.engine import ScriptedHuman, SimulatedCrash
-    from toolledger.simulate import SESSION_ID
+    from toolledger.kit.engine import ScriptedHuman, SimulatedCrash
+    from toolledger.kit.simulate import SESSION_ID
 
     world = ns.SqliteWorld(tmp_path, "w")
     with pytest.raises(RuntimeError, match="open_engine"):
@@ -344,7 +344,7 @@ def test_models_of_spec_tells_the_two_specs_models_apart() -> None:
 
 
 def test_the_matrix_claims_hold_and_each_refuses_a_matrix_that_breaks_it() -> None:
-    from toolledger.figures_matrix import run_matrix
+    from toolledger.notebook.figures_matrix import run_matrix
 
     cells = run_matrix()
     claims = (ns.legacy_engine_duplicates_where_the_result_is_not_checkpointed,

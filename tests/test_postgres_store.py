@@ -1,6 +1,6 @@
 """What only PostgresStore has: a server, connections, row locks, query plans.
 
-Under test: ``toolledger.postgres_store.PostgresStore`` on a real throwaway
+Under test: ``toolledger._core.postgres_store.PostgresStore`` on a real throwaway
 server (``pg_cluster``).  The store guarantees it shares with the other
 stores are in tests/test_store_suite.py.  Oracles: the server's own plans
 (``EXPLAIN`` of the statements the store really ran, with their
@@ -27,10 +27,10 @@ import pytest
 
 from checker_support import race_two_resumers
 from pg_cluster import PgCluster
-from toolledger import protocol as p
-from toolledger.ledger import Ledger
-from toolledger.postgres_store import PostgresStore, StoreExists, StoreUnavailable
-from toolledger.stores import CallView, StaleState, StoreError, durable_projection
+from toolledger._core import protocol as p
+from toolledger._core.ledger import Ledger
+from toolledger._core.postgres_store import PostgresStore, StoreExists, StoreUnavailable
+from toolledger._core.stores import CallView, StaleState, StoreError, durable_projection
 
 A = p.Action
 E = p.Event
@@ -99,11 +99,12 @@ def one_decision_per_attempt(store: PostgresStore) -> bool:
 
 
 def test_the_core_package_imports_without_psycopg() -> None:
+    """``import toolledger`` exports PostgresStore yet imports psycopg only when one opens."""
     script = (
         "import sys; sys.modules['psycopg'] = None\n"
-        "import toolledger, toolledger.ledger, toolledger.stores, toolledger.sqlite_store\n"
-        "from toolledger.postgres_store import PostgresStore\n"
-        "from toolledger.stores import StoreError\n"
+        "import toolledger\n"
+        "from toolledger import PostgresStore, StoreError\n"
+        "assert 'toolledger._core.postgres_store' in sys.modules\n"
         "try:\n    PostgresStore('host=127.0.0.1')\n"
         "except StoreError as exc:\n    print(exc)\n"
     )
@@ -176,7 +177,7 @@ def test_another_applications_tables_are_refused(pg_cluster: PgCluster, schema: 
     with psycopg.connect(pg_cluster.conninfo, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
         conn.execute(f"CREATE TABLE {schema}.users (id int)")
-    from toolledger.stores import UnsupportedSchema
+    from toolledger._core.stores import UnsupportedSchema
 
     with pytest.raises(UnsupportedSchema, match="not a toolledger store") as info:
         PostgresStore(pg_cluster.conninfo, schema=schema)
@@ -189,7 +190,7 @@ def test_a_missing_index_or_trigger_fails_closed(
     open_store(pg_cluster, schema, opened)
     with psycopg.connect(pg_cluster.conninfo, autocommit=True) as conn:
         conn.execute(f"DROP TRIGGER audit_no_update ON {schema}.audit")
-    from toolledger.stores import StoreCorrupt
+    from toolledger._core.stores import StoreCorrupt
 
     with pytest.raises(StoreCorrupt, match="audit_no_update"):
         PostgresStore(pg_cluster.conninfo, schema=schema)
@@ -390,10 +391,10 @@ def test_control_without_the_row_lock_both_resumers_decide(
 RESUMER = """
 import json, sys, time
 from pathlib import Path
-from toolledger import protocol as p
-from toolledger.ledger import Ledger
-from toolledger.postgres_store import PostgresStore
-from toolledger.stores import StaleState
+from toolledger._core import protocol as p
+from toolledger._core.ledger import Ledger
+from toolledger._core.postgres_store import PostgresStore
+from toolledger._core.stores import StaleState
 
 conninfo, schema, name, sync = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4])
 store = PostgresStore(conninfo, schema=schema)
@@ -442,7 +443,7 @@ def test_two_processes_recovering_one_call_exactly_one_decides(
 def test_postgres_store_implements_the_port(
     pg_cluster: PgCluster, schema: str, opened: list[PostgresStore]
 ) -> None:
-    from toolledger.stores import Store
+    from toolledger._core.stores import Store
 
     assert isinstance(open_store(pg_cluster, schema, opened), Store)
 
@@ -471,9 +472,9 @@ def test_a_server_restart_fails_the_old_handle_closed_and_loses_nothing(
 KILLED_INSIDE_A_COMMIT = """
 import sys, time
 from pathlib import Path
-from toolledger import protocol as p
-from toolledger.ledger import Ledger
-from toolledger.postgres_store import PostgresStore
+from toolledger._core import protocol as p
+from toolledger._core.ledger import Ledger
+from toolledger._core.postgres_store import PostgresStore
 
 conninfo, schema, sync = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 store = PostgresStore(conninfo, schema=schema)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from toolledger import protocol as p
+from toolledger._core import protocol as p
 
 ROOT = Path(__file__).resolve().parents[1]
 

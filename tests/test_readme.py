@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from checker_support import ROOT
-from toolledger.manifest import load_manifest, markdown_table
+from toolledger.check.manifest import load_manifest, markdown_table
 
 README = (ROOT / "README.md").read_text()
 
@@ -45,7 +45,7 @@ def test_first_time_users_flow_fits_in_15_lines_and_recovers() -> None:
     code = adoption_blocks()[0]
     lines = [line for line in code.splitlines() if line.strip()]
     assert len(lines) <= 15, f"the README's first adoption block has {len(lines)} lines"
-    assert "toolledger.session" not in code and "Event(" not in code  # the API, not the spec
+    assert "toolledger._core.session" not in code and "Event(" not in code  # the API, not the spec
     text = run_block(code)
     assert text.startswith("retry retry_same_id {'role': 'tool', 'tool_call_id': 'call_0', "
                            "'content': 'sent', 'status': 'ok'}"), text
@@ -53,7 +53,7 @@ def test_first_time_users_flow_fits_in_15_lines_and_recovers() -> None:
 
 
 def test_adoption_example_runs_and_prints_what_the_readme_says() -> None:
-    [kit] = [b for b in adoption_blocks() if "toolledger.engine" in b]
+    [kit] = [b for b in adoption_blocks() if "toolledger.kit.engine" in b]
     text = run_block(kit)
     assert "emails sent: 1 requests: 2" in text
     rows = [line for line in text.splitlines() if line.startswith(("dispatch", "retry_same_id"))]

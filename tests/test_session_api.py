@@ -1,9 +1,9 @@
-"""The adopter's API (:mod:`toolledger.session`): every promise it makes, tested.
+"""The adopter's API (:mod:`toolledger._core.session`): every promise it makes, tested.
 
 Under test: :class:`toolledger.Session` on real :class:`~toolledger.SqliteStore`
 files (a crash is a new Session on a new store object on the same file: what a
 restarted process sees) and on :class:`~toolledger.MemoryStore`.  The outside
-world is a :class:`~toolledger.adapters.CountingExternalSystem`, which counts
+world is a :class:`~toolledger.kit.external.CountingExternalSystem`, which counts
 the effects it really applied: no run may apply an effect twice.
 
 - a first-time user's flow in at most 15 lines;
@@ -20,7 +20,7 @@ the effects it really applied: no run may apply an effect twice.
 - real threads: parallel calls of one message, a call run twice at once, and a
   lock-free variant that the thread test catches;
 - the runs of the API are behaviours of the spec: recorded with
-  :class:`~toolledger.kittrace.KitRecorder`, replayed in the closed-world model
+  :class:`~toolledger.check.kittrace.KitRecorder`, replayed in the closed-world model
   and validated by TLC, and a broken recovery is caught.
 """
 
@@ -40,9 +40,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import toolledger
-import toolledger.ledger
-import toolledger.protocol
-import toolledger.session
+import toolledger._core.ledger
+import toolledger._core.protocol
+import toolledger._core.session
 from checker_support import ROOT
 from toolledger import (
     Attempt,
@@ -59,24 +59,18 @@ from toolledger import (
     SqliteStore,
     Tool,
 )
-from toolledger import kittrace as kt
-from toolledger import tracecheck as tc
-from toolledger.adapters import (
-    Applied,
-    CannotTell,
-    CountingExternalSystem,
-    DefiniteFailure,
-    Fault,
-    ReconcileAnswer,
-)
-from toolledger.protocol import (
+from toolledger._core.protocol import (
     LedgerStatus,
     RecoveryDecision,
     RecoveryInputs,
     RecoveryPolicy,
     decide_recovery,
 )
-from toolledger.stores import Store, durable_projection
+from toolledger._core.stores import Store, durable_projection
+from toolledger._core.tools import Applied, CannotTell, DefiniteFailure, ReconcileAnswer
+from toolledger.check import kittrace as kt
+from toolledger.check import tracecheck as tc
+from toolledger.kit.external import CountingExternalSystem, Fault
 
 SID = "s1"
 TOOL = "send_email"
@@ -410,7 +404,7 @@ def test_the_count_catches_a_split_succeeded_and_result(
     files: Files, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Broken on purpose: succeeded and the tool result in two commits."""
-    from toolledger.protocol import Action, Event
+    from toolledger._core.protocol import Action, Event
 
     def split(self: Session, a: Attempt, text: str) -> CallStatus:
         pos = a.call.position
@@ -860,7 +854,7 @@ def manual_retries(monkeypatch: pytest.MonkeyPatch) -> None:
             return RecoveryDecision(Decision.RETRY_SAME_ID, i)
         return original(i)
 
-    for module in (toolledger.protocol, toolledger.ledger, toolledger.session):
+    for module in (toolledger._core.protocol, toolledger._core.ledger, toolledger._core.session):
         monkeypatch.setattr(module, "decide_recovery", broken)
 
 
@@ -955,7 +949,7 @@ def test_random_api_runs_are_runs_of_the_spec_model(
     seed: int, length: int, policies: list[str]
 ) -> None:
     """Any sequence of API calls is followed step by step by the closed-world model of
-    the spec (:func:`toolledger.kittrace.replay` checks the ledger's state after every
+    the spec (:func:`toolledger.check.kittrace.replay` checks the ledger's state after every
     commit against the model's), and no effect is ever applied twice.  (The moves come
     from a seeded generator: Hypothesis' small integers would mostly pick crashes.)"""
     rng = random.Random(seed)
@@ -1095,7 +1089,7 @@ def glue_source() -> str:
 
 
 def spec_names_in(code: str) -> list[str]:
-    names = [a.value for a in toolledger.protocol.Action] + ["Stage", "Event("]
+    names = [a.value for a in toolledger._core.protocol.Action] + ["Stage", "Event("]
     return [name for name in names if name in code]
 
 
@@ -1187,7 +1181,7 @@ def test_halted_calls_are_listed_after_a_restart(files: Files) -> None:
 def test_a_harness_observes_every_step_after_it_is_made() -> None:
     seen: list[list[str]] = []
     store = MemoryStore()
-    ledger = toolledger.ledger.Ledger.create(store, SID)
+    ledger = toolledger._core.ledger.Ledger.create(store, SID)
     s = Session(ledger, {TOOL: "idempotent"},
                 observe=lambda events: seen.append([ev.action.value for ev in events]))
     key = one_call(s, "idempotent").key

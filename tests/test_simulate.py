@@ -1,7 +1,7 @@
 """``toolledger simulate``: the command, its report, and real SIGKILLs.
 
-Under test: :mod:`toolledger.simulate`.  The SIGKILL tests run the engine
-kit in a child process on a real :class:`~toolledger.sqlite_store.SqliteStore`,
+Under test: :mod:`toolledger.kit.simulate`.  The SIGKILL tests run the engine
+kit in a child process on a real :class:`~toolledger._core.sqlite_store.SqliteStore`,
 the child kills itself with SIGKILL at the crash point (the return code
 proves it), and a second process resumes from what survived on disk.  The
 oracle is the external system's fsynced log, read back by the parent.
@@ -23,11 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from toolledger.adapters import CountingExternalSystem, RequestStatus
+from toolledger._core.protocol import InvalidInput
+from toolledger._core.sqlite_store import SqliteStore
 from toolledger.cli import main as cli_main
-from toolledger.engine import SEED_MATRIX, crash_points
-from toolledger.protocol import InvalidInput
-from toolledger.simulate import (
+from toolledger.kit.engine import SEED_MATRIX, crash_points
+from toolledger.kit.external import CountingExternalSystem, RequestStatus
+from toolledger.kit.simulate import (
     EXIT_DUPLICATE,
     SimulationFailed,
     _child_command,
@@ -39,7 +40,6 @@ from toolledger.simulate import (
     register,
     run_simulation,
 )
-from toolledger.sqlite_store import SqliteStore
 
 # --------------------------------------------------------------------------
 # Real process, real kill
@@ -83,8 +83,8 @@ def test_sigkill_legacy_engine_sends_twice(tmp_path: Path) -> None:
 
 
 def test_the_child_really_dies_by_sigkill(tmp_path: Path) -> None:
-    from toolledger.engine import EngineMode, parse_crash_point
-    from toolledger.protocol import RecoveryPolicy
+    from toolledger._core.protocol import RecoveryPolicy
+    from toolledger.kit.engine import EngineMode, parse_crash_point
 
     db = tmp_path / "k.sqlite3"
     point = parse_crash_point("ledger", "after EnginePersistDispatched")
@@ -468,8 +468,8 @@ def run_cli_unprivileged(argv: list[str]) -> tuple[int, str]:
 
 def test_a_childs_store_error_is_one_line_not_a_traceback(tmp_path: Path) -> None:
     """A store that fails in a child (here: damaged after creation) gives one line."""
-    from toolledger.engine import EngineMode
-    from toolledger.protocol import RecoveryPolicy
+    from toolledger._core.protocol import RecoveryPolicy
+    from toolledger.kit.engine import EngineMode
 
     db = tmp_path / "damaged.sqlite3"
     db.write_bytes(b"SQLite format 3\x00" + b"\x00" * 200)  # a header, no database

@@ -1,6 +1,6 @@
 """SqliteStore: real durability, counted commits, and failing closed on bad files.
 
-Under test: ``toolledger.sqlite_store.SqliteStore``.  Oracles:
+Under test: ``toolledger._core.sqlite_store.SqliteStore``.  Oracles:
 
 - the protocol core: ``load()`` after reopening the file equals
   ``durable_projection`` of what was committed, for every field;
@@ -27,17 +27,16 @@ from typing import Any
 
 import pytest
 
-from toolledger import protocol as p
-from toolledger.cli import main as cli_main
-from toolledger.ledger import Ledger
-from toolledger.sqlite_store import (
+from toolledger._core import protocol as p
+from toolledger._core.ledger import Ledger
+from toolledger._core.sqlite_store import (
     _SCHEMA,
     APPLICATION_ID,
     SCHEMA_VERSION,
     SqliteStore,
     _checksum,
 )
-from toolledger.stores import (
+from toolledger._core.stores import (
     AuditRow,
     MemoryStore,
     StaleState,
@@ -47,6 +46,7 @@ from toolledger.stores import (
     durable_projection,
     working_set,
 )
+from toolledger.cli import main as cli_main
 
 A = p.Action
 E = p.Event
@@ -588,9 +588,9 @@ def test_a_commit_survives_the_process_being_killed(tmp_path: Path) -> None:
     path = tmp_path / "x.db"
     script = f"""
 import os, signal
-from toolledger import protocol as p
-from toolledger.ledger import Ledger
-from toolledger.sqlite_store import SqliteStore
+from toolledger._core import protocol as p
+from toolledger._core.ledger import Ledger
+from toolledger._core.sqlite_store import SqliteStore
 store = SqliteStore({str(path)!r})
 ledger = Ledger.create(store, "s1")
 tool = p.ToolProfile("create_ticket", p.RecoveryPolicy.IDEMPOTENT, False)

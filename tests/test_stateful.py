@@ -1,12 +1,12 @@
 """Hypothesis stateful test of the reference, with bigger bounds than TLC's.
 
-Under test: the protocol core of ``toolledger.protocol`` in its closed world
-(``toolledger.system``: provider, humans, external system with late
+Under test: the protocol core of ``toolledger._core.protocol`` in its closed world
+(``toolledger.check.system``: provider, humans, external system with late
 requests, crashes), with 4 or 5 calls spread over turns that reuse provider
 ids, all four recovery policies mixed, legacy calls before the protocol
 marker, up to 5 crashes and 3 attempts per execution.
 
-The oracle is the spec's invariants, as ``toolledger.invariants`` carries
+The oracle is the spec's invariants, as ``toolledger.check.invariants`` carries
 them under the spec's names, checked after every step; at the end of every
 run a fair schedule without crashes must settle every call
 (``EventuallySettled``).  Rules mirror the spec's actions one to one (one
@@ -31,9 +31,9 @@ from hypothesis.stateful import (
 )
 
 from checker_support import manual_retries, skips_dispatched_write
-from toolledger import protocol as p
-from toolledger.invariants import INVARIANTS, settled
-from toolledger.system import CallConfig, ModelConfig, SystemState, initial_states, successors
+from toolledger._core import protocol as p
+from toolledger.check.invariants import INVARIANTS, settled
+from toolledger.check.system import CallConfig, ModelConfig, SystemState, initial_states, successors
 
 POLICIES = list(p.RecoveryPolicy)
 

@@ -1,6 +1,6 @@
 """load_dot rebuilds exactly the state graph TLC explored.
 
-Under test: ``toolledger.stategraph`` on real ``-dump dot,actionlabels``
+Under test: ``toolledger.check.stategraph`` on real ``-dump dot,actionlabels``
 files written by TLC 2.15 through ``run_tlc``. Oracles: TLC's own counts (one
 node per distinct state; one edge per generated successor, i.e. generated
 minus initial states), the spec's Init and actions, and BFS distances that
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from toolledger.stategraph import StateGraph, StateGraphError, load_dot
-from toolledger.tlavalues import FnValue
-from toolledger.tlc import Outcome, TLCResult, TraceStep, run_tlc
+from toolledger.check.stategraph import StateGraph, StateGraphError, load_dot
+from toolledger.check.tlavalues import FnValue
+from toolledger.check.tlc import Outcome, TLCResult, TraceStep, run_tlc
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tla"
 

@@ -34,12 +34,12 @@ import psycopg
 import pytest
 
 from pg_cluster import PgCluster
-from toolledger import postgres_store, sqlite_store
-from toolledger import protocol as p
-from toolledger.ledger import Ledger
-from toolledger.postgres_store import PostgresStore, StoreExists
-from toolledger.sqlite_store import SqliteStore
-from toolledger.stores import (
+from toolledger._core import postgres_store, sqlite_store
+from toolledger._core import protocol as p
+from toolledger._core.ledger import Ledger
+from toolledger._core.postgres_store import PostgresStore, StoreExists
+from toolledger._core.sqlite_store import SqliteStore
+from toolledger._core.stores import (
     CommitPlan,
     MemoryStore,
     SessionExists,
@@ -489,7 +489,7 @@ def test_an_altered_row_fails_closed(durable: Backend, statement: str) -> None:
 def test_a_malformed_row_with_a_valid_checksum_fails_closed(durable: Backend) -> None:
     """A row the store never writes, checksummed as if valid (an audit row with no
     kind), is still refused when a recovery reads it: decoding is strict."""
-    from toolledger.sqlite_store import _DATA, _checksum
+    from toolledger._core.sqlite_store import _DATA, _checksum
 
     store = settled(durable)
     (call,) = store.load(SID).calls

@@ -1,6 +1,6 @@
 """TLC's printed value syntax parses to the right Python values, and back.
 
-Under test: ``toolledger.tlavalues``. Oracles: the value forms TLC 2.15
+Under test: ``toolledger.check.tlavalues``. Oracles: the value forms TLC 2.15
 actually prints (the verbatim texts below were copied from TLC runs, including
 its line-wrapped pretty-printing), TLA+ equality (a record equals the function
 with the same graph; a function on ``1..n`` equals the tuple), and the round
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toolledger.tlavalues import (
+from toolledger.check.tlavalues import (
     FnValue,
     ModelValue,
     StateParser,

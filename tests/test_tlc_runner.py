@@ -1,6 +1,6 @@
 """run_tlc reports what TLC 2.15 actually found.
 
-Under test: ``toolledger.tlc``. Oracle: the real TLC 2.15 jar run on tiny
+Under test: ``toolledger.check.tlc``. Oracle: the real TLC 2.15 jar run on tiny
 specs under ``tests/fixtures/tla/`` whose outcomes, state counts and
 counterexamples are known by construction (and were cross-checked against
 TLC's plain-text output). Also: the toolchain errors name the fix, and the
@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from toolledger.tlavalues import FnValue
-from toolledger.tlc import (
+from toolledger.check.tlavalues import FnValue
+from toolledger.check.tlc import (
     Cancellation,
     Cancelled,
     Outcome,

@@ -10,9 +10,9 @@ A reference that retries a manual call must be caught at the Recover step.
 from __future__ import annotations
 
 from checker_support import ROOT, big_config, manual_retries, model_config
-from toolledger import protocol as p
-from toolledger import tracecheck as tc
-from toolledger.system import ModelConfig, SystemState, initial_states, successors
+from toolledger._core import protocol as p
+from toolledger.check import tracecheck as tc
+from toolledger.check.system import ModelConfig, SystemState, initial_states, successors
 
 
 def _seed_matrix_runs(cfg: ModelConfig) -> list[tc.Trace]:

@@ -1,6 +1,6 @@
 """``toolledger verify-store`` is read-only: every file of the store byte-identical after it.
 
-Under test: ``toolledger.sqlite_store.verify_file`` and the ``verify-store``
+Under test: ``toolledger._core.sqlite_store.verify_file`` and the ``verify-store``
 subcommand.  Opening a SQLite store is not read-only: after a killed writer
 the ``-wal`` file holds committed transactions, and the first connection
 folds them into the database and deletes ``-wal`` and ``-shm``.  Oracles:
@@ -21,17 +21,17 @@ from pathlib import Path
 
 import pytest
 
+from toolledger._core.sqlite_store import SqliteStore, verify_file
+from toolledger._core.stores import StoreCorrupt, StoreError
 from toolledger.cli import main as cli_main
-from toolledger.sqlite_store import SqliteStore, verify_file
-from toolledger.stores import StoreCorrupt, StoreError
 
 SID = "s1"
 
 KILLED_WRITER = """
 import os, signal, sys
-from toolledger import protocol as p
-from toolledger.ledger import Ledger
-from toolledger.sqlite_store import SqliteStore
+from toolledger._core import protocol as p
+from toolledger._core.ledger import Ledger
+from toolledger._core.sqlite_store import SqliteStore
 store = SqliteStore(sys.argv[1])
 ledger = Ledger.create(store, "s1")
 tool = p.ToolProfile("create_ticket", p.RecoveryPolicy.IDEMPOTENT, False)

@@ -3,30 +3,38 @@
 The protocol is specified in ``spec/DurableToolExecution.tla`` and checked by
 TLC; this package is its reference implementation.
 
-What an engine imports is re-exported here (stdlib only)::
+What an engine imports is re-exported here, and only here (stdlib only)::
 
     from toolledger import Session, Tool, NotApplied, SqliteStore
 
-- :class:`Session` (:mod:`toolledger.session`): the adopter's API, one
-  session's tool calls on a store: record, approve, execute, recover, resolve;
+- :class:`Session`: the adopter's API, one session's tool calls on a store:
+  record, approve, execute, recover, resolve;
 - :class:`Tool`, :class:`NotApplied`, :class:`Outcome`: what an engine declares
   per tool and how a tool says how its call ended;
-- :class:`MemoryStore`, :class:`SqliteStore`: where the ledger lives.
+- :class:`MemoryStore`, :class:`SqliteStore`, :class:`PostgresStore`: where
+  the ledger lives (``PostgresStore`` needs the ``postgres`` extra only when
+  one is opened: psycopg is imported then, never by ``import toolledger``).
 
-The modules underneath: :mod:`toolledger.protocol` (the pure, I/O-free state
-machine and :func:`~toolledger.protocol.decide_recovery`),
-:mod:`toolledger.ledger`, :mod:`toolledger.stores`,
-:mod:`toolledger.sqlite_store` (durable storage),
-:mod:`toolledger.postgres_store` (the same store on PostgreSQL for many
-workers; it needs the ``postgres`` extra, so it is not re-exported here);
-:mod:`toolledger.engine` (a demo engine shaped like openworker); :mod:`toolledger.system`,
-:mod:`toolledger.mapping`, :mod:`toolledger.invariants`,
-:mod:`toolledger.conformance` (the ties between code and spec used by the
-checkers).
+The package is laid out by who uses what:
+
+- ``toolledger`` (this module): the public surface an engine imports;
+- ``toolledger._core``: the private, stdlib-only core behind it (the pure
+  state machine ``protocol``, ``ledger``, ``session``, the adapter seam
+  ``tools``, the stores); its modules may change, the names here do not;
+- ``toolledger.check``: what a maintainer runs to tie the code to the spec
+  (the TLC runner, TLA+ values, state graphs, the model manifest, the
+  spec mapping, conformance, trace validation, invariants);
+- ``toolledger.notebook``: support, evidence and figures for the notebooks,
+  and the TLA+ Jupyter kernel;
+- ``toolledger.kit``: the demo engine shaped like openworker, the crash
+  simulation and a counting external system;
+- ``toolledger.extra``: optional integrations (``pydantic_ai``);
+- ``toolledger.cli``: the ``toolledger`` command (check, models, simulate,
+  verify-store).
 """
 
-from .adapters import CannotTell, NotAppliedFenced, WasApplied
-from .protocol import (
+from ._core.postgres_store import PostgresStore
+from ._core.protocol import (
     Decision,
     InvalidInput,
     ProtocolError,
@@ -35,7 +43,7 @@ from .protocol import (
     ResultKind,
     ToolResult,
 )
-from .session import (
+from ._core.session import (
     Attempt,
     CallBusy,
     CallRef,
@@ -47,8 +55,9 @@ from .session import (
     SessionInterrupted,
     Tool,
 )
-from .sqlite_store import SqliteStore
-from .stores import MemoryStore, StoreError
+from ._core.sqlite_store import SqliteStore
+from ._core.stores import MemoryStore, StoreError
+from ._core.tools import CannotTell, NotAppliedFenced, WasApplied
 
 __version__ = "0.1.0"
 
@@ -65,6 +74,7 @@ __all__ = [
     "NotApplied",
     "NotAppliedFenced",
     "Outcome",
+    "PostgresStore",
     "ProtocolError",
     "RecoveryInputs",
     "RecoveryPolicy",

@@ -46,10 +46,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from .manifest import Manifest, ManifestError, ModelEntry, drift, find_root, load_manifest
-from .manifest import result_label as _result_label
-from .tlavalues import FnValue, Value, pretty, serialize
-from .tlc import (
+from .check.manifest import Manifest, ManifestError, ModelEntry, drift, find_root, load_manifest
+from .check.manifest import result_label as _result_label
+from .check.tlavalues import FnValue, Value, pretty, serialize
+from .check.tlc import (
     Cancellation,
     Cancelled,
     Outcome,
@@ -450,7 +450,7 @@ def _conformance_row(
         return row("no state graph", "ERROR", [f"TLC wrote no state graph ({tlc.outcome.name})"])
     cancel.check()
     started = time.monotonic()
-    cmd = [sys.executable, "-m", "toolledger.conformance", "--root", str(root),
+    cmd = [sys.executable, "-m", "toolledger.check.conformance", "--root", str(root),
            "--module", entry.module, "--dot", str(dot),
            "--workers", str(min(2, os.cpu_count() or 1))]
     proc = subprocess.Popen(
@@ -882,13 +882,13 @@ class _CheckRun:
 
 
 def _configure_simulate(p: argparse.ArgumentParser) -> None:
-    from . import simulate
+    from .kit import simulate
 
     simulate.configure(p)
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from . import simulate
+    from .kit import simulate
 
     return simulate.cmd_simulate(args)
 
@@ -898,7 +898,7 @@ def _configure_models(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from .manifest import markdown_table
+    from .check.manifest import markdown_table
 
     print(markdown_table(load_manifest(resolve_root(args))))
     return 0
@@ -920,8 +920,8 @@ def _configure_verify_store(p: argparse.ArgumentParser) -> None:
 def _cmd_verify_store(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .sqlite_store import verify_file
-    from .stores import StoreCorrupt, StoreError, UnsupportedSchema
+    from ._core.sqlite_store import verify_file
+    from ._core.stores import StoreCorrupt, StoreError, UnsupportedSchema
 
     path = Path(args.path)
     if not path.is_file():

@@ -57,9 +57,9 @@ from pydantic_ai.messages import ModelResponse, ToolCallPart, ToolReturnPart
 from pydantic_ai.toolsets import WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
-from ..protocol import InvalidInput
-from ..session import CallStatus, Next, NotApplied, Outcome, Session, Tool
-from ..stores import Store
+from .._core.protocol import InvalidInput
+from .._core.session import CallStatus, Next, NotApplied, Outcome, Session, Tool
+from .._core.stores import Store
 
 __all__ = ["APPROVAL_KEY", "LEDGER_KEYWORDS", "RECOVERY", "LedgerToolset"]
 

@@ -2,9 +2,9 @@
 
 TLC dumps the whole reachable state graph of a model (``-dump
 dot,actionlabels``).  For every spec state the checker builds the reference
-state (:func:`toolledger.mapping.from_spec`), checks that it maps back to
+state (:func:`toolledger.check.mapping.from_spec`), checks that it maps back to
 the same spec state, asks the reference for every enabled transition
-(:func:`toolledger.system.successors`) and compares the set of
+(:func:`toolledger.check.system.successors`) and compares the set of
 (action name, successor) pairs with the graph's edges out of that state, in
 both directions: nothing missing, nothing extra.  The reference's initial
 states must equal the spec's.  Within the model's bounds this covers every
@@ -17,7 +17,7 @@ what the spec allows versus what the reference did.
 The check can be spread over several processes (``workers``); each takes a
 slice of the states.  It never modifies the graph or the model files.
 
-``python -m toolledger.conformance --root R --module MCFoo --dot FILE`` is
+``python -m toolledger.check.conformance --root R --module MCFoo --dot FILE`` is
 the form ``toolledger check`` runs: a child process whose ``PYTHONPATH``
 starts with ``R/reference``, so that the reference checked is the one of the
 checkout whose spec and models TLC checked (not whichever checkout the
@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import protocol as p
+from .._core import protocol as p
 from .manifest import ModelEntry
 from .mapping import SPEC_VARIABLES, from_spec, spec_key, to_spec
 from .stategraph import StateGraph, load_dot
@@ -343,7 +343,7 @@ def render_mismatch(report: ConformanceReport, m: Mismatch) -> str:
 
 def package_dir() -> Path:
     """The directory of the ``toolledger`` package this code was imported from."""
-    return Path(__file__).resolve().parent
+    return Path(__file__).resolve().parent.parent  # this module is toolledger/check/
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -353,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     conforms); anything else is a failure to check, explained on stderr.
     """
     parser = argparse.ArgumentParser(
-        prog="python -m toolledger.conformance",
+        prog="python -m toolledger.check.conformance",
         description="check this toolledger package against a TLC state graph (-dump dot)",
     )
     parser.add_argument("--root", type=Path, required=True, help="the checkout (spec/, model/)")

@@ -5,7 +5,7 @@ of the fault matrix against the spec, a recovery resolved three ways, ...) and
 returns a small frozen result with the figures the notebook prints and
 asserts.  The ``assert`` statements themselves stay in the notebook cells, so
 a reviewer sees what is claimed next to the call that measures it; the
-functions only measure.  :mod:`toolledger.notebook_support` holds the generic
+functions only measure.  :mod:`toolledger.notebook.support` holds the generic
 helpers (tables, figures, TLC runs); this module holds the evidence.
 """
 
@@ -21,10 +21,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from toolledger import protocol as p
-from toolledger.adapters import CountingAdapter, CountingExternalSystem, ToolRegistry
-from toolledger.conformance import ConformanceReport, check_graph
-from toolledger.engine import (
+from toolledger._core import protocol as p
+from toolledger._core.stores import AuditRow, MemoryStore
+from toolledger._core.tools import ToolRegistry
+from toolledger.check.conformance import ConformanceReport, check_graph
+from toolledger.check.invariants import INVARIANTS, settled
+from toolledger.check.manifest import Manifest
+from toolledger.check.mapping import from_spec
+from toolledger.check.stategraph import StateGraph
+from toolledger.check.system import ModelConfig
+from toolledger.check.tlavalues import Value
+from toolledger.check.tlc import Outcome, TLCResult
+from toolledger.check.tracecheck import Trace, TraceValidation, trace_of, validate_traces
+from toolledger.kit.engine import (
     CrashInjector,
     MemoryConversationStore,
     RecoveryItem,
@@ -36,8 +45,22 @@ from toolledger.engine import (
     parse_crash_point,
     tool_call,
 )
-from toolledger.figures import GraphDrawing, draw_state_graph, ledger_status, trace_table_html
-from toolledger.figures_matrix import (
+from toolledger.kit.external import CountingAdapter, CountingExternalSystem
+from toolledger.kit.simulate import (
+    ARGUMENTS,
+    HUMAN_RESULT,
+    TOOL,
+    USER_TEXT,
+    SimulationReport,
+    run_simulation,
+)
+from toolledger.notebook.figures import (
+    GraphDrawing,
+    draw_state_graph,
+    ledger_status,
+    trace_table_html,
+)
+from toolledger.notebook.figures_matrix import (
     LedgerTape,
     MatrixCell,
     SpecRun,
@@ -46,10 +69,7 @@ from toolledger.figures_matrix import (
     scenario_engine,
     spec_run,
 )
-from toolledger.invariants import INVARIANTS, settled
-from toolledger.manifest import Manifest
-from toolledger.mapping import from_spec
-from toolledger.notebook_support import (
+from toolledger.notebook.support import (
     ModelRun,
     SqliteWorld,
     TLCWorkspace,
@@ -61,20 +81,6 @@ from toolledger.notebook_support import (
     short_id,
     step_value,
 )
-from toolledger.simulate import (
-    ARGUMENTS,
-    HUMAN_RESULT,
-    TOOL,
-    USER_TEXT,
-    SimulationReport,
-    run_simulation,
-)
-from toolledger.stategraph import StateGraph
-from toolledger.stores import AuditRow, MemoryStore
-from toolledger.system import ModelConfig
-from toolledger.tlavalues import Value
-from toolledger.tlc import Outcome, TLCResult
-from toolledger.tracecheck import Trace, TraceValidation, trace_of, validate_traces
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -245,8 +251,8 @@ def the_reference_agrees_with_every_state_and_every_end_is_settled(
         cfg: ModelConfig, graph: StateGraph, exec_id: Value, *, model: str = "Tiny"
 ) -> GraphChecks:
     """Check ``graph`` (TLC's whole state graph of ``cfg``) against the Python reference: its
-    steps (:func:`~toolledger.conformance.check_graph`), its invariants in every state, and
-    :func:`~toolledger.invariants.settled` in every end state; count the end states."""
+    steps (:func:`~toolledger.check.conformance.check_graph`), its invariants in every state, and
+    :func:`~toolledger.check.invariants.settled` in every end state; count the end states."""
     report = check_graph(cfg, graph, model=model)
     broken: Counter[str] = Counter(
         name for s in graph.states.values() for name in INVARIANTS
@@ -313,7 +319,7 @@ GROWTH_HEADERS: tuple[str, ...] = ("calls", "MaxCrashes", "distinct states", "de
 def the_state_space_grows_with_every_call_and_crash(
         workspace: TLCWorkspace, invariants: Sequence[str],
         points: Sequence[tuple[int, int]], *, workers: int = 2) -> StateSpaceGrowth:
-    """Model-check :func:`~toolledger.notebook_support.manual_calls_model` at each
+    """Model-check :func:`~toolledger.notebook.support.manual_calls_model` at each
     ``(calls, crashes)`` of ``points`` with ``invariants``, ``workers`` at a time (give the
     biggest first)."""
     def check(point: tuple[int, int]) -> tuple[tuple[int, int], TLCResult]:

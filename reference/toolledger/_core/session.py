@@ -1,10 +1,12 @@
 """The adopter's API: an engine protects its tool calls without narrating the spec.
 
+Private module of :mod:`toolledger`: import the public names from ``toolledger``.
+
 Theory of operation
 -------------------
 A :class:`Session` is one conversation's tool calls, kept by a
-:class:`~toolledger.ledger.Ledger` on a store (:class:`~toolledger.stores.MemoryStore`
-for tests, :class:`~toolledger.sqlite_store.SqliteStore` for real).  It speaks
+:class:`~toolledger._core.ledger.Ledger` on a store (:class:`~toolledger._core.stores.MemoryStore`
+for tests, :class:`~toolledger._core.sqlite_store.SqliteStore` for real).  It speaks
 the engine's language and feeds the ledger the protocol's events itself, in
 the order and with the transactions the spec checks:
 
@@ -75,10 +77,10 @@ may run in parallel.  Running the same call twice at once is an error
 (:class:`CallBusy`), never a second dispatch.
 
 What is not here: cancelling an approved call before dispatch (a user's Stop;
-the protocol's ``HumanCancel``, :meth:`~toolledger.ledger.Ledger.cancel` on the
+the protocol's ``HumanCancel``, :meth:`~toolledger._core.ledger.Ledger.cancel` on the
 ledger underneath) is not offered by this API yet; and this module never decides
-recovery itself (:func:`~toolledger.protocol.decide_recovery` does) nor writes
-anything but through the :class:`~toolledger.ledger.Ledger` (legacy adoption
+recovery itself (:func:`~toolledger._core.protocol.decide_recovery` does) nor writes
+anything but through the :class:`~toolledger._core.ledger.Ledger` (legacy adoption
 aside, which writes the spec's initial legacy state through the store).
 """
 
@@ -93,14 +95,6 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Final, TypeAlias
 
-from .adapters import (
-    CannotTell,
-    NotAppliedFenced,
-    ReconcileAnswer,
-    WasApplied,
-    check_arguments,
-    frozen_arguments,
-)
 from .ledger import RESOLUTIONS, Ledger
 from .protocol import (
     Action,
@@ -126,6 +120,14 @@ from .protocol import (
     recovery_inputs,
 )
 from .stores import Store, StoreError, UnknownSession
+from .tools import (
+    CannotTell,
+    NotAppliedFenced,
+    ReconcileAnswer,
+    WasApplied,
+    check_arguments,
+    frozen_arguments,
+)
 
 __all__ = [
     "Attempt",
@@ -374,7 +376,7 @@ class Session:
     ``observe`` is for test harnesses (fault injection, tracing), not for
     engines: it is called with the events of every step the session makes, right
     after the step (and its commit, if any), under the session's lock (a human's
-    resolution, one :meth:`~toolledger.ledger.Ledger.resolve`, excepted).
+    resolution, one :meth:`~toolledger._core.ledger.Ledger.resolve`, excepted).
     """
 
     def __init__(
@@ -805,10 +807,10 @@ class Session:
     ) -> CallStatus:
         """Ask the external system about a call whose next is :attr:`Next.RECONCILE`.
 
-        ``ask(call, attempt)`` answers :class:`~toolledger.adapters.WasApplied`
+        ``ask(call, attempt)`` answers :class:`~toolledger._core.tools.WasApplied`
         (the result becomes the call's: ONE transaction),
-        :class:`~toolledger.adapters.NotAppliedFenced` (it fenced every attempt
-        ``<= attempt``: next is a retry) or :class:`~toolledger.adapters.CannotTell`
+        :class:`~toolledger._core.tools.NotAppliedFenced` (it fenced every attempt
+        ``<= attempt``: next is a retry) or :class:`~toolledger._core.tools.CannotTell`
         (halted for a human).  An exception counts as CannotTell.
         """
         with self._usable():

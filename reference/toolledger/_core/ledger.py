@@ -1,14 +1,16 @@
 """The Ledger facade: the protocol core bound to one session of a store.
 
+Private module of :mod:`toolledger`: import the public names from ``toolledger``.
+
 Theory of operation
 -------------------
 A :class:`Ledger` holds what one engine process knows about one session: the
-current :class:`~toolledger.protocol.SessionState`, including the volatile
+current :class:`~toolledger._core.protocol.SessionState`, including the volatile
 stage of every call, in memory.  :meth:`Ledger.step` feeds one
-:class:`~toolledger.protocol.Event` to :func:`~toolledger.protocol.apply`
+:class:`~toolledger._core.protocol.Event` to :func:`~toolledger._core.protocol.apply`
 and, if the transition changed anything durable, commits
 ``durable_changes(before, after)`` together with the audit rows of that
-transition through the :class:`~toolledger.stores.Store`, in ONE
+transition through the :class:`~toolledger._core.stores.Store`, in ONE
 transaction, before the new state becomes the ledger's state.  The engine
 acts on a transition (invokes an adapter, appends a message) only after
 ``step`` returned.  :meth:`Ledger.step_many` does the same for several events
@@ -21,9 +23,9 @@ transition that changes nothing durable (``EngineInvokeAdapter``,
 Audit rows are derived from the audit keys the transition adds
 (``after.audit - before.audit``), enriched with the call (tool_call_id,
 position), the attempt's authorization, the recovery decision the row
-belongs to and the :class:`~toolledger.protocol.RecoveryInputs` of the state
+belongs to and the :class:`~toolledger._core.protocol.RecoveryInputs` of the state
 the transition was made in, so anyone can recompute a decision with
-:func:`~toolledger.protocol.decide_recovery`.
+:func:`~toolledger._core.protocol.decide_recovery`.
 
 Beyond the core, the facade carries two things the core leaves out: the
 content of tool results (the adapter's answer, a human's "it was applied"
@@ -36,15 +38,15 @@ session from the store: exactly what a restarted process sees (the
 protocol's ``Crash``; :meth:`Ledger.crash` is the same, named for tests).
 
 A Ledger keeps only the session's working set in memory
-(:func:`~toolledger.stores.working_set`: the calls without a result and the
+(:func:`~toolledger._core.stores.working_set`: the calls without a result and the
 calls of the last durable turn, with their approvals, records and audit
 keys): after every commit the calls that are settled and behind the last
 turn leave :attr:`Ledger.state`, and loading (at start and on
 :meth:`Ledger.reload`) reads only the working set
-(:meth:`~toolledger.stores.Store.load_working_set`).  A session's past can
+(:meth:`~toolledger._core.stores.Store.load_working_set`).  A session's past can
 grow without making transitions or recoveries slower.  The one guard of the
 core that looks at other calls, "no call is at that position yet" of
-``ProviderEmitCall``, is completed by :meth:`~toolledger.stores.Store.call_exists`
+``ProviderEmitCall``, is completed by :meth:`~toolledger._core.stores.Store.call_exists`
 for a position behind the last durable turn.  :meth:`Ledger.full_state` is
 the whole session (the store's settled calls plus the working set in
 memory), for checkers and tools.
@@ -119,10 +121,10 @@ def _position(value: object, what: str) -> CallPosition:
 
 
 class Ledger:
-    """One session of a :class:`~toolledger.stores.Store`, driven by protocol events.
+    """One session of a :class:`~toolledger._core.stores.Store`, driven by protocol events.
 
     ``Ledger(store, session_id)`` loads the session (raises
-    :class:`~toolledger.stores.UnknownSession` if it does not exist; use
+    :class:`~toolledger._core.stores.UnknownSession` if it does not exist; use
     :meth:`create` for a new one).
     """
 
@@ -213,7 +215,7 @@ class Ledger:
         A ``Crash`` event is :meth:`reload`.
 
         Raises ``ProtocolError`` (event not allowed), ``InvalidInput`` (bad
-        input) or :class:`~toolledger.stores.StoreError`; then nothing was
+        input) or :class:`~toolledger._core.stores.StoreError`; then nothing was
         written and :attr:`state` is unchanged.
         """
         if isinstance(event, Event) and event.action is Action.Crash:
@@ -254,8 +256,8 @@ class Ledger:
         decisions this process made) and the session's working set is read
         from the store: every durable call without a result is at ``RESUME``,
         ready for ``Recover``.  Call it after any
-        :class:`~toolledger.stores.StoreError` from a step (e.g.
-        :class:`~toolledger.stores.StaleState`: another engine changed the
+        :class:`~toolledger._core.stores.StoreError` from a step (e.g.
+        :class:`~toolledger._core.stores.StaleState`: another engine changed the
         session), then decide again on what is durable.
         """
         self._state = self._store.load_working_set(self._session_id)

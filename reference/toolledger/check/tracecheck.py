@@ -2,7 +2,7 @@
 
 A run of the reference (a Hypothesis example, a random walk, an engine-kit
 simulation) is recorded as a :class:`Trace`: the action of every step and
-the spec state after it, through :func:`toolledger.mapping.to_spec`.  This
+the spec state after it, through :func:`toolledger.check.mapping.to_spec`.  This
 module writes the traces into a TLA+ module that replays them against
 ``DurableToolExecution`` (the technique of Cirstea, Kuppe, Loillier and Merz,
 2024): the first state must satisfy ``Init``, and each step must be a step
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import protocol as p
+from .._core import protocol as p
 from .mapping import SPEC_VARIABLES, to_spec
 from .system import ModelConfig, SystemState, initial_states, successors
 from .tlavalues import FnValue, Value, serialize

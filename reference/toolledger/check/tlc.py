@@ -5,7 +5,7 @@ temporary directory, runs ``tlc2.TLC -tool`` there with a fresh ``-metadir``
 (and ``java.io.tmpdir``, where TLC unpacks its standard modules), streams the
 machine-readable messages, and returns a :class:`TLCResult`: the outcome, the
 state counts, and the counterexample as :class:`TraceStep` values parsed with
-:mod:`toolledger.tlavalues`.
+:mod:`toolledger.check.tlavalues`.
 
 The outcome is read from TLC's message codes, not from English text:
 

@@ -1,11 +1,13 @@
 """SqliteStore: the store port on one SQLite file, durable when a commit returns.
 
+Private module of :mod:`toolledger`: import the public names from ``toolledger``.
+
 What it is for
 --------------
 :class:`SqliteStore` keeps the sessions of the protocol core (calls with their
 tool results, approvals, the execution ledger, the audit log and the protocol
 marker) in ONE SQLite database, so that every transition the
-:class:`~toolledger.ledger.Ledger` commits is one SQLite transaction.  The
+:class:`~toolledger._core.ledger.Ledger` commits is one SQLite transaction.  The
 conversation's tool calls and tool results live in the same database as the
 ledger on purpose: ``succeeded(result)`` and the ``role="tool"`` result are
 then written together, and a protected call costs exactly two ledger commits
@@ -90,8 +92,8 @@ for operators and backups; :func:`verify_file` (``toolledger verify-store``)
 runs it on a private copy of the file and its ``-wal``, because opening a
 store whose last writer was killed folds its ``-wal`` into the file.  A
 damaged, truncated, empty or foreign file raises
-:class:`~toolledger.stores.StoreCorrupt`; a file from a newer (or unknown)
-schema raises :class:`~toolledger.stores.UnsupportedSchema`.  Both name the
+:class:`~toolledger._core.stores.StoreCorrupt`; a file from a newer (or unknown)
+schema raises :class:`~toolledger._core.stores.UnsupportedSchema`.  Both name the
 file, say what was found and what to do; the file is left byte for byte as
 it was, and nothing was executed.
 
@@ -374,16 +376,16 @@ def _check_file(path: Path) -> None:
 
 
 class SqliteStore:
-    """A :class:`~toolledger.stores.Store` on one SQLite file (see the module doc).
+    """A :class:`~toolledger._core.stores.Store` on one SQLite file (see the module doc).
 
     ``SqliteStore(path)`` opens or creates the store at ``path`` (a file path;
     its directory must exist).  It raises
-    :class:`~toolledger.stores.StoreCorrupt` or
-    :class:`~toolledger.stores.UnsupportedSchema` for a file it must not use,
+    :class:`~toolledger._core.stores.StoreCorrupt` or
+    :class:`~toolledger._core.stores.UnsupportedSchema` for a file it must not use,
     having written nothing.  One object holds one connection, guarded by a
     lock, so it may be used from several threads; several objects (or
     processes) may open the same file: writes are serialized by SQLite, and a
-    commit whose ``before`` is stale raises :class:`~toolledger.stores.StaleState`.
+    commit whose ``before`` is stale raises :class:`~toolledger._core.stores.StaleState`.
 
     ``commits`` counts the transactions made by :meth:`create_session` and
     :meth:`commit` (not the schema creation); ``ledger_commits`` the commits
@@ -992,9 +994,9 @@ class SqliteStore:
         """Make the transition ``before -> after`` durable in one transaction.
 
         Writes ``durable_changes(before, after)`` and ``audit_rows`` (see
-        :func:`~toolledger.stores.plan_commit` for the checks), each row only
+        :func:`~toolledger._core.stores.plan_commit` for the checks), each row only
         if what is stored is still what ``before`` says (else
-        :class:`~toolledger.stores.StaleState`, nothing written).  Returns
+        :class:`~toolledger._core.stores.StaleState`, nothing written).  Returns
         after ``COMMIT``, i.e. after the fsync.
         """
         plan = plan_commit(session_id, before, after, audit_rows, arguments)
@@ -1262,9 +1264,9 @@ def verify_file(path: str | os.PathLike[str]) -> FileCheck:
     is opened and verified: exactly what a restarted engine would see, while
     the store's own files (database, ``-wal``, ``-shm``) are only read.  If
     any of them changed while it was copied (a process is writing the
-    store), nothing is checked and :class:`~toolledger.stores.StoreError`
-    says so.  Raises :class:`~toolledger.stores.StoreCorrupt` /
-    :class:`~toolledger.stores.UnsupportedSchema` for a damaged or foreign
+    store), nothing is checked and :class:`~toolledger._core.stores.StoreError`
+    says so.  Raises :class:`~toolledger._core.stores.StoreCorrupt` /
+    :class:`~toolledger._core.stores.UnsupportedSchema` for a damaged or foreign
     file, naming ``path`` (never the copy).
     """
     import filecmp

@@ -27,7 +27,7 @@ TLC 2.15 writes one line per node and one line per edge::
 
 This module only reads dumps: it must never run TLC, and never keep the file
 text around (a dump of 10^5 states is ~100 MB); states are parsed through one
-:class:`~toolledger.tlavalues.StateParser` so that shared values are shared
+:class:`~toolledger.check.tlavalues.StateParser` so that shared values are shared
 objects.
 """
 
@@ -142,7 +142,7 @@ class StateGraph:
         return path
 
     def trace_to(self, target: int) -> list[TraceStep]:
-        """:meth:`shortest_path` as :class:`~toolledger.tlc.TraceStep` values,
+        """:meth:`shortest_path` as :class:`~toolledger.check.tlc.TraceStep` values,
         ready for :func:`toolledger.cli.render_trace` (a minimal reproduction)."""
         return [
             TraceStep(index=i, action=action, state=self.states[node])

@@ -31,17 +31,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from toolledger import protocol as p
-from toolledger.adapters import CountingExternalSystem
-from toolledger.engine import (
+from toolledger._core import protocol as p
+from toolledger._core.sqlite_store import SqliteStore
+from toolledger._core.stores import AuditRow
+from toolledger.check.invariants import INVARIANTS
+from toolledger.check.manifest import Manifest, ModelEntry
+from toolledger.check.mapping import from_spec
+from toolledger.check.stategraph import StateGraph, load_dot
+from toolledger.check.system import CallConfig, ModelConfig
+from toolledger.check.tlc import Outcome, TLCResult, TraceStep, parse_cfg, run_tlc
+from toolledger.check.tracecheck import config_module
+from toolledger.kit.engine import (
     CrashInjector,
     FileConversationStore,
     ScriptedHuman,
     TurnEngine,
     parse_crash_point,
 )
-from toolledger.figures import bfs_depths
-from toolledger.figures_matrix import (
+from toolledger.kit.external import CountingExternalSystem
+from toolledger.notebook.figures import bfs_depths
+from toolledger.notebook.figures_matrix import (
     CellCategory,
     ConversationTap,
     LedgerTape,
@@ -51,15 +60,6 @@ from toolledger.figures_matrix import (
     panels,
     scenario_engine,
 )
-from toolledger.invariants import INVARIANTS
-from toolledger.manifest import Manifest, ModelEntry
-from toolledger.mapping import from_spec
-from toolledger.sqlite_store import SqliteStore
-from toolledger.stategraph import StateGraph, load_dot
-from toolledger.stores import AuditRow
-from toolledger.system import CallConfig, ModelConfig
-from toolledger.tlc import Outcome, TLCResult, TraceStep, parse_cfg, run_tlc
-from toolledger.tracecheck import config_module
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -375,7 +375,7 @@ def _cell(status: p.LedgerStatus, policy: p.RecoveryPolicy, max_attempts: int, *
 
 
 def recovery_table(max_attempts: int = 2) -> list[list[str]]:
-    """The recovery table computed by :func:`toolledger.protocol.decide_recovery`.
+    """The recovery table computed by :func:`toolledger._core.protocol.decide_recovery`.
 
     One row per durable state recovery can find (:data:`RECOVERY_ROWS`, then
     :data:`RESULT_ROW` and :data:`MISMATCH_ROW`), one column per policy; each cell
@@ -950,7 +950,7 @@ def every_state_of(workspace: TLCWorkspace, cfg: ModelConfig, name: str,
     """Model-check ``cfg`` against ``invariants``, dump its whole state graph, and draw every
     state coloured by ``call``'s ledger status (TLC must pass; the drawing must show each
     state once)."""
-    from toolledger.figures import draw_state_graph, ledger_status
+    from toolledger.notebook.figures import draw_state_graph, ledger_status
 
     run = workspace.model_check(cfg, name, invariants=invariants, dump=True)
     if run.result.outcome is not Outcome.PASS or run.graph is None:
@@ -1003,7 +1003,7 @@ def legacy_engine_duplicates_where_the_result_is_not_checkpointed(
         cells: Sequence[MatrixCell]) -> str:
     """Today's engine applies a protected call twice exactly at the three crash points between
     the request leaving and the result being checkpointed: the issue's rows 2, 3 and 4."""
-    from toolledger.figures_matrix import seed_row_of
+    from toolledger.notebook.figures_matrix import seed_row_of
 
     legacy = _panel(cells, "legacy", "new")
     duplicated = {c.point for c in legacy if category(c) is CellCategory.DUPLICATE}
@@ -1063,8 +1063,8 @@ def cell_summary(c: MatrixCell) -> str:
 
 def seed_rows_html(cells: Sequence[MatrixCell]) -> str:
     """The issue's five rows in its own words next to what was measured at each."""
-    from toolledger.engine import SEED_MATRIX
-    from toolledger.figures_matrix import POLICIES
+    from toolledger.kit.engine import SEED_MATRIX
+    from toolledger.notebook.figures_matrix import POLICIES
 
     rows = []
     for number, row in enumerate(SEED_MATRIX.values(), 1):
@@ -1088,7 +1088,7 @@ def the_ledger_engine_does_what_the_issue_expects_at_each_seed_row(
     """Row 1: execute once on a session known to use the protocol, else review; rows 2-3: no
     silent replay, the declared policy applies; row 4: reconstruct, never call again; row 5:
     no replay on either engine."""
-    from toolledger.engine import SEED_MATRIX
+    from toolledger.kit.engine import SEED_MATRIX
 
     r1, r2, r3, r4, r5 = SEED_MATRIX.values()
     assert cell_summary(find_cell(cells, "ledger", "new", "manual", r1.ledger.name)).startswith(

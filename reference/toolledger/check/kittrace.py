@@ -2,18 +2,18 @@
 
 What it is for
 --------------
-:mod:`toolledger.tracecheck` asks TLC whether runs of the closed-world model
-(:mod:`toolledger.system`) are behaviours of ``DurableToolExecution``.  This
-module brings runs of the *engine kit* (:mod:`toolledger.engine`, e.g. a
+:mod:`toolledger.check.tracecheck` asks TLC whether runs of the closed-world model
+(:mod:`toolledger.check.system`) are behaviours of ``DurableToolExecution``.  This
+module brings runs of the *engine kit* (:mod:`toolledger.kit.engine`, e.g. a
 ``toolledger simulate`` run) to the same check:
 
 1. :class:`KitRecorder` records, while it is active, every batch of
-   :class:`~toolledger.protocol.Event` values a :class:`~toolledger.ledger.Ledger`
+   :class:`~toolledger._core.protocol.Event` values a :class:`~toolledger._core.ledger.Ledger`
    applies (``step``, ``step_many`` and a human's ``resolve`` all go through
    ``Ledger._advance``, the one place that commits), with the ledger's state
    after the batch, and every process start (a new ``Ledger`` on a session:
    the previous process is gone, which the spec calls ``Crash``).
-2. :func:`kit_config` builds the :class:`~toolledger.system.ModelConfig` of
+2. :func:`kit_config` builds the :class:`~toolledger.check.system.ModelConfig` of
    the recorded calls: their positions, ``tool_call_id``\\ s, tool profiles and
    the REAL argument digests (:class:`KitCallConfig` maps each spec argument
    name to the digest the engine computed from the model's JSON arguments).
@@ -30,8 +30,8 @@ module brings runs of the *engine kit* (:mod:`toolledger.engine`, e.g. a
    be the ledger's (result texts aside), and at the end the model's effects
    and in-flight requests must be the real external system's.  A mismatch is
    a :class:`ReplayError`, never a silently different trace.
-4. :func:`~toolledger.tracecheck.trace_of` and
-   :func:`~toolledger.tracecheck.validate_traces` then let TLC check the run.
+4. :func:`~toolledger.check.tracecheck.trace_of` and
+   :func:`~toolledger.check.tracecheck.validate_traces` then let TLC check the run.
 
 What it must never do: invent an engine step (only environment actions are
 inferred), change the engine's behaviour while recording (the wrappers call
@@ -45,10 +45,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from . import protocol as p
-from .adapters import CountingExternalSystem, RequestStatus
-from .ledger import Ledger
-from .stores import working_set
+from .._core import protocol as p
+from .._core.ledger import Ledger
+from .._core.stores import working_set
+from ..kit.external import CountingExternalSystem, RequestStatus
 from .system import CallConfig, ModelConfig, SystemState, initial_states, successors
 
 __all__ = [
@@ -101,7 +101,7 @@ class KitCallConfig(CallConfig):
 
     ``digests`` maps each name of ``arg_choices`` to the ``args_digest`` the
     engine computed from the model's JSON arguments, so that
-    :attr:`ModelConfig.arg_of_digest` and :mod:`toolledger.mapping` translate
+    :attr:`ModelConfig.arg_of_digest` and :mod:`toolledger.check.mapping` translate
     the engine's states to spec values.
     """
 
@@ -130,7 +130,7 @@ class Logged:
 
 @dataclass
 class KitRecorder:
-    """Records what every :class:`~toolledger.ledger.Ledger` does while active.
+    """Records what every :class:`~toolledger._core.ledger.Ledger` does while active.
 
     Use as a context manager; ``entries`` are in the order they happened,
     across sessions (:meth:`of` selects one).
@@ -371,7 +371,7 @@ def replay(
     """The closed-world run of one recording: ``[("Init", s0), (action, s1), ...]``.
 
     With ``world`` (the real external system, e.g. a fresh
-    :class:`~toolledger.adapters.CountingExternalSystem` on its log), requests
+    :class:`~toolledger.kit.external.CountingExternalSystem` on its log), requests
     still in flight in the model are settled as the real system settled them,
     and the model's effects and in-flight requests must then be the real
     system's.  Raises :class:`ReplayError` when a logged event cannot be

@@ -2,15 +2,15 @@
 
 What it is for
 --------------
-Notebooks 03, 05 and 06 show what the engine kit (:mod:`toolledger.engine`)
+Notebooks 03, 05 and 06 show what the engine kit (:mod:`toolledger.kit.engine`)
 does when the process dies at each of its crash points, for every recovery
 policy, on both engines, and for a session the legacy engine started and the
-ledger engine adopted (:func:`~toolledger.engine.adopt_legacy_session`).
+ledger engine adopted (:func:`~toolledger.kit.engine.adopt_legacy_session`).
 This module runs those cells and turns them into the notebooks' tables and
 pictures; it also records what the ledger engine fed to its
-:class:`~toolledger.ledger.Ledger`, so that a run can be mapped to a
+:class:`~toolledger._core.ledger.Ledger`, so that a run can be mapped to a
 behaviour of ``spec/DurableToolExecution.tla`` and handed to TLC
-(:func:`toolledger.tracecheck.validate_traces`).
+(:func:`toolledger.check.tracecheck.validate_traces`).
 
 - :class:`RecordingTurnEngine` is the kit's ``TurnEngine`` with a
   :class:`RecordingLedger`: every ledger call is written to a
@@ -23,10 +23,10 @@ behaviour of ``spec/DurableToolExecution.tla`` and handed to TLC
   invocations are counted by the external system, results read back from the
   engine.  :func:`run_matrix` runs every cell.
 - :func:`spec_run` maps the ledger engine's part of a cell to a run of the
-  closed-world model (:mod:`toolledger.system`): each recorded event must be a
+  closed-world model (:mod:`toolledger.check.system`): each recorded event must be a
   step the model allows whose engine state is exactly the one the engine
   recorded; the external system and the ghosts are the model's.  The result
-  goes to :func:`~toolledger.tracecheck.trace_of` and TLC.
+  goes to :func:`~toolledger.check.tracecheck.trace_of` and TLC.
 - :func:`fault_matrix_figure`, :func:`matrix_table_html`, :func:`html_table`:
   the picture and the tables.
 
@@ -45,9 +45,17 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
 
-from . import protocol as p
-from .adapters import CountingAdapter, CountingExternalSystem, RequestStatus, ToolRegistry
-from .engine import (
+from .._core import protocol as p
+from .._core.ledger import Ledger
+from .._core.stores import MemoryStore, Store
+from .._core.tools import ToolRegistry
+from ..check.invariants import check_all
+from ..check.mapping import to_spec
+from ..check.system import CallConfig, ExternalState, Ghosts, ModelConfig, SystemState
+from ..check.system import initial_states as model_initial_states
+from ..check.system import successors as model_successors
+from ..check.tlavalues import Value
+from ..kit.engine import (
     SEED_MATRIX,
     ConversationStore,
     CrashInjector,
@@ -64,16 +72,9 @@ from .engine import (
     parse_crash_point,
     tool_call,
 )
+from ..kit.external import CountingAdapter, CountingExternalSystem, RequestStatus
+from ..kit.simulate import ARGUMENTS, SESSION_ID, TOOL, USER_TEXT
 from .figures import FIGURE_WIDTH_IN, FONT_PT, TITLE_PT
-from .invariants import check_all
-from .ledger import Ledger
-from .mapping import to_spec
-from .simulate import ARGUMENTS, SESSION_ID, TOOL, USER_TEXT
-from .stores import MemoryStore, Store
-from .system import CallConfig, ExternalState, Ghosts, ModelConfig, SystemState
-from .system import initial_states as model_initial_states
-from .system import successors as model_successors
-from .tlavalues import Value
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -110,7 +111,7 @@ __all__ = [
 ]
 
 POLICIES: Final[tuple[str, ...]] = tuple(x.value for x in p.RecoveryPolicy)
-"""Every recovery policy, in the order of :class:`~toolledger.protocol.RecoveryPolicy`."""
+"""Every recovery policy, in the order of :class:`~toolledger._core.protocol.RecoveryPolicy`."""
 
 _SPEC_SESSION_VARIABLES: Final = (
     "msg", "args", "result", "approval", "ledger", "audit", "marker", "stage",
@@ -183,7 +184,7 @@ class LedgerTape:
 
 
 class RecordingLedger(Ledger):
-    """A :class:`~toolledger.ledger.Ledger` that writes every transition to a tape.
+    """A :class:`~toolledger._core.ledger.Ledger` that writes every transition to a tape.
 
     It overrides the Ledger's one commit funnel (``_advance``, behind
     ``step``, ``step_many`` and ``resolve``) only to watch it: the events,
@@ -220,7 +221,8 @@ class RecordingLedger(Ledger):
 
 
 class RecordingTurnEngine(TurnEngine):
-    """The kit's :class:`~toolledger.engine.TurnEngine` (ledger mode) on a :class:`RecordingLedger`.
+    """The kit's :class:`~toolledger.kit.engine.TurnEngine` (ledger mode) on a
+    :class:`RecordingLedger`.
 
     The ledger the engine opens (created, loaded or adopted from a legacy
     session, exactly as the plain engine does it) is reloaded from the store
@@ -245,7 +247,7 @@ class RecordingTurnEngine(TurnEngine):
 
 
 class ConversationTap:
-    """A :class:`~toolledger.engine.ConversationStore` that notes every checkpoint on a tape.
+    """A :class:`~toolledger.kit.engine.ConversationStore` that notes every checkpoint on a tape.
 
     It passes everything to ``inner``; a ``save_messages`` also appends a
     ``"conversation"`` entry saying how many messages were saved and what the
@@ -397,7 +399,7 @@ def run_cell(
     For a legacy session the legacy engine runs the turn and dies at
     ``point`` (a legacy crash point); the ``engine`` that resumes must be the
     ledger engine, which adopts the session when it opens it.  Only a
-    :class:`~toolledger.engine.SimulatedCrash` is expected; anything the
+    :class:`~toolledger.kit.engine.SimulatedCrash` is expected; anything the
     resume raises is measured as ``status="error"``.
     """
     mode = EngineMode(str(engine))
@@ -492,7 +494,7 @@ class EmailCall(CallConfig):
     The closed-world model names arguments (``"a1"``) and digests them as
     ``{"arg": "a1"}``; the engine kit's call has real arguments.  This call
     digests ``"a1"`` as the kit does, so the kit's state maps to the spec
-    through :func:`toolledger.mapping.to_spec` unchanged.
+    through :func:`toolledger.check.mapping.to_spec` unchanged.
     """
 
     def digest(self, arg: str) -> str:

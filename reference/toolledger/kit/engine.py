@@ -8,7 +8,7 @@ agent engine's turn, and it is the harness the crash tests and
 with tool calls (``{id, function{name, arguments JSON}}``; ids may repeat
 across turns like Gemini's ``call_0``, or be ``""``), approvals are parked
 and resolved by a (scripted) human, calls execute through the adapters of a
-:class:`~toolledger.adapters.ToolRegistry`, results are recorded, the
+:class:`~toolledger._core.tools.ToolRegistry`, results are recorded, the
 conversation is checkpointed, and :meth:`TurnEngine.resume` does durable
 resume.  It runs in one of two modes:
 
@@ -18,9 +18,9 @@ resume.  It runs in one of two modes:
   at the end of the iteration; resume re-runs every unanswered trailing call
   and reuses the resolved approval it finds by ``(session_id,
   tool_call_id)``.  It is here to be measured, not to be used.
-- ``ledger``: the protocol.  Every step is a :class:`~toolledger.protocol.Event`
+- ``ledger``: the protocol.  Every step is a :class:`~toolledger._core.protocol.Event`
   named after an action of ``spec/DurableToolExecution.tla``, fed to a
-  :class:`~toolledger.ledger.Ledger`, in the order of ``docs/protocol.md#the-live-path``.
+  :class:`~toolledger._core.ledger.Ledger`, in the order of ``docs/protocol.md#the-live-path``.
 
 Adopting it in an engine (the ``ledger`` mode, step by step)
 ------------------------------------------------------------
@@ -39,7 +39,7 @@ guide; in one place:
    (``EngineParkApproval``, ``HumanApprove``/``HumanReject``), not inbox
    items keyed by ``(session_id, tool_call_id)``.
 4. Running a call goes through the adopter's API, :meth:`toolledger.Session.execute`
-   (:mod:`toolledger.session`): ``EnginePersistDispatched`` is durable before
+   (:mod:`toolledger._core.session`): ``EnginePersistDispatched`` is durable before
    the body runs; the body gets the execution id (and, for ``idempotent``
    tools, the same id as its idempotency key, through a keyword the model
    cannot write) and calls ``sending()`` before the adapter's request leaves.
@@ -64,10 +64,11 @@ guide; in one place:
 
 A runnable example (it is a doctest of this module's test suite)::
 
-    >>> from toolledger.adapters import CountingAdapter, CountingExternalSystem, ToolRegistry
-    >>> from toolledger.engine import (CrashInjector, MemoryConversationStore, ScriptedHuman,
-    ...     ScriptedProvider, SimulatedCrash, TurnEngine, parse_crash_point, tool_call)
-    >>> from toolledger.stores import MemoryStore
+    >>> from toolledger import MemoryStore
+    >>> from toolledger.kit.engine import (CrashInjector, MemoryConversationStore, ScriptedHuman,
+    ...     ScriptedProvider, SimulatedCrash, ToolRegistry, TurnEngine, parse_crash_point,
+    ...     tool_call)
+    >>> from toolledger.kit.external import CountingAdapter, CountingExternalSystem
     >>> email = CountingExternalSystem()          # the outside world: survives crashes
     >>> store, conversations = MemoryStore(), MemoryConversationStore()  # durable storage
     >>> crash = CrashInjector(parse_crash_point("ledger", "after ExternalApply"))
@@ -111,7 +112,7 @@ matrix to crash points per mode.
 What this module must never do: invoke an adapter before the ledger said
 ``dispatched`` (ledger mode), take an execution id or key from tool
 arguments, decide recovery itself (it asks
-:func:`~toolledger.protocol.decide_recovery`), or catch a
+:func:`~toolledger._core.protocol.decide_recovery`), or catch a
 :class:`SimulatedCrash`.
 '''
 
@@ -130,19 +131,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol, TypeAlias
 
-from .adapters import (
-    Applied,
-    CannotTell,
-    DefiniteFailure,
-    ReconcileAnswer,
-    ReconcilingAdapter,
-    RegisteredTool,
-    ToolRegistry,
-    Unknown,
-    frozen_arguments,
-)
-from .ledger import Ledger
-from .protocol import (
+from .._core.ledger import Ledger
+from .._core.protocol import (
     Action,
     ApprovalState,
     CallPosition,
@@ -163,8 +153,19 @@ from .protocol import (
     derive_execution_id,
     recovery_inputs,
 )
-from .session import Attempt, CallRef, CallStatus, NotApplied, Outcome, Session, Tool
-from .stores import Store
+from .._core.session import Attempt, CallRef, CallStatus, NotApplied, Outcome, Session, Tool
+from .._core.stores import Store
+from .._core.tools import (
+    Applied,
+    CannotTell,
+    DefiniteFailure,
+    ReconcileAnswer,
+    ReconcilingAdapter,
+    RegisteredTool,
+    ToolRegistry,
+    Unknown,
+    frozen_arguments,
+)
 
 __all__ = [
     "LEDGER_STEPS",
@@ -188,6 +189,7 @@ __all__ = [
     "ScriptedProvider",
     "SeedRow",
     "SimulatedCrash",
+    "ToolRegistry",  # the registry a TurnEngine takes (from the core's adapter seam)
     "TurnEngine",
     "TurnResult",
     "TurnStatus",
@@ -727,11 +729,11 @@ class DecisionTaken:
 
 
 class DefiniteFailureError(NotApplied):
-    """An adapter's :class:`~toolledger.adapters.DefiniteFailure`, raised to the session."""
+    """An adapter's :class:`~toolledger._core.tools.DefiniteFailure`, raised to the session."""
 
 
 class UnknownOutcome(Exception):
-    """An adapter's :class:`~toolledger.adapters.Unknown`, raised to the session."""
+    """An adapter's :class:`~toolledger._core.tools.Unknown`, raised to the session."""
 
 
 class _Outcome(StrEnum):

@@ -1,7 +1,7 @@
 """Tables and pictures for the notebooks, computed from the project's own objects.
 
 Everything here takes what the checkers produce (a TLC counterexample as
-:class:`~toolledger.tlc.TraceStep` values, a :class:`~toolledger.stategraph.StateGraph`,
+:class:`~toolledger.check.tlc.TraceStep` values, a :class:`~toolledger.check.stategraph.StateGraph`,
 state counts) and turns it into something a reviewer reads: an HTML step
 table, a sequence diagram, a drawing of a state graph, a state-space chart.
 Nothing is typed in: every arrow, row, node and bar comes from the input.
@@ -11,7 +11,7 @@ Nothing is typed in: every arrow, row, node and bar comes from the input.
 - :func:`sequence_arrows` / :func:`sequence_diagram`: the same trace as a
   sequence diagram with lifelines for the provider, the engine, the inbox
   (approvals), the external system and the store. The sender of a step is
-  the actor of its action (:data:`toolledger.protocol.TRANSITIONS`); the
+  the actor of its action (:data:`toolledger._core.protocol.TRANSITIONS`); the
   receiver is the lifeline whose variables the step changed
   (:data:`VARIABLE_LIFELINES`).
 - :func:`bfs_depths`, :func:`draw_state_graph`: a small state graph drawn
@@ -35,11 +35,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from .cli import changes
-from .protocol import TRANSITIONS, Action, Actor
-from .stategraph import StateGraph
-from .tlavalues import FnValue, Value, serialize
-from .tlc import TraceStep
+from .._core.protocol import TRANSITIONS, Action, Actor
+from ..check.stategraph import StateGraph
+from ..check.tlavalues import FnValue, Value, serialize
+from ..check.tlc import TraceStep
+from ..cli import changes
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -118,7 +118,7 @@ _TABLE_STYLE: Final = (
 )
 _CELL: Final = "border:1px solid #ccc;padding:2px 8px;vertical-align:top;text-align:left"
 
-#: Figures are drawn one notebook page wide (toolledger.notebook_support shows them at
+#: Figures are drawn one notebook page wide (toolledger.notebook.support shows them at
 #: their natural size up to 960 CSS px = 10 in), so these point sizes are what a reader
 #: sees; notebook_support refuses a figure with text under 10 pt at the width shown.
 FIGURE_WIDTH_IN: Final = 10.0
@@ -225,8 +225,9 @@ _PREFIX_LIFELINE: Final = (
 
 
 def sender_of(action: str) -> str:
-    """The lifeline that performs ``action``: its actor in :data:`~toolledger.protocol.TRANSITIONS`,
-    else (an action only the legacy spec has) the actor its name starts with."""
+    """The lifeline that performs ``action``: its actor in
+    :data:`~toolledger._core.protocol.TRANSITIONS`, else (an action only the legacy
+    spec has) the actor its name starts with."""
     try:
         return _ACTOR_LIFELINE[TRANSITIONS[Action(action)].actor]
     except (ValueError, KeyError):
@@ -235,7 +236,7 @@ def sender_of(action: str) -> str:
         if action.startswith(prefix):
             return lifeline
     raise ValueError(f"no lifeline for action {action!r}: name it Provider*/Engine*/Human*/"
-                     "External* or add it to toolledger.protocol.TRANSITIONS")
+                     "External* or add it to toolledger._core.protocol.TRANSITIONS")
 
 
 @dataclass(frozen=True)

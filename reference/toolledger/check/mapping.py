@@ -1,8 +1,8 @@
 """The one mapping between reference states and spec states, both ways.
 
-:func:`to_spec` turns a :class:`~toolledger.system.SystemState` into the
+:func:`to_spec` turns a :class:`~toolledger.check.system.SystemState` into the
 values of the spec's variables, exactly as TLC prints and
-:mod:`toolledger.tlavalues` parses them; :func:`from_spec` builds the
+:mod:`toolledger.check.tlavalues` parses them; :func:`from_spec` builds the
 reference state that corresponds to a spec state.  Every checker (the
 exhaustive conformance check, the Hypothesis machines, trace validation, the
 notebooks) goes through these two functions and no other translation, so a
@@ -19,7 +19,7 @@ import functools
 from collections.abc import Mapping
 from typing import Final
 
-from . import protocol as p
+from .._core import protocol as p
 from .system import ExternalState, Ghosts, ModelConfig, SystemState
 from .tlavalues import FnValue, Value
 

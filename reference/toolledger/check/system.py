@@ -4,7 +4,7 @@ The TLA+ spec describes more than the engine: the provider that emits calls,
 the humans, the external system (requests in flight, fences, how often each
 effect was really applied) and ghost history (every invocation with its
 authorization).  This module composes the pure core of
-:mod:`toolledger.protocol` with a model of exactly those, so that the Python
+:mod:`toolledger._core.protocol` with a model of exactly those, so that the Python
 reference can be compared with the spec state by state.  It is used by the
 conformance checker, the Hypothesis machines, trace validation and the
 notebooks; the engine kit uses real adapters instead.
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final
 
-from . import protocol as p
+from .._core import protocol as p
 from .tlavalues import FnValue, Value, parse_value
 
 __all__ = [

@@ -1,10 +1,12 @@
 """The store port: what the protocol core needs from durable storage.
 
+Private module of :mod:`toolledger`: import the public names from ``toolledger``.
+
 Theory of operation
 -------------------
-The protocol core (:mod:`toolledger.protocol`) is pure: every transition
-returns a new :class:`~toolledger.protocol.SessionState`, and
-:func:`~toolledger.protocol.durable_changes` says which part of it must be
+The protocol core (:mod:`toolledger._core.protocol`) is pure: every transition
+returns a new :class:`~toolledger._core.protocol.SessionState`, and
+:func:`~toolledger._core.protocol.durable_changes` says which part of it must be
 made durable before the engine acts on it.  A :class:`Store` is where that
 part goes.  It has one write operation, :meth:`Store.commit`, which makes
 ``durable_changes(before, after)`` *and* the audit rows describing that
@@ -13,8 +15,8 @@ therefore never leave a ``dispatched`` record without its audit row, or a
 ``succeeded`` record half written.
 
 :meth:`Store.load` returns what a restarted engine sees: the durable calls
-(every call without a result at :attr:`~toolledger.protocol.Stage.RESUME`,
-the others at :attr:`~toolledger.protocol.Stage.NONE`), approvals, ledger
+(every call without a result at :attr:`~toolledger._core.protocol.Stage.RESUME`,
+the others at :attr:`~toolledger._core.protocol.Stage.NONE`), approvals, ledger
 records, audit keys and the protocol marker.  Calls whose message never became
 durable do not exist.  That is exactly :func:`durable_projection` of the
 engine's in-memory state, which is what the tests check after every step.
@@ -25,13 +27,13 @@ call without a result and every call of the last durable turn, with their
 approvals, records and audit keys.  No transition of the core reads a call
 outside that set except ``ProviderEmitCall``'s "is the position free"
 guard, which :meth:`Store.call_exists` answers; so the
-:class:`~toolledger.ledger.Ledger` keeps only the working set in memory and a
+:class:`~toolledger._core.ledger.Ledger` keeps only the working set in memory and a
 restart reads only that, whatever the length of the history (``bench_recovery``
 measures it).
 
 Two implementations: :class:`MemoryStore` here (for tests and the checkers;
 it has nothing volatile, so its :meth:`MemoryStore.crash` loses nothing) and
-:class:`toolledger.sqlite_store.SqliteStore` (real durability).  Both plan a
+:class:`toolledger._core.sqlite_store.SqliteStore` (real durability).  Both plan a
 commit with :func:`plan_commit`, so they validate and write exactly the same
 things, and both refuse a commit whose ``before`` is not what is durable now
 (:class:`StaleState`): two engines resuming one session cannot both win.  The
@@ -112,7 +114,7 @@ class StoreError(Exception):
 
     The message says what went wrong and what to do.  After a
     :class:`StoreError` from a commit, reload the session with
-    :meth:`~toolledger.ledger.Ledger.reload` (what a restarted engine would
+    :meth:`~toolledger._core.ledger.Ledger.reload` (what a restarted engine would
     do) before acting on anything.
     """
 
@@ -131,11 +133,11 @@ class SessionExists(StoreError):
 class StaleState(StoreError):
     """A commit's ``before`` is not what is durable now.
 
-    Another engine (or another :class:`~toolledger.ledger.Ledger`) changed the
+    Another engine (or another :class:`~toolledger._core.ledger.Ledger`) changed the
     session since this one loaded it: a call the commit writes for (its
     result, approval, record or audit keys) or the session's marker.  Nothing
     was written; reload the session with
-    :meth:`~toolledger.ledger.Ledger.reload` and decide again.
+    :meth:`~toolledger._core.ledger.Ledger.reload` and decide again.
     """
 
 
@@ -205,7 +207,7 @@ class AuditRow:
     """One append-only row of the audit log.
 
     ``(execution_id, kind, attempt)`` is the protocol's audit key
-    (:data:`~toolledger.protocol.AuditKey`); the other fields let anyone tie
+    (:data:`~toolledger._core.protocol.AuditKey`); the other fields let anyone tie
     the row to its call and recompute a decision: ``kind`` is ``"dispatch"``,
     a recovery decision (``"reconstruct"``, ``"retry_same_id"``,
     ``"reconcile"``, ``"recovery_required"``, ``"execute"``), a reconcile
@@ -214,7 +216,7 @@ class AuditRow:
     ``"human_retry"``, ``"human_abandon"``); ``recovery_decision`` is the
     recovery decision the row belongs to (``None`` for a first, live
     attempt); ``inputs`` is a JSON object, for decisions
-    :meth:`~toolledger.protocol.RecoveryInputs.as_dict`.
+    :meth:`~toolledger._core.protocol.RecoveryInputs.as_dict`.
 
     ``inputs`` is copied on construction (through JSON), so mutating the dict
     passed in, or the one read back, changes no stored row.
@@ -318,7 +320,7 @@ class Store(Protocol):
     def load_working_set(self, session_id: str) -> SessionState:
         """``working_set(load(session_id))``, without reading the rest of the history.
 
-        What a :class:`~toolledger.ledger.Ledger` loads on start and restart;
+        What a :class:`~toolledger._core.ledger.Ledger` loads on start and restart;
         its cost must not grow with the number of settled calls.  Raises
         :class:`UnknownSession` if there is no such session.
         """
@@ -425,7 +427,7 @@ class CallView:
 
     Its result, its ledger record, its approval (``None``: absent) and the
     ``(kind, attempt)`` of its audit keys: every input of
-    :func:`~toolledger.protocol.recovery_inputs` that can change, plus the
+    :func:`~toolledger._core.protocol.recovery_inputs` that can change, plus the
     decisions already made.  A commit compares these, as its ``before``
     has them, with what is stored (:meth:`CommitPlan.check_session`).
     """
@@ -763,11 +765,11 @@ class MemoryStore:
 
     Everything it holds is durable by definition: :meth:`crash` drops nothing
     (what a crash loses is the engine's memory, i.e. the
-    :class:`~toolledger.ledger.Ledger`'s state).  It keeps only immutable
+    :class:`~toolledger._core.ledger.Ledger`'s state).  It keeps only immutable
     values and private copies, so mutating what was passed in or handed out
     changes nothing stored.  A commit is staged on a copy and swapped in at
     the end, so a failure part-way leaves nothing of it visible; commits are
-    counted as :class:`~toolledger.sqlite_store.SqliteStore` counts them.
+    counted as :class:`~toolledger._core.sqlite_store.SqliteStore` counts them.
     It never touches the file system.
     """
 

@@ -1,16 +1,18 @@
 """PostgresStore: the store port on a PostgreSQL database, for many engine workers.
 
+Private module of :mod:`toolledger`: import the public names from ``toolledger``.
+
 What it is for
 --------------
 When several engine workers (processes, machines) share the sessions of one
 agent platform they need one ledger they can all reach: :class:`PostgresStore`
-keeps the same tables as :class:`~toolledger.sqlite_store.SqliteStore` (calls
+keeps the same tables as :class:`~toolledger._core.sqlite_store.SqliteStore` (calls
 with their results, approvals, the execution ledger, the append-only audit
 log, the protocol marker) in one PostgreSQL schema, with the same guarantees:
 every durable transition is ONE transaction (a protected call costs two
 ledger commits, a readonly one none), every row carries a SHA-256
 ``row_checksum`` checked on every read, a schema version is checked on open,
-and anything unexpected fails closed as :class:`~toolledger.stores.StoreCorrupt`.
+and anything unexpected fails closed as :class:`~toolledger._core.stores.StoreCorrupt`.
 
 psycopg 3 is an optional dependency (``pip install toolledger[postgres]``):
 it is imported when a store is opened, so ``import toolledger`` never needs it.
@@ -22,11 +24,11 @@ the session's row lock (``SELECT ... FROM sessions WHERE session_id = %s FOR
 UPDATE``): commits to one session are serialized by the server, and since a
 READ COMMITTED statement sees everything committed before it started, the
 statements that follow the lock see the last commit of any other worker.
-Then :meth:`~toolledger.stores.CommitPlan.check_session` compares, in one
+Then :meth:`~toolledger._core.stores.CommitPlan.check_session` compares, in one
 statement per call, the durable state the commit was decided on (result,
 approval, ledger record by checksum, audit keys) with what is stored, exactly
 as SQLite's ``BEGIN IMMEDIATE`` does for a file: a stale commit raises
-:class:`~toolledger.stores.StaleState` before its first write, audit-only
+:class:`~toolledger._core.stores.StaleState` before its first write, audit-only
 commits included.  The writers' own checks (``UPDATE ... WHERE row_checksum =
 old``, inserts refused by primary keys) stay as a second line.  Sessions do
 not block each other.
@@ -261,13 +263,13 @@ def _psycopg() -> Any:
 
 
 class PostgresStore:
-    """A :class:`~toolledger.stores.Store` on a PostgreSQL database (see the module doc).
+    """A :class:`~toolledger._core.stores.Store` on a PostgreSQL database (see the module doc).
 
     ``PostgresStore(conninfo, schema="toolledger")`` connects (libpq
     connection string or URI), checks the schema's tables (creating them if
     the schema holds none) and raises :class:`StoreUnavailable`,
-    :class:`~toolledger.stores.StoreCorrupt` or
-    :class:`~toolledger.stores.UnsupportedSchema` having written nothing.
+    :class:`~toolledger._core.stores.StoreCorrupt` or
+    :class:`~toolledger._core.stores.UnsupportedSchema` having written nothing.
     ``connect_timeout`` and ``statement_timeout`` are in seconds.
     ``trace``, if set, is called with the text and parameters of every
     statement this object sends (for tests and diagnostics).
@@ -862,7 +864,7 @@ class PostgresStore:
         """Make the transition ``before -> after`` durable in one transaction.
 
         Takes the session's row lock, checks that what the commit was decided
-        on is still stored (else :class:`~toolledger.stores.StaleState`,
+        on is still stored (else :class:`~toolledger._core.stores.StaleState`,
         nothing written), writes, and returns after ``COMMIT``.
         """
         plan = plan_commit(session_id, before, after, audit_rows, arguments)

@@ -29,8 +29,8 @@ constant TLA+ expression.
 
 Usage (needs the ``dev`` extra; the reference package never imports this)::
 
-    python -m toolledger.jupyter_kernel install [--sys-prefix | --prefix DIR | --user]
-    python -m toolledger.jupyter_kernel -f CONNECTION_FILE    # what Jupyter runs
+    python -m toolledger.notebook.kernel install [--sys-prefix | --prefix DIR | --user]
+    python -m toolledger.notebook.kernel -f CONNECTION_FILE    # what Jupyter runs
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from typing import Any
 
 from tlaplus_jupyter import TLAPlusKernel
 
-from toolledger.tlc import find_jar
+from toolledger.check.tlc import find_jar
 
 KERNEL_NAME = "tlaplus"
 DISPLAY_NAME = "TLA+ (toolledger)"
@@ -194,7 +194,7 @@ _TLC_CELL = re.compile(r"^\s*%tlc:(\S*)(.*)")
 class StrictTLAPlusKernel(TLAPlusKernel):  # type: ignore[misc]  # the base is untyped
     """tlaplus-jupyter's kernel, on ipykernel 7, with our jar, failing loudly."""
 
-    implementation = "toolledger.jupyter_kernel"
+    implementation = "toolledger.notebook.kernel"
     implementation_version = "0.1.0"
     banner = DISPLAY_NAME
 
@@ -337,7 +337,7 @@ class StrictTLAPlusKernel(TLAPlusKernel):  # type: ignore[misc]  # the base is u
 def kernel_spec() -> dict[str, Any]:
     """The kernel.json for this kernel, run by the current Python interpreter."""
     return {
-        "argv": [sys.executable, "-m", "toolledger.jupyter_kernel", "-f", "{connection_file}"],
+        "argv": [sys.executable, "-m", "toolledger.notebook.kernel", "-f", "{connection_file}"],
         "display_name": DISPLAY_NAME,
         "language": "tla",
         "metadata": {"debugger": False},
@@ -362,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["install"]:
         parser = argparse.ArgumentParser(
-            prog="python -m toolledger.jupyter_kernel install",
+            prog="python -m toolledger.notebook.kernel install",
             description=f"Install the {KERNEL_NAME!r} Jupyter kernel spec ({DISPLAY_NAME}).",
         )
         where = parser.add_mutually_exclusive_group()

@@ -30,7 +30,7 @@ that makes the situation unreachable fails ``make check``.
 module and cfg exist, ``expect`` names an INVARIANT or PROPERTY of the cfg,
 ``"deadlock"`` only with ``check_deadlock = true``) and reports every problem
 at once, each naming the model and what to change. :func:`drift` compares a
-:class:`~toolledger.tlc.TLCResult` with an entry.
+:class:`~toolledger.check.tlc.TLCResult` with an entry.
 
 This module only reads: it must never run TLC and never write the manifest.
 """
@@ -174,7 +174,9 @@ def load_manifest(root: Path) -> Manifest:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ManifestError(f"{path} does not exist: create it (see toolledger.manifest)") from None
+        raise ManifestError(
+            f"{path} does not exist: create it (see toolledger.check.manifest)"
+        ) from None
     except tomllib.TOMLDecodeError as e:
         raise ManifestError(f"{path} is not valid TOML: {e}") from None
 

@@ -1,7 +1,7 @@
 """The spec's invariants, in Python, under the spec's names.
 
 Each function takes a model configuration and a
-:class:`~toolledger.system.SystemState` and returns the list of ways the
+:class:`~toolledger.check.system.SystemState` and returns the list of ways the
 state breaks the invariant (empty: it holds), so a failing check can tell
 its story.  They are written against the reference's own state, not against
 the spec mapping, and mirror the definitions in
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from . import protocol as p
+from .._core import protocol as p
 from .system import ModelConfig, SystemState
 
 __all__ = ["INVARIANTS", "PROPERTIES", "check_all", "settled"]

@@ -3,9 +3,9 @@
 What it is for
 --------------
 :func:`run_simulation` runs issue #443's scenario through the engine kit
-(:mod:`toolledger.engine`): a scripted provider asks for ``send_email``, a
+(:mod:`toolledger.kit.engine`): a scripted provider asks for ``send_email``, a
 scripted human approves, the call executes against a
-:class:`~toolledger.adapters.CountingExternalSystem`, and the engine dies at
+:class:`~toolledger.kit.external.CountingExternalSystem`, and the engine dies at
 a crash point.  A new engine then resumes from durable storage only, and
 the network finally delivers any request that was still in flight (the
 late original, the case fencing and deduplication exist for).  The
@@ -14,16 +14,16 @@ external system, adapter invocations, the conversation's final tool result,
 the ledger record, every recovery decision and the audit rows.
 
 With ``store="sqlite"`` the run happens in a child process (``python -m
-toolledger.simulate --child ...``) that really SIGKILLs itself at the crash
+toolledger.kit.simulate --child ...``) that really SIGKILLs itself at the crash
 point; a second child resumes from the SQLite file, the conversation files
 and the external system's fsynced JSON-lines log.  ``crash_with="exception"``
 keeps everything in this process (the same storage, a raised
-:class:`~toolledger.engine.SimulatedCrash`): fast, for the test matrix.
+:class:`~toolledger.kit.engine.SimulatedCrash`): fast, for the test matrix.
 
 Wiring into the ``toolledger`` CLI: ``cli.SUBCOMMANDS.append(Subcommand(
 "simulate", simulate.HELP, simulate.configure, simulate.cmd_simulate))``, or
 :func:`register` on an ``argparse`` subparsers object.  ``python -m
-toolledger.simulate ...`` runs the same command stand-alone.
+toolledger.kit.simulate ...`` runs the same command stand-alone.
 
 Files of a SQLite run: the store ``DB`` (with SQLite's ``DB-wal`` and
 ``DB-shm`` while it is open), the conversation checkpoints in the directory
@@ -63,7 +63,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from .adapters import CountingAdapter, CountingExternalSystem, ToolRegistry
+from .._core.ledger import RESOLUTIONS
+from .._core.protocol import InvalidInput, RecoveryPolicy
+from .._core.stores import MemoryStore, Store, StoreError
+from .._core.tools import ToolRegistry
 from .engine import (
     SEED_MATRIX,
     ConversationStore,
@@ -83,9 +86,7 @@ from .engine import (
     parse_crash_point,
     tool_call,
 )
-from .ledger import RESOLUTIONS
-from .protocol import InvalidInput, RecoveryPolicy
-from .stores import MemoryStore, Store, StoreError
+from .external import CountingAdapter, CountingExternalSystem
 
 __all__ = [
     "EXIT_DUPLICATE",
@@ -350,7 +351,7 @@ def _open_world(mode: EngineMode, store: StoreKind, db: Path | None) -> _World:
             CountingExternalSystem(),
         )
     assert db is not None
-    from .sqlite_store import SqliteStore
+    from .._core.sqlite_store import SqliteStore
 
     conv_dir, external = _paths(db)
     return _World(
@@ -566,7 +567,7 @@ def _exists(path: Path) -> bool:
 _CHECKPOINT = re.compile(
     re.escape(SESSION_ID) + r"\.(messages|inbox)\.json([A-Za-z0-9_]*\.tmp)?"
 )
-# the events CountingExternalSystem logs (adapters.CountingExternalSystem._replay)
+# the events CountingExternalSystem logs (external.CountingExternalSystem._replay)
 _EXTERNAL_OPS: Final = frozenset({"receive", "apply", "dedup", "reject", "drop", "fence"})
 
 
@@ -579,7 +580,7 @@ def _not_ours(path: Path, db: Path) -> str | None:
 
 
 def _why_not_ours(path: Path, db: Path) -> str | None:
-    from .sqlite_store import APPLICATION_ID
+    from .._core.sqlite_store import APPLICATION_ID
 
     conv, external = _paths(db)
     if path.is_symlink():
@@ -713,7 +714,8 @@ def _child_command(
     phase: str, mode: EngineMode, policy: RecoveryPolicy, point: CrashPoint | None,
     db: Path, resolve: str | None,
 ) -> list[str]:
-    cmd = [sys.executable, "-m", "toolledger.simulate", "--child", phase, "--engine", mode.value,
+    cmd = [sys.executable, "-m", "toolledger.kit.simulate", "--child", phase,
+           "--engine", mode.value,
            "--policy", policy.value, "--db", str(db),
            "--crash-at", "none" if point is None else point.name]
     if resolve is not None:
@@ -723,7 +725,8 @@ def _child_command(
 
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parent.parent)
+    # reference/, the directory holding toolledger/ (this module is toolledger/kit/)
+    package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (package_root, env.get("PYTHONPATH", "")) if p
     )
@@ -760,7 +763,7 @@ def _child_failed(who: str, done: subprocess.CompletedProcess[str]) -> None:
 
 
 def _child(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m toolledger.simulate --child")
+    p = argparse.ArgumentParser(prog="python -m toolledger.kit.simulate --child")
     p.add_argument("--child", choices=("run", "resume"), required=True)
     p.add_argument("--engine", required=True)
     p.add_argument("--policy", required=True)
@@ -883,7 +886,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m toolledger.simulate``: the command stand-alone (and the child processes)."""
+    """``python -m toolledger.kit.simulate``: the command stand-alone (and the child processes)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     if "--child" in args_list:
         return _child(args_list)

@@ -7,7 +7,7 @@ re-executes them). A rendering that would publish a machine path (a temp directo
 tool's output, a file outside the repository) is refused: the path is named and nothing
 is written for that notebook.
 
-Usage: ``python -m toolledger.notebook_html [--out DIR] NOTEBOOK.ipynb ...``
+Usage: ``python -m toolledger.notebook.html [--out DIR] NOTEBOOK.ipynb ...``
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def write_html(notebooks: Sequence[Path], out_dir: Path) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m toolledger.notebook_html",
+    parser = argparse.ArgumentParser(prog="python -m toolledger.notebook.html",
                                      description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("notebooks", nargs="+", type=Path, help="notebooks to render")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,

@@ -1,5 +1,7 @@
 """The toolledger protocol core: a pure, I/O-free state machine.
 
+Private module of :mod:`toolledger`: import the public names from ``toolledger``.
+
 Theory of operation
 -------------------
 One :class:`SessionState` holds what an agent engine knows about the tool
@@ -15,30 +17,66 @@ generated from that table.
 :func:`apply` takes a state and an :class:`Event` and returns the next state.
 An event whose guard does not hold raises :class:`ProtocolError`, naming the
 event, the call and the state, and the state is unchanged (states are
-immutable).  The caller (the :mod:`toolledger.ledger` facade, the engine kit,
+immutable).  The caller (the :mod:`toolledger._core.ledger` facade, the engine kit,
 the checkers) performs the I/O: it makes the durable part of each new state
 durable in ONE transaction before acting on it, invokes adapters, asks
 connectors.  :func:`durable_changes` says what changed.
 
 What this module deliberately does not know: SQLite, files, threads, asyncio,
 the external system's own state (whether an effect was really applied is the
-business of :mod:`toolledger.system`, the closed-world model used by the
+business of :mod:`toolledger.check.system`, the closed-world model used by the
 checkers), and the content of tool results beyond their kind, execution and
 argument digest.  It must never perform I/O or read a clock.
 
 :func:`decide_recovery` is the total recovery function of ``docs/protocol.md#recovery``;
 it returns the decision together with the inputs it used, so an
 audit row can carry them and anyone can recompute it.
+
+This module holds the events, the transition table and the transition
+functions; the vocabulary and the state values are in
+:mod:`toolledger._core.state`, the recovery decision in
+:mod:`toolledger._core.recovery`.  It re-exports every name of both, so
+``protocol`` stays the one module a checker imports for the state machine.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
-from typing import Any, Final
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Final
+
+from .recovery import (
+    RecoveryDecision,
+    RecoveryInputs,
+    decide_recovery,
+    recovery_inputs,
+)
+from .state import (
+    Action,
+    Actor,
+    ApprovalState,
+    AuditKey,
+    Authorization,
+    CallPosition,
+    CallState,
+    Decision,
+    ExecutionRecord,
+    InvalidInput,
+    LedgerStatus,
+    MessageState,
+    ProtocolError,
+    RecoveryPolicy,
+    ResultKind,
+    SessionState,
+    Stage,
+    ToolProfile,
+    ToolResult,
+    _check_position,
+    args_digest,
+    check_call_position,
+    derive_execution_id,
+    new_session,
+)
 
 __all__ = [
     "TRANSITIONS",
@@ -75,477 +113,6 @@ __all__ = [
     "new_session",
     "recovery_inputs",
 ]
-
-
-# --------------------------------------------------------------------------
-# Vocabulary
-# --------------------------------------------------------------------------
-
-
-class RecoveryPolicy(StrEnum):
-    """How an unknown outcome of a tool may be recovered; declared by the engine."""
-
-    READONLY = "readonly"
-    MANUAL = "manual"
-    IDEMPOTENT = "idempotent"
-    RECONCILE = "reconcile"
-
-
-class LedgerStatus(StrEnum):
-    NONE = "none"
-    DISPATCHED = "dispatched"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    RECOVERY_REQUIRED = "recovery_required"
-    ABANDONED = "abandoned"
-
-
-class ApprovalState(StrEnum):
-    NONE = "none"
-    PENDING = "pending"
-    APPROVED = "approved"
-    REJECTED = "rejected"
-
-
-class Authorization(StrEnum):
-    """Who authorized an attempt: nobody needed to, the approval, the policy, a human."""
-
-    NONE = "none"
-    AUTO = "auto"
-    APPROVAL = "approval"
-    POLICY = "policy"
-    HUMAN = "human"
-
-
-class Decision(StrEnum):
-    EXECUTE = "execute"
-    RECONSTRUCT = "reconstruct"
-    RETRY_SAME_ID = "retry_same_id"
-    RECONCILE = "reconcile"
-    RECOVERY_REQUIRED = "recovery_required"
-    SKIP = "skip"
-
-
-class Stage(StrEnum):
-    """The engine's volatile progress on one call (lost on a crash)."""
-
-    NONE = "none"
-    RESUME = "resume"
-    LIVE = "live"
-    RETRY = "retry"
-    DISPATCHED = "dispatched"
-    WAITING = "waiting"
-    GOT_OK = "got_ok"
-    GOT_FAIL = "got_fail"
-    RECORDED = "recorded"
-    RECONCILING = "reconciling"
-
-
-class MessageState(StrEnum):
-    VOLATILE = "volatile"
-    DURABLE = "durable"
-
-
-class ResultKind(StrEnum):
-    OK = "ok"
-    ERROR = "error"
-    DENIED = "denied"
-    HUMAN = "human"
-    ABANDONED = "abandoned"
-    CANCELLED = "cancelled"  # a user's Stop before the call was ever dispatched
-
-
-class Actor(StrEnum):
-    PROVIDER = "provider"
-    ENGINE = "engine"
-    HUMAN = "human"
-    EXTERNAL = "external"
-    ENVIRONMENT = "environment"
-
-
-class Action(StrEnum):
-    """The actions of ``DurableToolExecution.tla``, spelled as there."""
-
-    ProviderEmitCall = "ProviderEmitCall"
-    EnginePersistCall = "EnginePersistCall"
-    EngineParkApproval = "EngineParkApproval"
-    HumanApprove = "HumanApprove"
-    HumanReject = "HumanReject"
-    EngineRecordDenied = "EngineRecordDenied"
-    EnginePersistDispatched = "EnginePersistDispatched"
-    EngineInvokeAdapter = "EngineInvokeAdapter"
-    EngineInvokeReadonly = "EngineInvokeReadonly"
-    ExternalApply = "ExternalApply"
-    ExternalApplyLoseAnswer = "ExternalApplyLoseAnswer"
-    ExternalRejectDefinite = "ExternalRejectDefinite"
-    ExternalDropFenced = "ExternalDropFenced"
-    EngineRecordSucceeded = "EngineRecordSucceeded"
-    EngineRecordFailed = "EngineRecordFailed"
-    EngineAppendResult = "EngineAppendResult"
-    EngineTimeout = "EngineTimeout"
-    Recover = "Recover"
-    EngineReconcileApplied = "EngineReconcileApplied"
-    EngineReconcileNotApplied = "EngineReconcileNotApplied"
-    EngineReconcileUnknown = "EngineReconcileUnknown"
-    HumanResolveApplied = "HumanResolveApplied"
-    HumanResolveRetry = "HumanResolveRetry"
-    HumanResolveAbandon = "HumanResolveAbandon"
-    HumanCancel = "HumanCancel"
-    Crash = "Crash"
-
-
-# --------------------------------------------------------------------------
-# Errors
-# --------------------------------------------------------------------------
-
-
-class ProtocolError(Exception):
-    """An event that the protocol does not allow in the current state.
-
-    The state it was applied to is unchanged (states are immutable); the
-    message names the event, the call and the state it met.
-    """
-
-    def __init__(self, action: Action | str, position: CallPosition | None, why: str) -> None:
-        self.action = str(action)
-        self.position = position
-        self.why = why
-        where = f" for call {position}" if position is not None else ""
-        super().__init__(f"can't handle {self.action}{where}: {why}")
-
-
-class InvalidInput(ValueError):
-    """Bad input from outside (a malformed id, a reused key argument, ...).
-
-    Raised before anything is changed or executed; the message says what was
-    wrong and what to do.
-    """
-
-
-# --------------------------------------------------------------------------
-# Values
-# --------------------------------------------------------------------------
-
-CallPosition = tuple[int, int]
-"""(turn, slot): the persisted assistant-message sequence number and the index in it."""
-
-MAX_TOOL_CALL_ID_LENGTH: Final = 512
-_ID_PREFIX: Final = "tlx1-"
-
-
-def _check_position(turn: object, slot: object) -> None:
-    for name, value in (("turn", turn), ("slot", slot)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise InvalidInput(
-                f"{name} must be a non-negative int (the persisted message sequence number "
-                f"and the index of the call in it), got {value!r}"
-            )
-
-
-def check_call_position(value: object, field: str) -> CallPosition:
-    """``value`` if it is a call position, a ``(turn, slot)`` tuple of two
-    non-negative ints; else :class:`InvalidInput` naming ``field``."""
-    if (
-        not isinstance(value, tuple)
-        or len(value) != 2
-        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
-    ):
-        hint = " (a list: pass a tuple)" if isinstance(value, list) else ""
-        raise InvalidInput(
-            f"{field} must be a call position, a (turn, slot) tuple of two non-negative "
-            f"ints, e.g. (0, 1); got {value!r} of type {type(value).__name__}{hint}"
-        )
-    return (value[0], value[1])
-
-
-def derive_execution_id(session_id: str, turn: int, slot: int, tool_call_id: str) -> str:
-    """The internal, stable identity of the execution of one call.
-
-    It binds the provider's ``tool_call_id`` to the call's persisted position,
-    because providers reuse ids (Gemini's ``call_0`` on every turn, salvaged
-    ``call_salvaged_0``, and ``""`` from some streams).  It is derived by the
-    engine from data the model does not control, and is the same on every
-    resume because the position is durable before anything is dispatched.
-    """
-    if not isinstance(session_id, str) or not session_id:
-        raise InvalidInput(f"session_id must be a non-empty string, got {session_id!r}")
-    _check_position(turn, slot)
-    if not isinstance(tool_call_id, str):
-        raise InvalidInput(
-            f"tool_call_id must be a string (use '' when the provider gave none), "
-            f"got {type(tool_call_id).__name__}"
-        )
-    if len(tool_call_id) > MAX_TOOL_CALL_ID_LENGTH:
-        raise InvalidInput(
-            f"tool_call_id is {len(tool_call_id)} characters long; at most "
-            f"{MAX_TOOL_CALL_ID_LENGTH} are accepted: truncate or hash it in the provider adapter"
-        )
-    material = json.dumps([session_id, turn, slot, tool_call_id], separators=(",", ":"))
-    return _ID_PREFIX + hashlib.sha256(material.encode()).hexdigest()[:32]
-
-
-def args_digest(tool_name: str, arguments: Mapping[str, Any]) -> str:
-    """Digest of a call's tool name and arguments (canonical JSON)."""
-    try:
-        text = json.dumps([tool_name, arguments], sort_keys=True, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput(
-            f"arguments of {tool_name!r} are not JSON-serializable ({exc}): "
-            "pass the parsed JSON object the model emitted"
-        ) from exc
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
-
-
-@dataclass(frozen=True, slots=True)
-class ToolProfile:
-    """Engine-owned metadata of a tool: never inferred, never model-controlled."""
-
-    name: str
-    policy: RecoveryPolicy = RecoveryPolicy.MANUAL
-    requires_approval: bool = True
-
-    def __post_init__(self) -> None:
-        name: object = self.name
-        policy: object = self.policy
-        if not isinstance(name, str) or not name:
-            raise InvalidInput(f"tool name must be a non-empty string, got {name!r}")
-        if not isinstance(policy, RecoveryPolicy):
-            try:
-                object.__setattr__(self, "policy", RecoveryPolicy(str(policy)))
-            except ValueError:
-                valid = ", ".join(p.value for p in RecoveryPolicy)
-                raise InvalidInput(
-                    f"unknown recovery policy {policy!r} for tool {name!r}; "
-                    f"declare one of: {valid}"
-                ) from None
-        requires_approval: object = self.requires_approval
-        if not isinstance(requires_approval, bool):
-            raise InvalidInput(
-                f"requires_approval of {self.name!r} must be a bool, got {self.requires_approval!r}"
-            )
-
-    @property
-    def protected(self) -> bool:
-        """True if the tool has external side effects (goes through the ledger)."""
-        return self.policy is not RecoveryPolicy.READONLY
-
-
-@dataclass(frozen=True, slots=True)
-class ToolResult:
-    """A tool result: its kind, the execution and the argument digest it belongs to."""
-
-    kind: ResultKind
-    execution_id: str
-    args_digest: str
-    content: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutionRecord:
-    """The durable ledger record of one execution."""
-
-    execution_id: str
-    status: LedgerStatus = LedgerStatus.NONE
-    attempt: int = 0
-    args_digest: str | None = None
-    authorization: Authorization = Authorization.NONE
-    result: ToolResult | None = None
-    position: CallPosition | None = None
-
-
-AuditKey = tuple[str, str, int]
-"""(execution id, kind, attempt): the protocol-relevant part of an audit row."""
-
-
-@dataclass(frozen=True, slots=True)
-class CallState:
-    """One call at its position: durable message and result, volatile stage."""
-
-    position: CallPosition
-    tool_call_id: str
-    tool: ToolProfile
-    execution_id: str
-    args_digest: str
-    message: MessageState
-    result: ToolResult | None = None
-    stage: Stage = Stage.NONE
-
-
-
-@dataclass(frozen=True)
-class SessionState:
-    """Everything the engine knows about one session's tool calls.
-
-    ``calls`` is ordered by position; ``approvals`` and ``ledger`` are keyed by
-    execution id (a missing key is the ``none`` state); ``marker`` is the
-    protocol marker: calls of turns before it are legacy.
-    """
-
-    session_id: str
-    marker: int = 0
-    max_attempts: int = 3
-    calls: tuple[CallState, ...] = ()
-    approvals: Mapping[str, ApprovalState] = field(default_factory=dict)
-    ledger: Mapping[str, ExecutionRecord] = field(default_factory=dict)
-    audit: frozenset[AuditKey] = frozenset()
-
-    # -- lookups ----------------------------------------------------------
-
-    def call(self, position: CallPosition) -> CallState | None:
-        given: object = position  # typed as a tuple, but callers pass what they have
-        if not isinstance(given, tuple):  # a list would silently match no call
-            check_call_position(given, "SessionState.call() position")
-        for c in self.calls:
-            if c.position == position:
-                return c
-        return None
-
-    def record(self, execution_id: str) -> ExecutionRecord:
-        rec = self.ledger.get(execution_id)
-        return rec if rec is not None else ExecutionRecord(execution_id)
-
-    def approval(self, execution_id: str) -> ApprovalState:
-        return self.approvals.get(execution_id, ApprovalState.NONE)
-
-    def is_legacy(self, position: CallPosition) -> bool:
-        return position[0] < self.marker
-
-    def halted(self) -> Iterator[CallState]:
-        """Calls in ``recovery_required`` waiting for a human."""
-        for c in self.calls:
-            if (
-                c.result is None
-                and self.record(c.execution_id).status is LedgerStatus.RECOVERY_REQUIRED
-            ):
-                yield c
-
-    # -- functional updates -------------------------------------------------
-
-    def _with_call(self, new: CallState) -> SessionState:
-        calls = tuple(new if c.position == new.position else c for c in self.calls)
-        return replace(self, calls=calls)
-
-    def _with_record(self, rec: ExecutionRecord) -> SessionState:
-        ledger = dict(self.ledger)
-        ledger[rec.execution_id] = rec
-        return replace(self, ledger=ledger)
-
-    def _with_approval(self, execution_id: str, value: ApprovalState) -> SessionState:
-        approvals = dict(self.approvals)
-        approvals[execution_id] = value
-        return replace(self, approvals=approvals)
-
-    def _with_audit(self, *keys: AuditKey) -> SessionState:
-        return replace(self, audit=self.audit | frozenset(keys))
-
-
-def new_session(session_id: str, *, marker: int = 0, max_attempts: int = 3) -> SessionState:
-    """A session governed by the ledger from turn ``marker`` on (0: from the start)."""
-    if not isinstance(session_id, str) or not session_id:
-        raise InvalidInput(f"session_id must be a non-empty string, got {session_id!r}")
-    if isinstance(marker, bool) or not isinstance(marker, int) or marker < 0:
-        raise InvalidInput(f"marker must be a non-negative turn number, got {marker!r}")
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise InvalidInput(f"max_attempts must be an int >= 1, got {max_attempts!r}")
-    return SessionState(session_id=session_id, marker=marker, max_attempts=max_attempts)
-
-
-# --------------------------------------------------------------------------
-# The recovery decision
-# --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveryInputs:
-    """Everything :func:`decide_recovery` looks at; written to the audit row."""
-
-    status: LedgerStatus
-    attempt: int
-    digest_matches: bool
-    approval: ApprovalState
-    has_result: bool
-    policy: RecoveryPolicy
-    legacy: bool
-    requires_approval: bool
-    max_attempts: int
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "status": self.status.value,
-            "attempt": self.attempt,
-            "digest_matches": self.digest_matches,
-            "approval": self.approval.value,
-            "has_result": self.has_result,
-            "policy": self.policy.value,
-            "legacy": self.legacy,
-            "requires_approval": self.requires_approval,
-            "max_attempts": self.max_attempts,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveryDecision:
-    decision: Decision
-    inputs: RecoveryInputs
-
-
-_KNOWN_OUTCOME: Final = frozenset(
-    {LedgerStatus.SUCCEEDED, LedgerStatus.FAILED, LedgerStatus.ABANDONED}
-)
-
-
-def decide_recovery(inputs: RecoveryInputs) -> RecoveryDecision:
-    """The recovery decision of ``docs/protocol.md#recovery``: total and deterministic.
-
-    Mirrors ``Decide`` in the spec line by line.  A record whose argument
-    digest disagrees with the call at its position is a contradiction and
-    fails closed.  A legacy call (before the marker) that is approved, or that
-    needed no approval, may have run under the old engine: it is never
-    executed without a human.
-    """
-    i = inputs
-    d: Decision
-    if i.has_result:
-        d = Decision.SKIP
-    elif i.policy is RecoveryPolicy.READONLY:
-        d = Decision.EXECUTE
-    elif i.status is not LedgerStatus.NONE and not i.digest_matches:
-        d = Decision.RECOVERY_REQUIRED
-    elif i.status in _KNOWN_OUTCOME:
-        d = Decision.RECONSTRUCT
-    elif i.status is LedgerStatus.RECOVERY_REQUIRED:
-        d = Decision.RECOVERY_REQUIRED
-    elif i.status is LedgerStatus.DISPATCHED:
-        if i.policy is RecoveryPolicy.IDEMPOTENT:
-            d = (
-                Decision.RETRY_SAME_ID
-                if i.attempt < i.max_attempts
-                else Decision.RECOVERY_REQUIRED
-            )
-        elif i.policy is RecoveryPolicy.RECONCILE:
-            d = Decision.RECONCILE
-        else:
-            d = Decision.RECOVERY_REQUIRED
-    elif i.legacy and (i.approval is ApprovalState.APPROVED or not i.requires_approval):
-        d = Decision.RECOVERY_REQUIRED
-    else:
-        d = Decision.EXECUTE
-    return RecoveryDecision(d, inputs)
-
-
-def recovery_inputs(state: SessionState, call: CallState) -> RecoveryInputs:
-    rec = state.record(call.execution_id)
-    return RecoveryInputs(
-        status=rec.status,
-        attempt=rec.attempt,
-        digest_matches=rec.args_digest == call.args_digest,
-        approval=state.approval(call.execution_id),
-        has_result=call.result is not None,
-        policy=call.tool.policy,
-        legacy=state.is_legacy(call.position),
-        requires_approval=call.tool.requires_approval,
-        max_attempts=state.max_attempts,
-    )
 
 
 _STAGE_AFTER: Final[Mapping[Decision, Stage]] = {

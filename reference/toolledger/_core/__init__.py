@@ -1,0 +1,18 @@
+"""The private, stdlib-only core of toolledger: import from :mod:`toolledger`.
+
+An engine imports the public names re-exported by the ``toolledger`` package
+(``from toolledger import Session, Tool, SqliteStore``), never from here: the
+modules of this package are internals and may be split or renamed.  They are
+
+- ``protocol``: the pure, I/O-free state machine (events, transitions),
+  re-exporting ``state`` (its vocabulary and state values) and ``recovery``
+  (the recovery decision ``decide_recovery``);
+- ``ledger``: the durable ledger of one session on a store;
+- ``session``: the adopter's API over the ledger (``Session``, ``Tool``);
+- ``tools``: the adapter seam, the tool registry and the reserved argument names;
+- ``stores``: the store port and ``MemoryStore``; ``sqlite_store`` and
+  ``postgres_store``: the durable stores (psycopg is imported only when a
+  ``PostgresStore`` is opened).
+
+Nothing here imports a third-party package at import time.
+"""

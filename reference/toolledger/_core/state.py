@@ -1,0 +1,421 @@
+"""The protocol's vocabulary and state: what one session's tool calls look like.
+
+Private module of :mod:`toolledger`: import the public names from ``toolledger``.
+
+The closed sets of the spec (:class:`Stage`, :class:`LedgerStatus`,
+:class:`Action`, ...), the protocol's errors, and the immutable values of one
+session (:class:`SessionState` with its :class:`CallState`,
+:class:`ExecutionRecord`, approvals and audit keys), with the execution id
+derivation and the argument digest.  The transitions between states are in
+:mod:`toolledger._core.protocol`, the recovery decision in
+:mod:`toolledger._core.recovery`; ``protocol`` re-exports every name here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any, Final
+
+__all__ = [
+    "MAX_TOOL_CALL_ID_LENGTH",
+    "Action",
+    "Actor",
+    "ApprovalState",
+    "AuditKey",
+    "Authorization",
+    "CallPosition",
+    "CallState",
+    "Decision",
+    "ExecutionRecord",
+    "InvalidInput",
+    "LedgerStatus",
+    "MessageState",
+    "ProtocolError",
+    "RecoveryPolicy",
+    "ResultKind",
+    "SessionState",
+    "Stage",
+    "ToolProfile",
+    "ToolResult",
+    "args_digest",
+    "check_call_position",
+    "derive_execution_id",
+    "new_session",
+]
+
+
+# --------------------------------------------------------------------------
+# Vocabulary
+# --------------------------------------------------------------------------
+
+
+class RecoveryPolicy(StrEnum):
+    """How an unknown outcome of a tool may be recovered; declared by the engine."""
+
+    READONLY = "readonly"
+    MANUAL = "manual"
+    IDEMPOTENT = "idempotent"
+    RECONCILE = "reconcile"
+
+
+class LedgerStatus(StrEnum):
+    NONE = "none"
+    DISPATCHED = "dispatched"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    RECOVERY_REQUIRED = "recovery_required"
+    ABANDONED = "abandoned"
+
+
+class ApprovalState(StrEnum):
+    NONE = "none"
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+
+
+class Authorization(StrEnum):
+    """Who authorized an attempt: nobody needed to, the approval, the policy, a human."""
+
+    NONE = "none"
+    AUTO = "auto"
+    APPROVAL = "approval"
+    POLICY = "policy"
+    HUMAN = "human"
+
+
+class Decision(StrEnum):
+    EXECUTE = "execute"
+    RECONSTRUCT = "reconstruct"
+    RETRY_SAME_ID = "retry_same_id"
+    RECONCILE = "reconcile"
+    RECOVERY_REQUIRED = "recovery_required"
+    SKIP = "skip"
+
+
+class Stage(StrEnum):
+    """The engine's volatile progress on one call (lost on a crash)."""
+
+    NONE = "none"
+    RESUME = "resume"
+    LIVE = "live"
+    RETRY = "retry"
+    DISPATCHED = "dispatched"
+    WAITING = "waiting"
+    GOT_OK = "got_ok"
+    GOT_FAIL = "got_fail"
+    RECORDED = "recorded"
+    RECONCILING = "reconciling"
+
+
+class MessageState(StrEnum):
+    VOLATILE = "volatile"
+    DURABLE = "durable"
+
+
+class ResultKind(StrEnum):
+    OK = "ok"
+    ERROR = "error"
+    DENIED = "denied"
+    HUMAN = "human"
+    ABANDONED = "abandoned"
+    CANCELLED = "cancelled"  # a user's Stop before the call was ever dispatched
+
+
+class Actor(StrEnum):
+    PROVIDER = "provider"
+    ENGINE = "engine"
+    HUMAN = "human"
+    EXTERNAL = "external"
+    ENVIRONMENT = "environment"
+
+
+class Action(StrEnum):
+    """The actions of ``DurableToolExecution.tla``, spelled as there."""
+
+    ProviderEmitCall = "ProviderEmitCall"
+    EnginePersistCall = "EnginePersistCall"
+    EngineParkApproval = "EngineParkApproval"
+    HumanApprove = "HumanApprove"
+    HumanReject = "HumanReject"
+    EngineRecordDenied = "EngineRecordDenied"
+    EnginePersistDispatched = "EnginePersistDispatched"
+    EngineInvokeAdapter = "EngineInvokeAdapter"
+    EngineInvokeReadonly = "EngineInvokeReadonly"
+    ExternalApply = "ExternalApply"
+    ExternalApplyLoseAnswer = "ExternalApplyLoseAnswer"
+    ExternalRejectDefinite = "ExternalRejectDefinite"
+    ExternalDropFenced = "ExternalDropFenced"
+    EngineRecordSucceeded = "EngineRecordSucceeded"
+    EngineRecordFailed = "EngineRecordFailed"
+    EngineAppendResult = "EngineAppendResult"
+    EngineTimeout = "EngineTimeout"
+    Recover = "Recover"
+    EngineReconcileApplied = "EngineReconcileApplied"
+    EngineReconcileNotApplied = "EngineReconcileNotApplied"
+    EngineReconcileUnknown = "EngineReconcileUnknown"
+    HumanResolveApplied = "HumanResolveApplied"
+    HumanResolveRetry = "HumanResolveRetry"
+    HumanResolveAbandon = "HumanResolveAbandon"
+    HumanCancel = "HumanCancel"
+    Crash = "Crash"
+
+
+# --------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------
+
+
+class ProtocolError(Exception):
+    """An event that the protocol does not allow in the current state.
+
+    The state it was applied to is unchanged (states are immutable); the
+    message names the event, the call and the state it met.
+    """
+
+    def __init__(self, action: Action | str, position: CallPosition | None, why: str) -> None:
+        self.action = str(action)
+        self.position = position
+        self.why = why
+        where = f" for call {position}" if position is not None else ""
+        super().__init__(f"can't handle {self.action}{where}: {why}")
+
+
+class InvalidInput(ValueError):
+    """Bad input from outside (a malformed id, a reused key argument, ...).
+
+    Raised before anything is changed or executed; the message says what was
+    wrong and what to do.
+    """
+
+
+# --------------------------------------------------------------------------
+# Values
+# --------------------------------------------------------------------------
+
+CallPosition = tuple[int, int]
+"""(turn, slot): the persisted assistant-message sequence number and the index in it."""
+
+MAX_TOOL_CALL_ID_LENGTH: Final = 512
+_ID_PREFIX: Final = "tlx1-"
+
+
+def _check_position(turn: object, slot: object) -> None:
+    for name, value in (("turn", turn), ("slot", slot)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidInput(
+                f"{name} must be a non-negative int (the persisted message sequence number "
+                f"and the index of the call in it), got {value!r}"
+            )
+
+
+def check_call_position(value: object, field: str) -> CallPosition:
+    """``value`` if it is a call position, a ``(turn, slot)`` tuple of two
+    non-negative ints; else :class:`InvalidInput` naming ``field``."""
+    if (
+        not isinstance(value, tuple)
+        or len(value) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+    ):
+        hint = " (a list: pass a tuple)" if isinstance(value, list) else ""
+        raise InvalidInput(
+            f"{field} must be a call position, a (turn, slot) tuple of two non-negative "
+            f"ints, e.g. (0, 1); got {value!r} of type {type(value).__name__}{hint}"
+        )
+    return (value[0], value[1])
+
+
+def derive_execution_id(session_id: str, turn: int, slot: int, tool_call_id: str) -> str:
+    """The internal, stable identity of the execution of one call.
+
+    It binds the provider's ``tool_call_id`` to the call's persisted position,
+    because providers reuse ids (Gemini's ``call_0`` on every turn, salvaged
+    ``call_salvaged_0``, and ``""`` from some streams).  It is derived by the
+    engine from data the model does not control, and is the same on every
+    resume because the position is durable before anything is dispatched.
+    """
+    if not isinstance(session_id, str) or not session_id:
+        raise InvalidInput(f"session_id must be a non-empty string, got {session_id!r}")
+    _check_position(turn, slot)
+    if not isinstance(tool_call_id, str):
+        raise InvalidInput(
+            f"tool_call_id must be a string (use '' when the provider gave none), "
+            f"got {type(tool_call_id).__name__}"
+        )
+    if len(tool_call_id) > MAX_TOOL_CALL_ID_LENGTH:
+        raise InvalidInput(
+            f"tool_call_id is {len(tool_call_id)} characters long; at most "
+            f"{MAX_TOOL_CALL_ID_LENGTH} are accepted: truncate or hash it in the provider adapter"
+        )
+    material = json.dumps([session_id, turn, slot, tool_call_id], separators=(",", ":"))
+    return _ID_PREFIX + hashlib.sha256(material.encode()).hexdigest()[:32]
+
+
+def args_digest(tool_name: str, arguments: Mapping[str, Any]) -> str:
+    """Digest of a call's tool name and arguments (canonical JSON)."""
+    try:
+        text = json.dumps([tool_name, arguments], sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(
+            f"arguments of {tool_name!r} are not JSON-serializable ({exc}): "
+            "pass the parsed JSON object the model emitted"
+        ) from exc
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolProfile:
+    """Engine-owned metadata of a tool: never inferred, never model-controlled."""
+
+    name: str
+    policy: RecoveryPolicy = RecoveryPolicy.MANUAL
+    requires_approval: bool = True
+
+    def __post_init__(self) -> None:
+        name: object = self.name
+        policy: object = self.policy
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"tool name must be a non-empty string, got {name!r}")
+        if not isinstance(policy, RecoveryPolicy):
+            try:
+                object.__setattr__(self, "policy", RecoveryPolicy(str(policy)))
+            except ValueError:
+                valid = ", ".join(p.value for p in RecoveryPolicy)
+                raise InvalidInput(
+                    f"unknown recovery policy {policy!r} for tool {name!r}; "
+                    f"declare one of: {valid}"
+                ) from None
+        requires_approval: object = self.requires_approval
+        if not isinstance(requires_approval, bool):
+            raise InvalidInput(
+                f"requires_approval of {self.name!r} must be a bool, got {self.requires_approval!r}"
+            )
+
+    @property
+    def protected(self) -> bool:
+        """True if the tool has external side effects (goes through the ledger)."""
+        return self.policy is not RecoveryPolicy.READONLY
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """A tool result: its kind, the execution and the argument digest it belongs to."""
+
+    kind: ResultKind
+    execution_id: str
+    args_digest: str
+    content: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionRecord:
+    """The durable ledger record of one execution."""
+
+    execution_id: str
+    status: LedgerStatus = LedgerStatus.NONE
+    attempt: int = 0
+    args_digest: str | None = None
+    authorization: Authorization = Authorization.NONE
+    result: ToolResult | None = None
+    position: CallPosition | None = None
+
+
+AuditKey = tuple[str, str, int]
+"""(execution id, kind, attempt): the protocol-relevant part of an audit row."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallState:
+    """One call at its position: durable message and result, volatile stage."""
+
+    position: CallPosition
+    tool_call_id: str
+    tool: ToolProfile
+    execution_id: str
+    args_digest: str
+    message: MessageState
+    result: ToolResult | None = None
+    stage: Stage = Stage.NONE
+
+
+
+@dataclass(frozen=True)
+class SessionState:
+    """Everything the engine knows about one session's tool calls.
+
+    ``calls`` is ordered by position; ``approvals`` and ``ledger`` are keyed by
+    execution id (a missing key is the ``none`` state); ``marker`` is the
+    protocol marker: calls of turns before it are legacy.
+    """
+
+    session_id: str
+    marker: int = 0
+    max_attempts: int = 3
+    calls: tuple[CallState, ...] = ()
+    approvals: Mapping[str, ApprovalState] = field(default_factory=dict)
+    ledger: Mapping[str, ExecutionRecord] = field(default_factory=dict)
+    audit: frozenset[AuditKey] = frozenset()
+
+    # -- lookups ----------------------------------------------------------
+
+    def call(self, position: CallPosition) -> CallState | None:
+        given: object = position  # typed as a tuple, but callers pass what they have
+        if not isinstance(given, tuple):  # a list would silently match no call
+            check_call_position(given, "SessionState.call() position")
+        for c in self.calls:
+            if c.position == position:
+                return c
+        return None
+
+    def record(self, execution_id: str) -> ExecutionRecord:
+        rec = self.ledger.get(execution_id)
+        return rec if rec is not None else ExecutionRecord(execution_id)
+
+    def approval(self, execution_id: str) -> ApprovalState:
+        return self.approvals.get(execution_id, ApprovalState.NONE)
+
+    def is_legacy(self, position: CallPosition) -> bool:
+        return position[0] < self.marker
+
+    def halted(self) -> Iterator[CallState]:
+        """Calls in ``recovery_required`` waiting for a human."""
+        for c in self.calls:
+            if (
+                c.result is None
+                and self.record(c.execution_id).status is LedgerStatus.RECOVERY_REQUIRED
+            ):
+                yield c
+
+    # -- functional updates -------------------------------------------------
+
+    def _with_call(self, new: CallState) -> SessionState:
+        calls = tuple(new if c.position == new.position else c for c in self.calls)
+        return replace(self, calls=calls)
+
+    def _with_record(self, rec: ExecutionRecord) -> SessionState:
+        ledger = dict(self.ledger)
+        ledger[rec.execution_id] = rec
+        return replace(self, ledger=ledger)
+
+    def _with_approval(self, execution_id: str, value: ApprovalState) -> SessionState:
+        approvals = dict(self.approvals)
+        approvals[execution_id] = value
+        return replace(self, approvals=approvals)
+
+    def _with_audit(self, *keys: AuditKey) -> SessionState:
+        return replace(self, audit=self.audit | frozenset(keys))
+
+
+def new_session(session_id: str, *, marker: int = 0, max_attempts: int = 3) -> SessionState:
+    """A session governed by the ledger from turn ``marker`` on (0: from the start)."""
+    if not isinstance(session_id, str) or not session_id:
+        raise InvalidInput(f"session_id must be a non-empty string, got {session_id!r}")
+    if isinstance(marker, bool) or not isinstance(marker, int) or marker < 0:
+        raise InvalidInput(f"marker must be a non-negative turn number, got {marker!r}")
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise InvalidInput(f"max_attempts must be an int >= 1, got {max_attempts!r}")
+    return SessionState(session_id=session_id, marker=marker, max_attempts=max_attempts)
