@@ -50,6 +50,9 @@ _STEP: dict[str, str] = {
             p.Action.ExternalApplyLoseAnswer,
             p.Action.ExternalRejectDefinite,
             p.Action.ExternalDropFenced,
+            p.Action.EngineDiscardLateReturn,
+            p.Action.RetentionWindowPasses,
+            p.Action.ExternalExpireKey,
         )
     },
     "Crash": "Crash",
@@ -148,6 +151,7 @@ def config_module(cfg: ModelConfig, name: str) -> str:
         f"MCMaxAttempts == {cfg.max_attempts}",
         f"MCKeyByPosition == {serialize(cfg.key_by_position)}",
         f"MCFenceOnReconcile == {serialize(cfg.fence_on_reconcile)}",
+        f"MCKeysExpire == {serialize(cfg.keys_expire)}",
         "====",
     ]
     return "\n".join(lines) + "\n"
@@ -216,6 +220,8 @@ def _trace_cfg(cfg: ModelConfig) -> str:
     subs = "\n".join(f"    {c} <- MC{c}" for c in _CONSTANTS)
     if not cfg.decision_rows_with_inputs:  # as the model's own .cfg does
         subs += "\n    AuditDecision <- AuditDecisionWithoutInputs"
+    if cfg.keys_expire:  # KeysExpire is a definition, FALSE unless overridden
+        subs += "\n    KeysExpire <- MCKeysExpire"
     return f"CONSTANTS\n{subs}\nINIT TraceInit\nNEXT TraceStep\nINVARIANT TraceStartsInInit\n"
 
 
