@@ -37,6 +37,7 @@ EngineResendAdapter(c) ==
     /\ UNCHANGED durable /\ UNCHANGED fenced
     /\ UNCHANGED <<applied, humanApproved, humanRetries, crashes>>
     /\ UNCHANGED <<knownOutcome, decided>>
+    /\ UNCHANGED extVars
 ResendSpec == Init /\ [][Next \/ \E c \in Calls : EngineResendAdapter(c)]_vars
 
 (* ReinvokeAfterOutcome: "an idempotent call is safe to replay", so an    *)
