@@ -14,11 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from pathlib import Path
 
 import pytest
 
 from checker_support import ROOT, ignores_key_retention, model_config, takes_late_returns
+from toolledger import InvalidInput, MemoryStore, SqliteStore, Tool
 from toolledger._core import protocol as p
+from toolledger._core.ledger import Ledger
+from toolledger._core.stores import Store
 from toolledger.check import conformance
 from toolledger.check.invariants import check_all
 from toolledger.check.manifest import load_manifest
@@ -121,3 +125,71 @@ def test_the_invariants_catch_a_retry_after_the_key_expired() -> None:
         _, bad, _ = _reachable(model_config(MODEL))
     assert "AtMostOnceEffect" in bad, bad
     assert bad["AtMostOnceEffect"] == ["c1: effect applied 2 times, at most 1 allowed"]
+
+
+# -- the engine side: the dispatch time is durable, the clock decides --------------------
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_a_restarted_engine_halts_once_the_key_may_be_gone(
+    backend: str, tmp_path: Path
+) -> None:
+    """The record keeps the FIRST dispatch time across retries and restarts;
+    within the tool's retention window recovery retries with the same key,
+    past it the call halts in recovery_required, audited with key_retained."""
+    now = [1000.0]
+
+    def clock() -> float:
+        return now[0]
+
+    path = tmp_path / "ledger.db"
+
+    def open_store() -> Store:
+        return MemoryStore() if backend == "memory" else SqliteStore(path)
+
+    store = open_store()
+    ledger = Ledger.create(store, "s", clock=clock)
+    tool = p.ToolProfile("mail", p.RecoveryPolicy.IDEMPOTENT, False, 60.0)
+    pos = (1, 0)
+    args = {"to": "alice"}
+    ledger.step(p.Event(p.Action.ProviderEmitCall, pos, "call_0", tool,
+                        p.args_digest("mail", args)), arguments=args)  # fmt: skip
+    for a in (p.Action.EnginePersistCall, p.Action.EnginePersistDispatched,
+              p.Action.EngineInvokeAdapter):  # fmt: skip
+        ledger.step(p.Event(a, pos))
+    eid = ledger.state.calls[0].execution_id
+
+    def restart(at: float) -> Ledger:
+        nonlocal store
+        now[0] = at
+        if backend == "sqlite":
+            store.close()
+            store = open_store()
+            return Ledger(store, "s", clock=clock)
+        return Ledger(store, "s", clock=clock)  # a new process on the same store
+
+    ledger = restart(1030.0)  # crash within the window: retry with the same key
+    assert ledger.state.calls[0].tool.retention_window == 60.0
+    assert ledger.state.record(eid).dispatched_at == 1000.0
+    ledger.step(p.Event(p.Action.Recover, pos))
+    ledger.step(p.Event(p.Action.EnginePersistDispatched, pos))
+    ledger.step(p.Event(p.Action.EngineInvokeAdapter, pos))
+    assert ledger.state.record(eid).attempt == 2
+    assert ledger.state.record(eid).dispatched_at == 1000.0  # the first dispatch's
+
+    ledger = restart(1061.0)  # past the window counted from the FIRST dispatch
+    ledger.step(p.Event(p.Action.Recover, pos))
+    assert ledger.state.record(eid).status is p.LedgerStatus.RECOVERY_REQUIRED
+    rows = [r for r in ledger.audit() if r.kind in {"retry_same_id", "recovery_required"}]
+    assert [(r.kind, r.inputs["key_retained"]) for r in rows] == [
+        ("retry_same_id", True),
+        ("recovery_required", False),
+    ]
+    store.close()
+
+
+def test_a_tool_declares_its_retention_window() -> None:
+    assert Tool("idempotent", retention_window=86_400).profile("mail").retention_window == 86_400
+    assert Tool("idempotent").profile("mail").retention_window is None  # forever
+    with pytest.raises(InvalidInput, match="retention_window must be a positive number"):
+        Tool("idempotent", retention_window=-1)

@@ -45,12 +45,12 @@ sessions    session_id PK, marker, max_attempts
 calls       session_id, turn, slot (PK together), tool_call_id, tool_name,
             policy, requires_approval, execution_id UNIQUE, args_digest,
             arguments, message_state, result_kind, result_content,
-            result_execution_id, result_args_digest
+            result_execution_id, result_args_digest, retention_window
 approvals   execution_id PK, session_id, state (WITHOUT ROWID)
 ledger      execution_id PK, session_id, status, attempt, args_digest,
             authorization, result_kind, result_content,
-            result_execution_id, result_args_digest, turn, slot
-            (WITHOUT ROWID)
+            result_execution_id, result_args_digest, turn, slot,
+            dispatched_at (WITHOUT ROWID)
 audit       id (rowid: increasing, rows are never deleted), session_id,
             execution_id, tool_call_id, turn, slot, kind, attempt,
             authorization, recovery_decision, inputs (JSON), note,
@@ -151,8 +151,15 @@ from .stores import (
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "FileCheck", "SqliteStore", "verify_file"]
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 """The schema this version writes and reads; a file with another one is refused.
+
+Version 4 (from 3): ``calls.retention_window`` (how long the tool's external
+system keeps an idempotency key, ``NULL``: forever) and ``ledger.dispatched_at``
+(the execution's first dispatch time), from which a restarted engine computes
+``keyRetained``.  A version-3 file has neither column, so its records would
+read as "no dispatch time": a retry after the key's window would look safe.
+Refused at open like every other version.
 
 Version 3 (from 2): ``result_kind`` may be ``'cancelled'`` (``HumanCancel``,
 a user's Stop before dispatch).  Only a CHECK list grew, but a version-2 file
@@ -189,12 +196,12 @@ _DATA: Final[Mapping[str, tuple[str, ...]]] = {
     "calls": (
         "session_id", "turn", "slot", "tool_call_id", "tool_name", "policy",
         "requires_approval", "execution_id", "args_digest", "arguments", "message_state",
-        *_RESULT,
+        *_RESULT, "retention_window",
     ),
     "approvals": ("execution_id", "session_id", "state"),
     "ledger": (
         "execution_id", "session_id", "status", "attempt", "args_digest", "authorization",
-        *_RESULT, "turn", "slot",
+        *_RESULT, "turn", "slot", "dispatched_at",
     ),
     "audit": (
         "session_id", "execution_id", "tool_call_id", "turn", "slot", "kind", "attempt",
@@ -244,6 +251,7 @@ _SCHEMA: Final[tuple[str, ...]] = (
         arguments TEXT,
         message_state TEXT NOT NULL CHECK (message_state = 'durable'),
         {_RESULT_DDL},
+        retention_window REAL CHECK (retention_window IS NULL OR retention_window > 0),
         row_checksum TEXT NOT NULL,
         PRIMARY KEY (session_id, turn, slot))""",
     f"""CREATE TABLE approvals (
@@ -261,6 +269,7 @@ _SCHEMA: Final[tuple[str, ...]] = (
         {_RESULT_DDL},
         turn INTEGER,
         slot INTEGER,
+        dispatched_at REAL,
         row_checksum TEXT NOT NULL) WITHOUT ROWID""",
     """CREATE TABLE audit (
         id INTEGER PRIMARY KEY,
@@ -323,6 +332,7 @@ def _record_values(session_id: str, rec: ExecutionRecord) -> Row:
         **_result_values(rec.result),
         "turn": turn,
         "slot": slot,
+        "dispatched_at": rec.dispatched_at,
     }
 
 
@@ -1043,6 +1053,7 @@ class SqliteStore:
             "arguments": arguments,
             "message_state": MessageState.DURABLE.value,
             **_result_values(call.result),
+            "retention_window": call.tool.retention_window,
         }
         try:
             self._insert(conn, "calls", row)
@@ -1162,6 +1173,7 @@ class SqliteStore:
                 _text(r["tool_name"], f"{where}.tool_name", self),
                 _enum(RecoveryPolicy, r["policy"], f"{where}.policy", self),
                 bool(r["requires_approval"]),
+                _seconds(r["retention_window"], f"{where}.retention_window", self),
             )
         except InvalidInput as exc:
             raise self._corrupt(f"{where}: {exc}") from exc
@@ -1199,6 +1211,7 @@ class SqliteStore:
             _enum(Authorization, r["authorization"], f"{where}.authorization", self),
             _decode_result(r, where, self),
             position,
+            _seconds(r["dispatched_at"], f"{where}.dispatched_at", self),
         )
 
     def _decode_audit(self, session_id: str, r: Row) -> AuditRow:
@@ -1328,6 +1341,14 @@ def _text(value: object, where: str, store: SqliteStore, *, empty: bool = False)
     if not isinstance(value, str) or (not value and not empty):
         raise store._corrupt(f"{where} is {value!r}, not a {'' if empty else 'non-empty '}string")
     return value
+
+
+def _seconds(value: object, where: str, store: SqliteStore) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise store._corrupt(f"{where} is {value!r}, not a number of seconds")
+    return float(value)
 
 
 def _int(value: object, where: str, store: SqliteStore, *, minimum: int = 0) -> int:
