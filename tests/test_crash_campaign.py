@@ -6,9 +6,11 @@ The oracle is the external system's own durable log and what survived on
 disk (see the campaign's module doc).  Here: the manual policy at the five
 crash points of the seed issue's fault-injection matrix, the legacy engine
 as a control (the checks must see its duplicate), one damaged store, and a
-short fuzz of the public API.  Two gaps the campaign found (a malformed
-position raised TypeError; a kill while a store file was created left it
-empty) are fixed, and their tests stay here as regressions.
+short fuzz of the public API.  And, per agent framework (LangGraph, pydantic-ai,
+through ``toolledger.extra``), every crash point of :mod:`toolledger.kit.frameworks`
+x every protected policy, with the framework alone as the control.  Two gaps the
+campaign found (a malformed position raised TypeError; a kill while a store file was
+created left it empty) are fixed, and their tests stay here as regressions.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from toolledger._core.protocol import (
 )
 from toolledger._core.sqlite_store import SqliteStore
 from toolledger._core.stores import MemoryStore
+from toolledger.kit import frameworks
 from toolledger.kit.engine import SEED_MATRIX, EngineMode
 
 pytestmark = pytest.mark.slow
@@ -97,3 +100,38 @@ def test_a_kill_while_the_store_is_created_leaves_a_usable_store(tmp_path: Path)
         killed += out.returncode == -signal.SIGKILL
         SqliteStore(d / cc.STORE).close()  # what a restarted engine does first
     assert killed == 6
+
+
+@pytest.mark.parametrize("framework", frameworks.FRAMEWORKS)
+def test_framework_subset_every_crash_point_and_policy_all_zero(
+        framework: str, tmp_path: Path) -> None:
+    """Real SIGKILLs of the framework's agent at every crash point, for every protected
+    policy; the resuming process answers what the ledger asks as a careful human would.
+    The framework alone (the control) must show its duplicate: the checks are not blind."""
+    policies = ("manual", "idempotent", "reconcile")
+    results = frameworks.campaign([framework], policies, tmp_path)
+    ledger = [(r, c) for r, c in results if r.mode == "ledger"]
+    assert sorted((r.policy, r.point) for r, _ in ledger) == sorted(
+        (p, pt) for p in policies for pt in frameworks.POINTS)
+    kills = sum(code == -signal.SIGKILL for r, _ in ledger for code in r.returncodes)
+    assert kills == len(policies) * (len(frameworks.POINTS) + 1)  # +1: killed in recovery
+    totals = {k: sum(c.counts[k] for _, c in ledger) for k in frameworks.COUNTERS}
+    assert totals == dict.fromkeys(frameworks.COUNTERS, 0), [
+        (r.policy, r.point, c.problems) for r, c in ledger if c.problems]
+    assert all(r.applied == 1 for r, _ in ledger)  # every email sent exactly once
+    [(control, counts)] = [(r, c) for r, c in results if r.mode == "plain"]
+    assert control.applied == 2 and counts.counts["duplicates"] == 1, counts.problems
+
+
+def test_the_framework_checks_catch_a_broken_integration(tmp_path: Path) -> None:
+    """A twin of LedgerToolNode that runs the tool before ``dispatched`` is durable: killed
+    right after the effect, the resumed graph finds no trace of it and sends it again."""
+    broken = frameworks.run("langgraph", "late-dispatch", "manual", "after_effect",
+                            tmp_path / "broken", fork=True)
+    assert broken.returncodes == (-signal.SIGKILL, 0), broken.stderr[-2000:]
+    assert broken.applied == 2
+    assert frameworks.check(broken).counts["duplicates"] == 1
+    fixed = frameworks.run("langgraph", "ledger", "manual", "after_effect", tmp_path / "ok",
+                           fork=True)
+    assert fixed.applied == 1 and frameworks.check(fixed).counts == dict.fromkeys(
+        frameworks.COUNTERS, 0)

@@ -348,10 +348,13 @@ def test_an_approval_is_used_once_a_retry_that_reuses_the_call_id_asks_again(
 
 
 def test_the_core_imports_with_no_third_party_package(tmp_path: Path) -> None:
-    """The extras stay optional: pydantic-ai, pydantic and psycopg cannot be imported."""
+    """The extras stay optional: pydantic-ai, pydantic, LangGraph, LangChain and psycopg
+    cannot be imported (the crash harness of toolledger.kit.frameworks imports them in its
+    children only)."""
     (tmp_path / "sitecustomize.py").write_text(textwrap.dedent("""
         import sys
-        BLOCKED = ("pydantic_ai", "pydantic", "pydantic_core", "psycopg")
+        BLOCKED = ("pydantic_ai", "pydantic", "pydantic_core", "psycopg", "langgraph",
+                   "langchain_core")
         class Block:
             def find_spec(self, name, path=None, target=None):
                 if name.split(".")[0] in BLOCKED:
@@ -361,10 +364,11 @@ def test_the_core_imports_with_no_third_party_package(tmp_path: Path) -> None:
     """))
     src = str(Path(__file__).resolve().parents[1] / "reference")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), src])}
-    probe = ("import toolledger, sys\n"
+    probe = ("import toolledger, toolledger.kit.frameworks, sys\n"
              "try:\n    import pydantic\nexcept ImportError:\n    pass\n"
              "else:\n    raise SystemExit('the blocker did not block')\n"
-             "assert not any(m.split('.')[0] in ('pydantic_ai', 'pydantic') "
+             "assert not any(m.split('.')[0] in ('pydantic_ai', 'pydantic', 'langgraph', "
+             "'langchain_core') "
              "for m in sys.modules)\n"
              "print('ok', toolledger.Session.__name__)\n")
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
@@ -372,9 +376,10 @@ def test_the_core_imports_with_no_third_party_package(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok Session"
     # the blocker works: the extra itself cannot be imported under it
-    bad = subprocess.run([sys.executable, "-c", "import toolledger.extra.pydantic_ai"],
-                         env=env, capture_output=True, text=True, timeout=60)
-    assert bad.returncode != 0 and "blocked by the test" in bad.stderr
+    for extra in ("pydantic_ai", "langgraph"):
+        bad = subprocess.run([sys.executable, "-c", f"import toolledger.extra.{extra}"],
+                             env=env, capture_output=True, text=True, timeout=60)
+        assert bad.returncode != 0 and "blocked by the test" in bad.stderr, extra
 
 
 def test_the_readme_section_uses_this_module_as_it_is() -> None:

@@ -29,12 +29,12 @@ import pytest
 
 from toolledger._core import protocol as p
 from toolledger._core.ledger import Ledger
+from toolledger._core.rows import _checksum
+from toolledger._core.sqlite_schema import _SCHEMA
 from toolledger._core.sqlite_store import (
-    _SCHEMA,
     APPLICATION_ID,
     SCHEMA_VERSION,
     SqliteStore,
-    _checksum,
 )
 from toolledger._core.stores import (
     AuditRow,

@@ -489,7 +489,7 @@ def test_an_altered_row_fails_closed(durable: Backend, statement: str) -> None:
 def test_a_malformed_row_with_a_valid_checksum_fails_closed(durable: Backend) -> None:
     """A row the store never writes, checksummed as if valid (an audit row with no
     kind), is still refused when a recovery reads it: decoding is strict."""
-    from toolledger._core.sqlite_store import _DATA, _checksum
+    from toolledger._core.rows import _DATA, _checksum
 
     store = settled(durable)
     (call,) = store.load(SID).calls

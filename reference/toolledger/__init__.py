@@ -28,11 +28,22 @@ The package is laid out by who uses what:
   and the TLA+ Jupyter kernel;
 - ``toolledger.kit``: the demo engine shaped like openworker, the crash
   simulation and a counting external system;
-- ``toolledger.extra``: optional integrations (``pydantic_ai``);
+- ``toolledger.extra``: optional integrations (``pydantic_ai``, ``langgraph``);
 - ``toolledger.cli``: the ``toolledger`` command (check, models, simulate,
   verify-store).
 """
 
+from ._core.calls import (
+    Attempt,
+    CallBusy,
+    CallRef,
+    CallStatus,
+    Next,
+    NotApplied,
+    Outcome,
+    SessionInterrupted,
+    Tool,
+)
 from ._core.postgres_store import PostgresStore
 from ._core.protocol import (
     Decision,
@@ -43,18 +54,7 @@ from ._core.protocol import (
     ResultKind,
     ToolResult,
 )
-from ._core.session import (
-    Attempt,
-    CallBusy,
-    CallRef,
-    CallStatus,
-    Next,
-    NotApplied,
-    Outcome,
-    Session,
-    SessionInterrupted,
-    Tool,
-)
+from ._core.session import Session
 from ._core.sqlite_store import SqliteStore
 from ._core.stores import MemoryStore, StoreError
 from ._core.tools import CannotTell, NotAppliedFenced, WasApplied

@@ -22,8 +22,9 @@ int`` and append a :class:`Subcommand` to :data:`SUBCOMMANDS`. Adding rows to
 :data:`CHECK_ROW_PROVIDERS`; it gets the manifest, the selected models and the
 parsed arguments and returns :class:`Row` values.
 
-:func:`render_trace` turns a counterexample into a readable step table
-(step, action, only what changed); notebooks can use it directly.
+:func:`render_trace` (from :mod:`toolledger.check.counterexample`) turns a
+counterexample into a readable step table (step, action, only what changed);
+notebooks can use it directly.
 
 This module must never change the manifest, the specs or the models, and
 never hide a failure: anything that is not an exact match exits non-zero.
@@ -46,9 +47,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from .check.counterexample import changes, render_trace, trace_json
 from .check.manifest import Manifest, ManifestError, ModelEntry, drift, find_root, load_manifest
 from .check.manifest import result_label as _result_label
-from .check.tlavalues import FnValue, Value, pretty, serialize
 from .check.tlc import (
     Cancellation,
     Cancelled,
@@ -57,7 +58,6 @@ from .check.tlc import (
     SpecError,
     TLCResult,
     ToolchainError,
-    TraceStep,
     parse_modules,
     run_tlc,
 )
@@ -113,115 +113,6 @@ class Row:
 
 RowProvider = Callable[[Manifest, list[ModelEntry], argparse.Namespace], Iterable[Row]]
 CHECK_ROW_PROVIDERS: list[RowProvider] = []
-
-
-# ----------------------------------------------------------------------------
-# Counterexamples.
-
-
-def _accessor(key: Value, record: bool) -> str:
-    return f".{key}" if record else f"[{serialize(key)}]"
-
-
-def _appended(a: Value, b: Value) -> tuple[Value, ...] | None:
-    """The elements appended to sequence ``a`` to make ``b``, if that is what happened."""
-    if isinstance(a, tuple) and isinstance(b, tuple) and 0 < len(a) < len(b) and b[: len(a)] == a:
-        return b[len(a) :]
-    return None
-
-
-Change = tuple[str, str, Value]  # (path, "=" or "\\o", value)
-
-
-def changes(old: dict[str, Value] | None, new: dict[str, Value]) -> list[Change]:
-    """What changed from ``old`` to ``new``, as ``(path, op, value)`` triples.
-
-    Functions and records with an unchanged domain are compared entry by
-    entry, so a change shows as ``("ledger[c1].attempts", "=", 2)``; a
-    sequence that grew at the end shows as ``("log", "\\o", <the new tail>)``;
-    anything else is ``(var, "=", new value)``. With ``old=None`` every
-    variable is listed.
-    """
-    out: list[Change] = []
-
-    def diff(path: str, a: Value, b: Value) -> None:
-        if a == b:
-            return
-        if isinstance(a, FnValue) and isinstance(b, FnValue) and a.keys() == b.keys():
-            record = b.is_record()
-            for k in b:
-                diff(path + _accessor(k, record), a[k], b[k])
-            return
-        tail = _appended(a, b)
-        if tail is not None:
-            out.append((path, "\\o", tail))
-            return
-        out.append((path, "=", b))
-
-    for var, value in new.items():
-        if old is None or var not in old:
-            out.append((var, "=", value))
-        else:
-            diff(var, old[var], value)
-    return out
-
-
-def _wrap(change: Change, width: int) -> list[str]:
-    path, op, value = change
-    head = f"{path} {op} "
-    body = pretty(value, width=max(20, width - len(head)))
-    lines = body.split("\n")
-    return [head + lines[0]] + [" " * len(head) + ln for ln in lines[1:]]
-
-
-def render_trace(trace: Sequence[TraceStep], *, width: int = 100) -> str:
-    """A counterexample as a step table: step number, action, and only what changed.
-
-    The first step lists every variable. A ``Stuttering`` step says that
-    nothing changes any more; a lasso step names the state it returns to.
-    """
-    if not trace:
-        return "(no counterexample)"
-    num_w = max(len(str(s.index)) for s in trace)
-    act_w = max(6, *(len(s.action) for s in trace))
-    text_w = max(30, width - num_w - act_w - 4)
-    out = [
-        f"{'#':>{num_w}}  {'action':<{act_w}}  changes",
-        f"{'-' * num_w}  {'-' * act_w}  {'-' * 7}",
-    ]
-    prev: dict[str, Value] | None = None
-    for step in trace:
-        if step.is_stuttering:
-            lines = ["(stutters: nothing changes from here on)"]
-        else:
-            lines = []
-            for change in changes(prev, step.state):
-                lines += _wrap(change, text_w)
-            if step.loop_to is not None:
-                lines.append(f"(back to state {step.loop_to}: the behaviour loops from here)")
-            if not lines:
-                lines = ["(no variable changes)"]
-        lead = f"{step.index:>{num_w}}  {step.action:<{act_w}}  "
-        out.append(lead + lines[0])
-        out += [" " * len(lead) + ln for ln in lines[1:]]
-        prev = step.state
-    return "\n".join(out)
-
-
-def _trace_json(trace: Sequence[TraceStep]) -> list[dict[str, object]]:
-    rows: list[dict[str, object]] = []
-    prev: dict[str, Value] | None = None
-    for step in trace:
-        rows.append(
-            {
-                "index": step.index,
-                "action": step.action,
-                "loop_to": step.loop_to,
-                "changes": {p: f"{op} {serialize(v)}" for p, op, v in changes(prev, step.state)},
-            }
-        )
-        prev = step.state
-    return rows
 
 
 # ----------------------------------------------------------------------------
@@ -507,7 +398,7 @@ def _row_for(entry: ModelEntry, result: TLCResult, with_trace: bool) -> Row:
         status=status,
         reasons=reasons,
         error=result.error_text,
-        trace=_trace_json(result.trace) if with_trace and result.trace else None,
+        trace=trace_json(result.trace) if with_trace and result.trace else None,
     )
 
 

@@ -8,11 +8,13 @@ modules of this package are internals and may be split or renamed.  They are
   re-exporting ``state`` (its vocabulary and state values) and ``recovery``
   (the recovery decision ``decide_recovery``);
 - ``ledger``: the durable ledger of one session on a store;
-- ``session``: the adopter's API over the ledger (``Session``, ``Tool``);
+- ``session``: the adopter's API over the ledger (``Session``), with
+  ``calls``: what it takes and gives per tool and call (``Tool``, ``Outcome``, ...);
 - ``tools``: the adapter seam, the tool registry and the reserved argument names;
 - ``stores``: the store port and ``MemoryStore``; ``sqlite_store`` and
   ``postgres_store``: the durable stores (psycopg is imported only when a
-  ``PostgresStore`` is opened).
+  ``PostgresStore`` is opened), with ``rows``: their shared columns,
+  checksums and row decoding.
 
 Nothing here imports a third-party package at import time.
 """

@@ -80,14 +80,15 @@ from .protocol import (
     LedgerStatus,
     MessageState,
     RecoveryPolicy,
-    ResultKind,
     SessionState,
 )
-from .sqlite_store import (
+from .rows import (
     _DATA,
     _KEY,
     _RESULT,
-    SqliteStore,
+    _RESULT_DDL,
+    Row,
+    RowDecoder,
     _checksum,
     _enum,
     _int,
@@ -124,7 +125,6 @@ from them); a version-1 schema is refused with a message naming it."""
 
 APPLICATION: Final = "toolledger"
 
-Row = dict[str, Any]
 _T = TypeVar("_T")
 _IN_CHUNK: Final = 500
 
@@ -135,11 +135,6 @@ _COLUMNS: Final[Mapping[str, tuple[str, ...]]] = {
         for t, cols in _DATA.items()
     },
 }
-
-_RESULT_DDL: Final = (
-    f"result_kind TEXT CHECK (result_kind IS NULL OR result_kind IN ({_one_of(ResultKind)})),"
-    " result_content TEXT, result_execution_id TEXT, result_args_digest TEXT"
-)
 
 _SCHEMA: Final[tuple[str, ...]] = (
     """CREATE TABLE meta (
@@ -239,15 +234,12 @@ class StoreExists(StoreError):
     """:meth:`PostgresStore.create` found a store (or other tables) in the schema."""
 
 
-class _Rows(SqliteStore):
-    """The row decoders of SqliteStore, failing closed with PostgreSQL's wording.
+class _Rows(RowDecoder):
+    """The shared row decoders (:mod:`toolledger._core.rows`), failing closed with
+    PostgreSQL's wording.  Decoding is shared on purpose: both stores accept
+    exactly the same rows."""
 
-    Decoding is shared on purpose: both stores accept exactly the same rows.
-    Only ``_corrupt`` (and the methods it reaches) is used; no SQLite file is
-    ever opened through this object.
-    """
-
-    def __init__(self, where: str) -> None:  # no super().__init__: nothing to open
+    def __init__(self, where: str) -> None:
         self.where = where
 
     def _corrupt(self, what: str) -> StoreCorrupt:

@@ -100,40 +100,53 @@ it was, and nothing was executed.
 What it must never do: decide anything, write while opening a file it has
 not validated, write outside one transaction, update or delete an audit row,
 or return from a commit before SQLite has made it durable.
+
+The schema (DDL, version, application id) and the checks on a file's bytes
+before it is opened are in :mod:`toolledger._core.sqlite_schema`; the columns,
+checksums and row decoding shared with PostgreSQL in :mod:`toolledger._core.rows`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import sqlite3
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from .protocol import (
     ApprovalState,
-    Authorization,
     CallPosition,
     CallState,
     ExecutionRecord,
     InvalidInput,
-    LedgerStatus,
     MessageState,
-    RecoveryPolicy,
-    ResultKind,
     SessionState,
-    Stage,
-    ToolProfile,
-    ToolResult,
-    args_digest,
-    derive_execution_id,
+)
+from .rows import (
+    _DATA,
+    _KEY,
+    _RESULT,
+    Row,
+    RowDecoder,
+    _checksum,
+    _enum,
+    _int,
+    _json_object,
+    _record_values,
+    _result_values,
+)
+from .sqlite_schema import (
+    _COLUMNS,
+    _OBJECTS,
+    _SCHEMA,
+    APPLICATION_ID,
+    SCHEMA_VERSION,
+    _check_file,
 )
 from .stores import (
     RELOAD,
@@ -151,241 +164,12 @@ from .stores import (
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "FileCheck", "SqliteStore", "verify_file"]
 
-SCHEMA_VERSION: Final = 4
-"""The schema this version writes and reads; a file with another one is refused.
-
-Version 4 (from 3): ``calls.retention_window`` (how long the tool's external
-system keeps an idempotency key, ``NULL``: forever) and ``ledger.dispatched_at``
-(the execution's first dispatch time), from which a restarted engine computes
-``keyRetained``.  A version-3 file has neither column, so its records would
-read as "no dispatch time": a retry after the key's window would look safe.
-Refused at open like every other version.
-
-Version 3 (from 2): ``result_kind`` may be ``'cancelled'`` (``HumanCancel``,
-a user's Stop before dispatch).  Only a CHECK list grew, but a version-2 file
-carries the old CHECK in its table definition (SQLite cannot alter it in
-place), so a cancel would fail on it at the first Stop, mid-session; and a
-version-2 reader would meet a result kind it does not know.  Refusing the
-other version at open, with a message naming it, is the honest outcome for
-both; no migration exists yet (a table rebuild would be one)."""
-
-APPLICATION_ID: Final = 0x544C4752
-"""``PRAGMA application_id`` of a toolledger store ("TLGR")."""
-
-_SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 _IN_CHUNK: Final = 500  # execution ids per ``IN (...)`` query
 
-Row = dict[str, Any]
-_E = TypeVar("_E", bound=StrEnum)
 _T = TypeVar("_T")
 
 
-def _one_of(enum: type[StrEnum]) -> str:
-    return ", ".join(f"'{m.value}'" for m in enum)
-
-
-# --------------------------------------------------------------------------
-# Schema
-# --------------------------------------------------------------------------
-
-_RESULT: Final = ("result_kind", "result_content", "result_execution_id", "result_args_digest")
-
-# The checksummed columns of each table, in order (``row_checksum`` follows).
-_DATA: Final[Mapping[str, tuple[str, ...]]] = {
-    "sessions": ("session_id", "marker", "max_attempts"),
-    "calls": (
-        "session_id", "turn", "slot", "tool_call_id", "tool_name", "policy",
-        "requires_approval", "execution_id", "args_digest", "arguments", "message_state",
-        *_RESULT, "retention_window",
-    ),
-    "approvals": ("execution_id", "session_id", "state"),
-    "ledger": (
-        "execution_id", "session_id", "status", "attempt", "args_digest", "authorization",
-        *_RESULT, "turn", "slot", "dispatched_at",
-    ),
-    "audit": (
-        "session_id", "execution_id", "tool_call_id", "turn", "slot", "kind", "attempt",
-        "authorization", "recovery_decision", "inputs", "note", "recorded_at",
-    ),
-}  # fmt: skip
-_KEY: Final[Mapping[str, tuple[str, ...]]] = {
-    "sessions": ("session_id",),
-    "calls": ("session_id", "turn", "slot"),
-    "approvals": ("execution_id",),
-    "ledger": ("execution_id",),
-    "audit": ("id",),
-}
-_COLUMNS: Final[Mapping[str, tuple[str, ...]]] = {
-    "meta": ("singleton", "schema_version", "created"),
-    **{
-        t: (("id",) if t == "audit" else ()) + cols + ("row_checksum",)
-        for t, cols in _DATA.items()
-    },
-}
-
-_RESULT_DDL: Final = (
-    f"result_kind TEXT CHECK (result_kind IS NULL OR result_kind IN ({_one_of(ResultKind)})),"
-    " result_content TEXT, result_execution_id TEXT, result_args_digest TEXT"
-)
-
-_SCHEMA: Final[tuple[str, ...]] = (
-    """CREATE TABLE meta (
-        singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
-        schema_version INTEGER NOT NULL,
-        created TEXT NOT NULL)""",
-    """CREATE TABLE sessions (
-        session_id TEXT PRIMARY KEY,
-        marker INTEGER NOT NULL CHECK (marker >= 0),
-        max_attempts INTEGER NOT NULL CHECK (max_attempts >= 1),
-        row_checksum TEXT NOT NULL)""",
-    f"""CREATE TABLE calls (
-        session_id TEXT NOT NULL REFERENCES sessions (session_id),
-        turn INTEGER NOT NULL CHECK (turn >= 0),
-        slot INTEGER NOT NULL CHECK (slot >= 0),
-        tool_call_id TEXT NOT NULL,
-        tool_name TEXT NOT NULL,
-        policy TEXT NOT NULL CHECK (policy IN ({_one_of(RecoveryPolicy)})),
-        requires_approval INTEGER NOT NULL CHECK (requires_approval IN (0, 1)),
-        execution_id TEXT NOT NULL UNIQUE,
-        args_digest TEXT NOT NULL,
-        arguments TEXT,
-        message_state TEXT NOT NULL CHECK (message_state = 'durable'),
-        {_RESULT_DDL},
-        retention_window REAL CHECK (retention_window IS NULL OR retention_window > 0),
-        row_checksum TEXT NOT NULL,
-        PRIMARY KEY (session_id, turn, slot))""",
-    f"""CREATE TABLE approvals (
-        execution_id TEXT PRIMARY KEY,
-        session_id TEXT NOT NULL REFERENCES sessions (session_id),
-        state TEXT NOT NULL CHECK (state IN ({_one_of(ApprovalState)})),
-        row_checksum TEXT NOT NULL) WITHOUT ROWID""",
-    f"""CREATE TABLE ledger (
-        execution_id TEXT PRIMARY KEY,
-        session_id TEXT NOT NULL REFERENCES sessions (session_id),
-        status TEXT NOT NULL CHECK (status IN ({_one_of(LedgerStatus)})),
-        attempt INTEGER NOT NULL CHECK (attempt >= 0),
-        args_digest TEXT,
-        authorization TEXT NOT NULL CHECK (authorization IN ({_one_of(Authorization)})),
-        {_RESULT_DDL},
-        turn INTEGER,
-        slot INTEGER,
-        dispatched_at REAL,
-        row_checksum TEXT NOT NULL) WITHOUT ROWID""",
-    """CREATE TABLE audit (
-        id INTEGER PRIMARY KEY,
-        session_id TEXT NOT NULL REFERENCES sessions (session_id),
-        execution_id TEXT NOT NULL,
-        tool_call_id TEXT NOT NULL,
-        turn INTEGER NOT NULL,
-        slot INTEGER NOT NULL,
-        kind TEXT NOT NULL,
-        attempt INTEGER NOT NULL,
-        authorization TEXT NOT NULL,
-        recovery_decision TEXT,
-        inputs TEXT NOT NULL,
-        note TEXT NOT NULL,
-        recorded_at TEXT NOT NULL,
-        row_checksum TEXT NOT NULL)""",
-    "CREATE INDEX calls_open ON calls (session_id, turn, slot) WHERE result_kind IS NULL",
-    "CREATE INDEX audit_by_session ON audit (session_id, id)",
-    "CREATE INDEX audit_by_execution ON audit (execution_id)",
-    """CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
-        BEGIN SELECT RAISE(ABORT, 'audit rows are append-only'); END""",
-    """CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
-        BEGIN SELECT RAISE(ABORT, 'audit rows are append-only'); END""",
-)
-
-
-# The named indexes and triggers of the schema; opening checks they exist.
-_OBJECTS: Final = frozenset(
-    {"calls_open", "audit_by_session", "audit_by_execution", "audit_no_update", "audit_no_delete"}
-)
-
-
-def _checksum(table: str, row: Mapping[str, Any]) -> str:
-    values = [row[c] for c in _DATA[table]]
-    text = json.dumps([table, *values], ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _result_values(result: ToolResult | None) -> Row:
-    if result is None:
-        return dict.fromkeys(_RESULT)
-    return dict(
-        zip(
-            _RESULT,
-            (result.kind.value, result.content, result.execution_id, result.args_digest),
-            strict=True,
-        )
-    )
-
-
-def _record_values(session_id: str, rec: ExecutionRecord) -> Row:
-    turn, slot = rec.position if rec.position is not None else (None, None)
-    return {
-        "execution_id": rec.execution_id,
-        "session_id": session_id,
-        "status": rec.status.value,
-        "attempt": rec.attempt,
-        "args_digest": rec.args_digest,
-        "authorization": rec.authorization.value,
-        **_result_values(rec.result),
-        "turn": turn,
-        "slot": slot,
-        "dispatched_at": rec.dispatched_at,
-    }
-
-
-# --------------------------------------------------------------------------
-# Opening: checks that read the file and never write it
-# --------------------------------------------------------------------------
-
-
-def _check_file(path: Path) -> None:
-    """Header and size checks done in Python, before SQLite touches the file."""
-    size = path.stat().st_size
-    if size == 0:
-        raise StoreCorrupt(
-            f"{path} is empty (0 bytes), so it is not a toolledger store (a store is never "
-            "empty once created). Nothing was executed or written. If it was truncated, "
-            "restore it from a backup; if you created the empty file yourself, delete it and "
-            "open the path again.",
-            path=str(path),
-        )
-    with path.open("rb") as f:
-        header = f.read(100)
-    if len(header) < 100 or not header.startswith(_SQLITE_MAGIC):
-        raise StoreCorrupt(
-            f"{path} is not a SQLite database (it is {size} bytes and starts with "
-            f"{header[:16]!r}, not {_SQLITE_MAGIC!r}): point the store at its own "
-            "database file. Nothing was executed or written.",
-            path=str(path),
-        )
-    page_size = int.from_bytes(header[16:18], "big")
-    if page_size == 1:
-        page_size = 65536
-    if page_size < 512 or page_size & (page_size - 1):
-        raise StoreCorrupt(
-            f"{path} has a damaged SQLite header (page size {page_size}): restore it from "
-            "a backup. Nothing was executed or written.",
-            path=str(path),
-        )
-    wal = Path(f"{path}-wal")
-    if wal.exists() and wal.stat().st_size > 0:
-        return  # committed pages may still live in the WAL; SQLite's checks decide
-    pages = int.from_bytes(header[28:32], "big")
-    header_valid = header[24:28] == header[92:96]  # the in-header size is current
-    if size % page_size or (header_valid and pages * page_size > size):
-        expected = f"{pages} pages of {page_size} bytes" if header_valid else "whole pages"
-        raise StoreCorrupt(
-            f"{path} is truncated or damaged: it has {size} bytes, its header says "
-            f"{expected}. Restore it from a backup; do not open it with SQLite tools, "
-            "which may write to it. Nothing was executed or written.",
-            path=str(path),
-        )
-
-
-class SqliteStore:
+class SqliteStore(RowDecoder):
     """A :class:`~toolledger._core.stores.Store` on one SQLite file (see the module doc).
 
     ``SqliteStore(path)`` opens or creates the store at ``path`` (a file path;
@@ -1160,78 +944,6 @@ class SqliteStore:
             },
         )
 
-    # -- decoding stored rows (an unexpected value is corruption, never a default) --
-
-    def _decode_call(self, session_id: str, r: Row) -> CallState:
-        where = f"calls[{session_id!r}, {r['turn']!r}, {r['slot']!r}]"
-        turn, slot = _int(r["turn"], where, self), _int(r["slot"], where, self)
-        tool_call_id = _text(r["tool_call_id"], f"{where}.tool_call_id", self, empty=True)
-        if r["requires_approval"] not in (0, 1):
-            raise self._corrupt(f"{where}.requires_approval is {r['requires_approval']!r}")
-        try:
-            tool = ToolProfile(
-                _text(r["tool_name"], f"{where}.tool_name", self),
-                _enum(RecoveryPolicy, r["policy"], f"{where}.policy", self),
-                bool(r["requires_approval"]),
-                _seconds(r["retention_window"], f"{where}.retention_window", self),
-            )
-        except InvalidInput as exc:
-            raise self._corrupt(f"{where}: {exc}") from exc
-        execution_id = _text(r["execution_id"], f"{where}.execution_id", self)
-        if execution_id != derive_execution_id(session_id, turn, slot, tool_call_id):
-            raise self._corrupt(
-                f"{where}.execution_id {execution_id!r} is not the id derived from the call's "
-                "position and tool_call_id"
-            )
-        digest = _text(r["args_digest"], f"{where}.args_digest", self)
-        if r["arguments"] is not None:
-            arguments = _json_object(r["arguments"], f"{where}.arguments", self)
-            if args_digest(tool.name, arguments) != digest:
-                raise self._corrupt(f"{where}.arguments do not match the call's args_digest")
-        if r["message_state"] != MessageState.DURABLE.value:
-            raise self._corrupt(f"{where}.message_state is {r['message_state']!r}")
-        result = _decode_result(r, where, self)
-        stage = Stage.RESUME if result is None else Stage.NONE
-        return CallState(
-            (turn, slot), tool_call_id, tool, execution_id, digest, MessageState.DURABLE,
-            result, stage,
-        )  # fmt: skip
-
-    def _decode_record(self, r: Row) -> ExecutionRecord:
-        where = f"ledger[{r['execution_id']!r}]"
-        position: CallPosition | None = None
-        if r["turn"] is not None or r["slot"] is not None:
-            turn = _int(r["turn"], f"{where}.turn", self)
-            position = (turn, _int(r["slot"], f"{where}.slot", self))
-        return ExecutionRecord(
-            _text(r["execution_id"], where, self),
-            _enum(LedgerStatus, r["status"], f"{where}.status", self),
-            _int(r["attempt"], f"{where}.attempt", self),
-            None if r["args_digest"] is None else _text(r["args_digest"], where, self),
-            _enum(Authorization, r["authorization"], f"{where}.authorization", self),
-            _decode_result(r, where, self),
-            position,
-            _seconds(r["dispatched_at"], f"{where}.dispatched_at", self),
-        )
-
-    def _decode_audit(self, session_id: str, r: Row) -> AuditRow:
-        where = f"audit[{r['id']!r}]"
-        try:
-            return AuditRow(
-                session_id=session_id,
-                execution_id=r["execution_id"],
-                tool_call_id=r["tool_call_id"],
-                position=(r["turn"], r["slot"]),
-                kind=r["kind"],
-                attempt=r["attempt"],
-                authorization=r["authorization"],
-                recovery_decision=r["recovery_decision"],
-                inputs=_json_object(r["inputs"], f"{where}.inputs", self),
-                note=r["note"],
-            )
-        except InvalidInput as exc:
-            raise self._corrupt(f"{where}: {exc}") from exc
-
 
 # --------------------------------------------------------------------------
 # Verifying a file without writing any of the store's files
@@ -1335,56 +1047,3 @@ def verify_file(path: str | os.PathLike[str]) -> FileCheck:
         except StoreError as exc:
             raise StoreError(str(exc).replace(str(copy), str(original))) from exc
     return FileCheck(original, sessions, tuple(side))
-
-
-def _text(value: object, where: str, store: SqliteStore, *, empty: bool = False) -> str:
-    if not isinstance(value, str) or (not value and not empty):
-        raise store._corrupt(f"{where} is {value!r}, not a {'' if empty else 'non-empty '}string")
-    return value
-
-
-def _seconds(value: object, where: str, store: SqliteStore) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise store._corrupt(f"{where} is {value!r}, not a number of seconds")
-    return float(value)
-
-
-def _int(value: object, where: str, store: SqliteStore, *, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise store._corrupt(f"{where} is {value!r}, not an integer >= {minimum}")
-    return value
-
-
-def _enum(enum: type[_E], value: object, where: str, store: SqliteStore) -> _E:
-    try:
-        if not isinstance(value, str):
-            raise ValueError(value)
-        return enum(value)
-    except ValueError:
-        raise store._corrupt(f"{where} is {value!r}, not one of {_one_of(enum)}") from None
-
-
-def _json_object(value: object, where: str, store: SqliteStore) -> dict[str, Any]:
-    try:
-        decoded = json.loads(_text(value, where, store))
-    except json.JSONDecodeError as exc:
-        raise store._corrupt(f"{where} is not valid JSON ({exc})") from exc
-    if not isinstance(decoded, dict):
-        raise store._corrupt(f"{where} is JSON but not an object")
-    return decoded
-
-
-def _decode_result(r: Row, where: str, store: SqliteStore) -> ToolResult | None:
-    kind, content, execution_id, digest = (r[c] for c in _RESULT)
-    if kind is None:
-        if (content, execution_id, digest) != (None, None, None):
-            raise store._corrupt(f"{where} has result columns but no result kind")
-        return None
-    return ToolResult(
-        _enum(ResultKind, kind, f"{where}.result_kind", store),
-        _text(execution_id, f"{where}.result_execution_id", store),
-        _text(digest, f"{where}.result_args_digest", store, empty=True),
-        _text(content, f"{where}.result_content", store, empty=True),
-    )

@@ -143,7 +143,7 @@ class StateGraph:
 
     def trace_to(self, target: int) -> list[TraceStep]:
         """:meth:`shortest_path` as :class:`~toolledger.check.tlc.TraceStep` values,
-        ready for :func:`toolledger.cli.render_trace` (a minimal reproduction)."""
+        ready for :func:`toolledger.check.counterexample.render_trace` (a minimal reproduction)."""
         return [
             TraceStep(index=i, action=action, state=self.states[node])
             for i, (node, action) in enumerate(self.shortest_path(target), 1)

@@ -7,7 +7,7 @@ table, a sequence diagram, a drawing of a state graph, a state-space chart.
 Nothing is typed in: every arrow, row, node and bar comes from the input.
 
 - :func:`trace_rows` / :func:`trace_table_html`: a counterexample as a step
-  table (step, action, only what changed; :func:`toolledger.cli.changes`).
+  table (step, action, only what changed; :func:`toolledger.check.counterexample.changes`).
 - :func:`sequence_arrows` / :func:`sequence_diagram`: the same trace as a
   sequence diagram with lifelines for the provider, the engine, the inbox
   (approvals), the external system and the store. The sender of a step is
@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from .._core.protocol import TRANSITIONS, Action, Actor
+from ..check.counterexample import changes
 from ..check.stategraph import StateGraph
 from ..check.tlavalues import FnValue, Value, serialize
 from ..check.tlc import TraceStep
-from ..cli import changes
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

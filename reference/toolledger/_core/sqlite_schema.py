@@ -1,0 +1,192 @@
+"""The SQLite store's schema and the checks that read a file before opening it.
+
+Private module of :mod:`toolledger`: import the public names from ``toolledger``.
+
+:data:`SCHEMA_VERSION` and :data:`APPLICATION_ID` (which
+:mod:`toolledger._core.sqlite_store` re-exports), the tables, indexes and
+triggers a store file holds (``_SCHEMA``, ``_COLUMNS``, ``_OBJECTS``; the
+checksummed columns shared with PostgreSQL are in
+:mod:`toolledger._core.rows`), and ``_check_file``: what opening checks in the
+file's bytes before SQLite touches it (never writing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+from .protocol import (
+    ApprovalState,
+    Authorization,
+    LedgerStatus,
+    RecoveryPolicy,
+)
+from .rows import (
+    _DATA,
+    _RESULT_DDL,
+    _one_of,
+)
+from .stores import (
+    StoreCorrupt,
+)
+
+__all__ = ["APPLICATION_ID", "SCHEMA_VERSION"]
+
+SCHEMA_VERSION: Final = 4
+"""The schema this version writes and reads; a file with another one is refused.
+
+Version 4 (from 3): ``calls.retention_window`` (how long the tool's external
+system keeps an idempotency key, ``NULL``: forever) and ``ledger.dispatched_at``
+(the execution's first dispatch time), from which a restarted engine computes
+``keyRetained``.  A version-3 file has neither column, so its records would
+read as "no dispatch time": a retry after the key's window would look safe.
+Refused at open like every other version.
+
+Version 3 (from 2): ``result_kind`` may be ``'cancelled'`` (``HumanCancel``,
+a user's Stop before dispatch).  Only a CHECK list grew, but a version-2 file
+carries the old CHECK in its table definition (SQLite cannot alter it in
+place), so a cancel would fail on it at the first Stop, mid-session; and a
+version-2 reader would meet a result kind it does not know.  Refusing the
+other version at open, with a message naming it, is the honest outcome for
+both; no migration exists yet (a table rebuild would be one)."""
+
+APPLICATION_ID: Final = 0x544C4752
+"""``PRAGMA application_id`` of a toolledger store ("TLGR")."""
+
+_SQLITE_MAGIC: Final = b"SQLite format 3\x00"
+
+
+# --------------------------------------------------------------------------
+# Schema
+# --------------------------------------------------------------------------
+
+_COLUMNS: Final[Mapping[str, tuple[str, ...]]] = {
+    "meta": ("singleton", "schema_version", "created"),
+    **{
+        t: (("id",) if t == "audit" else ()) + cols + ("row_checksum",)
+        for t, cols in _DATA.items()
+    },
+}
+
+_SCHEMA: Final[tuple[str, ...]] = (
+    """CREATE TABLE meta (
+        singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+        schema_version INTEGER NOT NULL,
+        created TEXT NOT NULL)""",
+    """CREATE TABLE sessions (
+        session_id TEXT PRIMARY KEY,
+        marker INTEGER NOT NULL CHECK (marker >= 0),
+        max_attempts INTEGER NOT NULL CHECK (max_attempts >= 1),
+        row_checksum TEXT NOT NULL)""",
+    f"""CREATE TABLE calls (
+        session_id TEXT NOT NULL REFERENCES sessions (session_id),
+        turn INTEGER NOT NULL CHECK (turn >= 0),
+        slot INTEGER NOT NULL CHECK (slot >= 0),
+        tool_call_id TEXT NOT NULL,
+        tool_name TEXT NOT NULL,
+        policy TEXT NOT NULL CHECK (policy IN ({_one_of(RecoveryPolicy)})),
+        requires_approval INTEGER NOT NULL CHECK (requires_approval IN (0, 1)),
+        execution_id TEXT NOT NULL UNIQUE,
+        args_digest TEXT NOT NULL,
+        arguments TEXT,
+        message_state TEXT NOT NULL CHECK (message_state = 'durable'),
+        {_RESULT_DDL},
+        retention_window REAL CHECK (retention_window IS NULL OR retention_window > 0),
+        row_checksum TEXT NOT NULL,
+        PRIMARY KEY (session_id, turn, slot))""",
+    f"""CREATE TABLE approvals (
+        execution_id TEXT PRIMARY KEY,
+        session_id TEXT NOT NULL REFERENCES sessions (session_id),
+        state TEXT NOT NULL CHECK (state IN ({_one_of(ApprovalState)})),
+        row_checksum TEXT NOT NULL) WITHOUT ROWID""",
+    f"""CREATE TABLE ledger (
+        execution_id TEXT PRIMARY KEY,
+        session_id TEXT NOT NULL REFERENCES sessions (session_id),
+        status TEXT NOT NULL CHECK (status IN ({_one_of(LedgerStatus)})),
+        attempt INTEGER NOT NULL CHECK (attempt >= 0),
+        args_digest TEXT,
+        authorization TEXT NOT NULL CHECK (authorization IN ({_one_of(Authorization)})),
+        {_RESULT_DDL},
+        turn INTEGER,
+        slot INTEGER,
+        dispatched_at REAL,
+        row_checksum TEXT NOT NULL) WITHOUT ROWID""",
+    """CREATE TABLE audit (
+        id INTEGER PRIMARY KEY,
+        session_id TEXT NOT NULL REFERENCES sessions (session_id),
+        execution_id TEXT NOT NULL,
+        tool_call_id TEXT NOT NULL,
+        turn INTEGER NOT NULL,
+        slot INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        authorization TEXT NOT NULL,
+        recovery_decision TEXT,
+        inputs TEXT NOT NULL,
+        note TEXT NOT NULL,
+        recorded_at TEXT NOT NULL,
+        row_checksum TEXT NOT NULL)""",
+    "CREATE INDEX calls_open ON calls (session_id, turn, slot) WHERE result_kind IS NULL",
+    "CREATE INDEX audit_by_session ON audit (session_id, id)",
+    "CREATE INDEX audit_by_execution ON audit (execution_id)",
+    """CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
+        BEGIN SELECT RAISE(ABORT, 'audit rows are append-only'); END""",
+    """CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
+        BEGIN SELECT RAISE(ABORT, 'audit rows are append-only'); END""",
+)
+
+
+# The named indexes and triggers of the schema; opening checks they exist.
+_OBJECTS: Final = frozenset(
+    {"calls_open", "audit_by_session", "audit_by_execution", "audit_no_update", "audit_no_delete"}
+)
+
+
+# --------------------------------------------------------------------------
+# Opening: checks that read the file and never write it
+# --------------------------------------------------------------------------
+
+
+def _check_file(path: Path) -> None:
+    """Header and size checks done in Python, before SQLite touches the file."""
+    size = path.stat().st_size
+    if size == 0:
+        raise StoreCorrupt(
+            f"{path} is empty (0 bytes), so it is not a toolledger store (a store is never "
+            "empty once created). Nothing was executed or written. If it was truncated, "
+            "restore it from a backup; if you created the empty file yourself, delete it and "
+            "open the path again.",
+            path=str(path),
+        )
+    with path.open("rb") as f:
+        header = f.read(100)
+    if len(header) < 100 or not header.startswith(_SQLITE_MAGIC):
+        raise StoreCorrupt(
+            f"{path} is not a SQLite database (it is {size} bytes and starts with "
+            f"{header[:16]!r}, not {_SQLITE_MAGIC!r}): point the store at its own "
+            "database file. Nothing was executed or written.",
+            path=str(path),
+        )
+    page_size = int.from_bytes(header[16:18], "big")
+    if page_size == 1:
+        page_size = 65536
+    if page_size < 512 or page_size & (page_size - 1):
+        raise StoreCorrupt(
+            f"{path} has a damaged SQLite header (page size {page_size}): restore it from "
+            "a backup. Nothing was executed or written.",
+            path=str(path),
+        )
+    wal = Path(f"{path}-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        return  # committed pages may still live in the WAL; SQLite's checks decide
+    pages = int.from_bytes(header[28:32], "big")
+    header_valid = header[24:28] == header[92:96]  # the in-header size is current
+    if size % page_size or (header_valid and pages * page_size > size):
+        expected = f"{pages} pages of {page_size} bytes" if header_valid else "whole pages"
+        raise StoreCorrupt(
+            f"{path} is truncated or damaged: it has {size} bytes, its header says "
+            f"{expected}. Restore it from a backup; do not open it with SQLite tools, "
+            "which may write to it. Nothing was executed or written.",
+            path=str(path),
+        )

@@ -1,0 +1,435 @@
+"""Reference connectors for the connector contract kit (:mod:`toolledger.extra.pytest`).
+
+Two external systems with their sandboxes and adapters, and the broken
+variants the kit must catch (``tests/test_extra_pytest.py`` shows each one
+failing exactly the obligations it breaks):
+
+- :class:`EmailServer`: a deduplicating HTTP service on loopback (stdlib
+  ``http.server`` in a thread, a free port): ``POST /emails`` with an
+  ``Idempotency-Key`` header; :class:`EmailClient` is its ``idempotent``
+  adapter (``http.client``, a short time-out).  Broken: ``send_key=False``
+  (no dedup: the key is never sent), :class:`UnknownAsNotAppliedEmailClient`
+  (a time-out or a reset answered as "not applied").
+- :class:`PaymentsFake`: a SQLite-backed payments system with a real key
+  retention window (on an injectable clock), per-attempt fences and an atomic
+  status-and-fence query; :class:`PaymentsClient` is its adapter for an
+  ``idempotent`` or a ``reconcile`` tool.  Broken: a fake whose real retention
+  is shorter than the declared window (dedup without retention), and
+  :class:`QueryThenFencePaymentsClient` (reads the status, then fences: a late
+  original can land between the two).
+
+Both sandboxes implement :class:`toolledger.extra.pytest.Sandbox`; the payments
+fake also has the optional ``deliver_late_on_next_query`` and ``advance``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Final
+
+from toolledger import Attempt, CallRef, NotApplied, NotAppliedFenced, WasApplied
+from toolledger.extra.pytest import Fault, ManualClock
+
+__all__ = [
+    "EmailClient",
+    "EmailServer",
+    "PaymentDeclined",
+    "PaymentsClient",
+    "PaymentsFake",
+    "QueryThenFencePaymentsClient",
+    "UnknownAsNotAppliedEmailClient",
+]
+
+# --------------------------------------------------------------------------
+# An HTTP email service on loopback
+# --------------------------------------------------------------------------
+
+CLIENT_TIMEOUT: Final = 0.5
+"""Seconds an :class:`EmailClient` waits for an answer (a held request costs this).
+Short, but long enough that a loaded machine does not turn an answer into a
+time-out (the contract tests would then see "unknown" where they expect "applied")."""
+
+
+class _Server(ThreadingHTTPServer):
+    # concurrent duplicates connect at once: the default backlog of 5 would drop
+    # some SYNs and turn them into client time-outs
+    request_queue_size = 64
+    daemon_threads = True
+
+
+class EmailServer:
+    """A deduplicating email API on ``127.0.0.1`` (a free port), in a thread.
+
+    ``POST /emails`` (JSON body, optional ``Idempotency-Key`` header) sends
+    an email and answers ``201`` with ``{"email": n}``; a request with a key
+    it has seen answers the original response without sending again (keys
+    are kept forever: ``retention_window=None``).  ``422`` is a typed refusal.
+    Use it as a context manager; it is also the kit's sandbox.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._faults: list[Fault] = []
+        self._sent: dict[str, int] = {}  # execution id -> emails sent
+        self._keys: dict[str, bytes] = {}  # idempotency key -> the original response
+        self._count = 0
+        self._held: list[tuple[threading.Event, threading.Event]] = []  # (land, landed)
+        self._release = threading.Event()  # answers that come too late wait on it
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:  # quiet in tests
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                server._handle(self, body)
+
+        self._httpd = _Server(("127.0.0.1", 0), Handler)
+        self.port = self._httpd.server_address[1]
+        # a short poll interval: close() (shutdown) waits for one poll
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.02,),
+                                        daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._release.set()
+        for land, _ in self._held:
+            land.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def __enter__(self) -> EmailServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the wire -------------------------------------------------------------
+
+    def _handle(self, h: BaseHTTPRequestHandler, body: bytes) -> None:
+        with self._lock:
+            fault = self._faults.pop(0) if self._faults else None
+            land, landed = threading.Event(), threading.Event()
+            if fault is Fault.HOLD:
+                self._held.append((land, landed))
+        if fault is Fault.REJECT:
+            self._answer(h, 422, b'{"error": "recipient refused"}')
+            return
+        if fault is Fault.HOLD:
+            land.wait()  # in flight until deliver_late(); the client gave up long ago
+        try:
+            response = self._apply(json.loads(body), h.headers.get("Idempotency-Key"))
+        finally:
+            landed.set()
+        if fault is Fault.RESET_AFTER_APPLY:
+            h.close_connection = True  # closed without an answer: the client sees a reset
+            return
+        if fault is Fault.TIMEOUT_AFTER_APPLY or fault is Fault.HOLD:
+            self._release.wait()  # answers after the client's time-out (or never)
+        self._answer(h, 201, response)
+
+    def _apply(self, request: dict[str, Any], key: str | None) -> bytes:
+        # The dedup check and the send are one step under the lock: two
+        # concurrent requests with one key send one email.
+        with self._lock:
+            if key is not None and key in self._keys:
+                return self._keys[key]
+            self._count += 1
+            execution = str(request.get("execution_id", ""))
+            self._sent[execution] = self._sent.get(execution, 0) + 1
+            response = json.dumps({"email": self._count}).encode()
+            if key is not None:
+                self._keys[key] = response
+            return response
+
+    @staticmethod
+    def _answer(h: BaseHTTPRequestHandler, status: int, body: bytes) -> None:
+        try:
+            h.send_response(status)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(body)))
+            h.end_headers()
+            h.wfile.write(body)
+        except OSError:
+            pass  # the client is gone (it timed out): nobody hears this answer
+
+    # -- the sandbox ------------------------------------------------------------
+
+    def effects(self, execution_id: str) -> int:
+        with self._lock:
+            return self._sent.get(execution_id, 0)
+
+    def inject(self, fault: Fault) -> None:
+        with self._lock:
+            self._faults.append(Fault(fault))
+
+    def deliver_late(self) -> None:
+        with self._lock:
+            held, self._held = self._held, []
+        for land, _ in held:
+            land.set()
+        for _, landed in held:  # applied in their handler threads: wait for each
+            if not landed.wait(5):
+                raise RuntimeError("a held request did not land within 5 s")
+
+
+@dataclass
+class EmailClient:
+    """The ``idempotent`` adapter of :class:`EmailServer`: a Session tool body.
+
+    Declare it ``Tool(policy="idempotent", marks_send=True)``: it calls
+    ``a.sending()`` right before the request leaves.  A ``4xx`` answer is
+    :class:`~toolledger.NotApplied`; a time-out, a reset and a ``5xx`` are
+    raised as they are (unknown).  ``send_key=False`` is the broken variant
+    that never sends the ``Idempotency-Key`` (no dedup).
+    """
+
+    port: int
+    send_key: bool = True
+    timeout: float = CLIENT_TIMEOUT
+
+    def send(self, a: Attempt) -> str:
+        body = json.dumps({**a.arguments, "execution_id": a.execution_id}).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.send_key and a.idempotency_key is not None:
+            headers["Idempotency-Key"] = a.idempotency_key
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
+        try:
+            a.sending()
+            conn.request("POST", "/emails", body, headers)
+            resp = conn.getresponse()
+            text = resp.read().decode()
+        finally:
+            conn.close()
+        if 400 <= resp.status < 500:
+            raise NotApplied(f"the email API refused the request ({resp.status}): {text}")
+        if resp.status >= 300:
+            raise RuntimeError(f"the email API answered {resp.status}: {text}")
+        return text
+
+
+class UnknownAsNotAppliedEmailClient(EmailClient):
+    """BROKEN: answers a time-out or a reset (unknown) as "not applied"."""
+
+    def send(self, a: Attempt) -> str:
+        try:
+            return super().send(a)
+        except (TimeoutError, ConnectionError) as exc:
+            raise NotApplied(f"the email API did not answer: {exc}") from exc
+
+
+# --------------------------------------------------------------------------
+# A SQLite payments system with a real retention window
+# --------------------------------------------------------------------------
+
+
+class PaymentDeclined(Exception):
+    """The payments system refused the charge before applying it (a typed error)."""
+
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS payments (
+    n INTEGER PRIMARY KEY, execution_id TEXT NOT NULL, attempt INTEGER NOT NULL,
+    amount INTEGER NOT NULL, result TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS keys (
+    key TEXT PRIMARY KEY, result TEXT NOT NULL, stored_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS fences (
+    execution_id TEXT PRIMARY KEY, up_to INTEGER NOT NULL);
+"""
+
+
+@dataclass(frozen=True)
+class _Charge:
+    execution_id: str
+    attempt: int
+    key: str | None
+    amount: int
+
+
+class PaymentsFake:
+    """A payments system in one SQLite file: charges, idempotency keys, fences.
+
+    - ``charge`` applies a payment unless its attempt is fenced or its key was
+      stored less than ``retention_window`` seconds ago (then it answers the
+      original result); check and write are one ``BEGIN IMMEDIATE``
+      transaction, so concurrent duplicates apply once.  Keys older than the
+      window are purged: a retry after it charges again.
+    - ``reconcile`` is the atomic status-and-fence query (one transaction);
+      ``status`` and ``fence`` are the two halves, for a connector that does not
+      have the atomic one.
+    - The clock is injectable (:class:`~toolledger.extra.pytest.ManualClock`).
+    """
+
+    def __init__(self, path: str | Path, *, retention_window: float | None = None,
+                 clock: ManualClock | None = None) -> None:
+        self.path = Path(path)
+        self.retention_window = retention_window
+        self.clock = clock or ManualClock()
+        self._lock = threading.Lock()
+        self._faults: list[Fault] = []
+        self._held: list[_Charge] = []
+        self._land_on_query = False
+        db = sqlite3.connect(self.path)
+        try:
+            db.executescript(_SCHEMA)
+        finally:
+            db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path, timeout=10, isolation_level=None)
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        finally:
+            db.close()
+
+    # -- the wire -------------------------------------------------------------
+
+    def charge(self, execution_id: str, attempt: int, key: str | None, amount: int) -> str:
+        """One charge request; raises like a network client would."""
+        with self._lock:
+            fault = self._faults.pop(0) if self._faults else None
+        req = _Charge(execution_id, attempt, key, amount)
+        if fault is Fault.REJECT:
+            raise PaymentDeclined("card declined")
+        if fault is Fault.HOLD:
+            with self._lock:
+                self._held.append(req)
+            raise TimeoutError("the payments API did not answer in time")
+        result = self._apply(req)
+        if result is None:
+            raise PaymentDeclined(f"attempt {attempt} of {execution_id} is fenced")
+        if fault is Fault.RESET_AFTER_APPLY:
+            raise ConnectionResetError("connection reset by peer")
+        if fault is Fault.TIMEOUT_AFTER_APPLY:
+            raise TimeoutError("the payments API did not answer in time")
+        return result
+
+    def _apply(self, r: _Charge) -> str | None:
+        now = self.clock.now()
+        with self._tx() as db:
+            if self.retention_window is not None:
+                db.execute("DELETE FROM keys WHERE stored_at <= ?",
+                           (now - self.retention_window,))
+            row = db.execute("SELECT up_to FROM fences WHERE execution_id = ?",
+                             (r.execution_id,)).fetchone()
+            if row is not None and r.attempt <= row[0]:
+                return None  # ExternalDropFenced
+            if r.key is not None:
+                row = db.execute("SELECT result FROM keys WHERE key = ?", (r.key,)).fetchone()
+                if row is not None:
+                    return str(row[0])  # deduplicated: the original answer
+            n = db.execute("SELECT COALESCE(MAX(n), 0) + 1 FROM payments").fetchone()[0]
+            result = json.dumps({"payment": n, "amount": r.amount})
+            db.execute("INSERT INTO payments VALUES (?, ?, ?, ?, ?)",
+                       (n, r.execution_id, r.attempt, r.amount, result))
+            if r.key is not None:
+                db.execute("INSERT INTO keys VALUES (?, ?, ?)", (r.key, result, now))
+            return result
+
+    def reconcile(self, execution_id: str, attempt: int) -> str | None:
+        """Atomically: the result of ``execution_id`` if applied, else fence attempts
+        ``<= attempt`` and answer None (one transaction)."""
+        with self._tx() as db:
+            row = db.execute("SELECT result FROM payments WHERE execution_id = ? ORDER BY n",
+                             (execution_id,)).fetchone()
+            if row is None:
+                db.execute("INSERT INTO fences VALUES (?, ?) ON CONFLICT(execution_id) DO "
+                           "UPDATE SET up_to = MAX(up_to, excluded.up_to)",
+                           (execution_id, attempt))
+        self._after_query()
+        return None if row is None else str(row[0])
+
+    def status(self, execution_id: str) -> str | None:
+        """The result of ``execution_id`` if applied (a read; fences nothing)."""
+        with self._tx() as db:
+            row = db.execute("SELECT result FROM payments WHERE execution_id = ? ORDER BY n",
+                             (execution_id,)).fetchone()
+        self._after_query()
+        return None if row is None else str(row[0])
+
+    def fence(self, execution_id: str, attempt: int) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO fences VALUES (?, ?) ON CONFLICT(execution_id) DO "
+                       "UPDATE SET up_to = MAX(up_to, excluded.up_to)", (execution_id, attempt))
+
+    def _after_query(self) -> None:
+        with self._lock:
+            land, self._land_on_query = self._land_on_query, False
+        if land:
+            self.deliver_late()
+
+    # -- the sandbox ------------------------------------------------------------
+
+    def effects(self, execution_id: str) -> int:
+        with self._tx() as db:
+            row = db.execute("SELECT COUNT(*) FROM payments WHERE execution_id = ?",
+                             (execution_id,)).fetchone()
+        return int(row[0])
+
+    def inject(self, fault: Fault) -> None:
+        with self._lock:
+            self._faults.append(Fault(fault))
+
+    def deliver_late(self) -> None:
+        with self._lock:
+            held, self._held = self._held, []
+        for r in held:
+            self._apply(r)  # a fenced one is dropped; nobody hears the answer
+
+    def deliver_late_on_next_query(self) -> None:
+        with self._lock:
+            self._land_on_query = True
+
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+
+@dataclass
+class PaymentsClient:
+    """The adapter of :class:`PaymentsFake`: ``charge`` (the tool body) and ``reconcile``.
+
+    ``idempotent``: sends the attempt's idempotency key; ``reconcile``: asks the
+    fake's atomic status-and-fence query.  A declined charge is
+    :class:`~toolledger.NotApplied`; time-outs and resets propagate (unknown).
+    """
+
+    fake: PaymentsFake
+
+    def charge(self, a: Attempt) -> str:
+        a.sending()
+        try:
+            return self.fake.charge(a.execution_id, a.attempt, a.idempotency_key,
+                                    int(a.arguments.get("amount", 1)))
+        except PaymentDeclined as exc:
+            raise NotApplied(str(exc)) from exc
+
+    def reconcile(self, call: CallRef, attempt: int) -> WasApplied | NotAppliedFenced:
+        result = self.fake.reconcile(call.key, attempt)
+        return NotAppliedFenced() if result is None else WasApplied(result)
+
+
+class QueryThenFencePaymentsClient(PaymentsClient):
+    """BROKEN: reads the status, then fences, in two steps (not atomic)."""
+
+    def reconcile(self, call: CallRef, attempt: int) -> WasApplied | NotAppliedFenced:
+        result = self.fake.status(call.key)
+        if result is not None:
+            return WasApplied(result)
+        self.fake.fence(call.key, attempt)  # a late original may have landed meanwhile
+        return NotAppliedFenced()
