@@ -179,8 +179,11 @@ class Ledger:
 
         Every call without a result and every call of the last durable turn;
         settled calls of earlier turns are in the store only (see
-        :meth:`full_state`).
+        :meth:`full_state`).  Key-retention windows that have passed by the
+        clock are applied first (``RetentionWindowPasses``), so a decision
+        computed from this state is the one ``Recover`` will take.
         """
+        self._state = self._windows_passed(self._state)
         return self._state
 
     def full_state(self) -> SessionState:
