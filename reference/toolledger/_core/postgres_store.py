@@ -116,8 +116,12 @@ if TYPE_CHECKING:
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore", "StoreExists", "StoreUnavailable"]
 
-SCHEMA_VERSION: Final = 1
-"""The PostgreSQL schema version this version writes and reads."""
+SCHEMA_VERSION: Final = 2
+"""The PostgreSQL schema version this version writes and reads.
+
+Version 2 (from 1): ``calls.retention_window`` and ``ledger.dispatched_at``,
+as in the SQLite store's version 4 (a restarted engine computes keyRetained
+from them); a version-1 schema is refused with a message naming it."""
 
 APPLICATION: Final = "toolledger"
 
@@ -156,6 +160,8 @@ _SCHEMA: Final[tuple[str, ...]] = (
         arguments TEXT,
         message_state TEXT NOT NULL CHECK (message_state = 'durable'),
         {_RESULT_DDL},
+        retention_window DOUBLE PRECISION
+            CHECK (retention_window IS NULL OR retention_window > 0),
         row_checksum TEXT NOT NULL,
         PRIMARY KEY (session_id, turn, slot))""",
     f"""CREATE TABLE approvals (
@@ -173,6 +179,7 @@ _SCHEMA: Final[tuple[str, ...]] = (
         {_RESULT_DDL},
         turn INTEGER,
         slot INTEGER,
+        dispatched_at DOUBLE PRECISION,
         row_checksum TEXT NOT NULL)""",
     """CREATE TABLE audit (
         id BIGSERIAL PRIMARY KEY,
@@ -903,6 +910,7 @@ class PostgresStore:
             "arguments": arguments,
             "message_state": MessageState.DURABLE.value,
             **_result_values(call.result),
+            "retention_window": call.tool.retention_window,
         }
         if self._insert(conn, "calls", row).rowcount != 1:
             raise StaleState(

@@ -33,8 +33,15 @@ from .stores import (
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 """The schema this version writes and reads; a file with another one is refused.
+
+Version 4 (from 3): ``calls.retention_window`` (how long the tool's external
+system keeps an idempotency key, ``NULL``: forever) and ``ledger.dispatched_at``
+(the execution's first dispatch time), from which a restarted engine computes
+``keyRetained``.  A version-3 file has neither column, so its records would
+read as "no dispatch time": a retry after the key's window would look safe.
+Refused at open like every other version.
 
 Version 3 (from 2): ``result_kind`` may be ``'cancelled'`` (``HumanCancel``,
 a user's Stop before dispatch).  Only a CHECK list grew, but a version-2 file
@@ -85,6 +92,7 @@ _SCHEMA: Final[tuple[str, ...]] = (
         arguments TEXT,
         message_state TEXT NOT NULL CHECK (message_state = 'durable'),
         {_RESULT_DDL},
+        retention_window REAL CHECK (retention_window IS NULL OR retention_window > 0),
         row_checksum TEXT NOT NULL,
         PRIMARY KEY (session_id, turn, slot))""",
     f"""CREATE TABLE approvals (
@@ -102,6 +110,7 @@ _SCHEMA: Final[tuple[str, ...]] = (
         {_RESULT_DDL},
         turn INTEGER,
         slot INTEGER,
+        dispatched_at REAL,
         row_checksum TEXT NOT NULL) WITHOUT ROWID""",
     """CREATE TABLE audit (
         id INTEGER PRIMARY KEY,
