@@ -159,7 +159,9 @@ Init ==
 (***************************************************************************)
 (* The recovery decision, restated from DurableToolExecution (the call is  *)
 (* not legacy, its arguments never change, it has an approval if it needs *)
-(* one).  It reads the PROCESS's view, never the store.                    *)
+(* one, and its idempotency key is retained: key expiry, ExternalExpireKey *)
+(* of the main spec, is not modelled here, so keyRetained is TRUE).  It    *)
+(* reads the PROCESS's view, never the store.                              *)
 (***************************************************************************)
 Decide(i) ==
     IF i.hasResult THEN "skip"
@@ -169,8 +171,8 @@ Decide(i) ==
     ELSE IF i.status = "recovery_required" THEN "recovery_required"
     ELSE IF i.status = "dispatched" THEN
             CASE i.policy = "idempotent" ->
-                   IF i.attempt < MaxAttempts THEN "retry_same_id"
-                                              ELSE "recovery_required"
+                   IF i.attempt < MaxAttempts /\ i.keyRetained
+                   THEN "retry_same_id" ELSE "recovery_required"
               [] i.policy = "reconcile" -> "reconcile"
               [] OTHER -> "recovery_required"
     ELSE IF i.legacy /\ (i.approval = "approved" \/ ~i.requiresApproval)
@@ -181,7 +183,7 @@ InputsOf(v) ==
     [status |-> v.rec.status, attempt |-> v.rec.attempt, digestMatches |-> TRUE,
      approval |-> IF NeedsApproval THEN "approved" ELSE "none",
      hasResult |-> v.res # "none", policy |-> Pol, legacy |-> FALSE,
-     requiresApproval |-> NeedsApproval]
+     requiresApproval |-> NeedsApproval, keyRetained |-> TRUE]
 DecisionFor(p) == Decide(InputsOf(view[p]))
 
 (***************************************************************************)

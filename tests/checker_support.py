@@ -103,6 +103,46 @@ def keyed_by_tool_call_id() -> Iterator[None]:
         p.derive_execution_id = original
 
 
+@contextmanager
+def ignores_key_retention() -> Iterator[None]:
+    """Broken: recovery retries an idempotent call with the same id whether or
+    not its key is still retained (the RetryAfterKeyExpiry twin)."""
+    original = p.decide_recovery
+
+    def broken(inputs: p.RecoveryInputs) -> p.RecoveryDecision:
+        return p.RecoveryDecision(original(replace(inputs, key_retained=True)).decision, inputs)
+
+    p.decide_recovery = broken
+    try:
+        yield
+    finally:
+        p.decide_recovery = original
+
+
+@contextmanager
+def takes_late_returns() -> Iterator[None]:
+    """Broken: the core takes an answer for ANY attempt of the call it waits
+    on as the current attempt's answer (a late return of an older attempt)."""
+    handlers = p._HANDLERS
+    originals = {a: handlers[a] for a in (p.Action.ExternalApply, p.Action.ExternalRejectDefinite)}
+
+    def lenient(action: p.Action) -> p.Handler:
+        def broken(state: p.SessionState, ev: p.Event) -> p.SessionState:
+            call = state.call(ev.position) if ev.position else None
+            if call is not None and ev.attempt is not None:
+                ev = replace(ev, attempt=state.record(call.execution_id).attempt)
+            return originals[action](state, ev)
+
+        return broken
+
+    for a in originals:
+        handlers[a] = lenient(a)
+    try:
+        yield
+    finally:
+        handlers.update(originals)
+
+
 BROKEN = {
     "manual_retries": manual_retries,
     "skips_dispatched_write": skips_dispatched_write,

@@ -523,7 +523,7 @@ def test_a_read_error_fails_closed(durable: Backend) -> None:
         store.load(SID)
 
 
-@pytest.mark.parametrize("version", [0, 1, 2, 3, 4, 99])
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 4, 5, 99])
 def test_an_older_or_newer_schema_is_refused(durable: Backend, version: int) -> None:
     settled(durable)
     own = (sqlite_store if durable.name == "sqlite" else postgres_store).SCHEMA_VERSION

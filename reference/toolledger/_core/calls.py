@@ -110,13 +110,20 @@ class Tool:
     external system) or ``readonly`` (no side effect: bypasses the ledger).
     ``requires_approval``: default True unless ``readonly``; a call may
     override it (:meth:`Session.record`).  ``marks_send`` and ``classify``:
-    see the module's "Outcome classification".
+    see the module's "Outcome classification".  ``retention_window``: for an
+    ``idempotent`` tool, how many seconds its external system keeps an
+    idempotency key, minus a margin for a retry's whole path (``None``, the
+    default: it deduplicates forever).  Once that long has passed since the
+    execution's first dispatch, recovery halts the call in
+    ``recovery_required`` instead of retrying with the same key
+    (``RecoveryInputs.key_retained``; docs/protocol.md#assumptions).
     """
 
     policy: RecoveryPolicy | str = RecoveryPolicy.MANUAL
     requires_approval: bool | None = None
     marks_send: bool = False
     classify: Classifier | None = field(default=None, compare=False)
+    retention_window: float | None = None
 
     def __post_init__(self) -> None:
         policy: object = self.policy
@@ -137,6 +144,14 @@ class Tool:
             raise InvalidInput(f"requires_approval must be a bool or None, got {approval!r}")
         if not isinstance(self.marks_send, bool):
             raise InvalidInput(f"marks_send must be a bool, got {self.marks_send!r}")
+        window: object = self.retention_window
+        if window is not None and (
+            isinstance(window, bool) or not isinstance(window, (int, float)) or not window > 0
+        ):
+            raise InvalidInput(
+                f"retention_window must be a positive number of seconds, or None when the "
+                f"external system deduplicates forever; got {window!r}"
+            )
         if self.classify is not None and not callable(self.classify):
             raise InvalidInput(f"classify must be callable (exc, sent) -> Outcome | None, got "
                                f"{self.classify!r}")
@@ -145,7 +160,7 @@ class Tool:
         """The core's profile of one call of this tool."""
         approval = self.requires_approval if requires_approval is None else requires_approval
         assert isinstance(self.policy, RecoveryPolicy) and isinstance(approval, bool)
-        return ToolProfile(name, self.policy, approval)
+        return ToolProfile(name, self.policy, approval, self.retention_window)
 
 
 _UNDECLARED: Final = Tool()  # a tool nobody declared: manual, approval required

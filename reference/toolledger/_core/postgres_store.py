@@ -119,11 +119,15 @@ if TYPE_CHECKING:
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore", "StoreExists", "StoreUnavailable"]
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 """The PostgreSQL schema version this version writes and reads.
 
-Version 2 (from 1): ``sessions.epoch``, the session's lease epoch
-(:meth:`PostgresStore.take_session`); a version-1 schema is refused at open."""
+Version 3 (from 1): ``sessions.epoch``, the session's lease epoch
+(:meth:`PostgresStore.take_session`), ``calls.retention_window`` and
+``ledger.dispatched_at``, as in the SQLite store's version 5 (a restarted
+engine computes keyRetained from them).  Version 2 was two development
+schemas, each with only part of these columns.  A schema of version 1 or 2
+is refused at open with a message naming its version and this one."""
 
 APPLICATION: Final = "toolledger"
 
@@ -163,6 +167,8 @@ _SCHEMA: Final[tuple[str, ...]] = (
         arguments TEXT,
         message_state TEXT NOT NULL CHECK (message_state = 'durable'),
         {_RESULT_DDL},
+        retention_window DOUBLE PRECISION
+            CHECK (retention_window IS NULL OR retention_window > 0),
         row_checksum TEXT NOT NULL,
         PRIMARY KEY (session_id, turn, slot))""",
     f"""CREATE TABLE approvals (
@@ -180,6 +186,7 @@ _SCHEMA: Final[tuple[str, ...]] = (
         {_RESULT_DDL},
         turn INTEGER,
         slot INTEGER,
+        dispatched_at DOUBLE PRECISION,
         row_checksum TEXT NOT NULL)""",
     """CREATE TABLE audit (
         id BIGSERIAL PRIMARY KEY,
@@ -951,6 +958,7 @@ class PostgresStore:
             "arguments": arguments,
             "message_state": MessageState.DURABLE.value,
             **_result_values(call.result),
+            "retention_window": call.tool.retention_window,
         }
         if self._insert(conn, "calls", row).rowcount != 1:
             raise StaleState(

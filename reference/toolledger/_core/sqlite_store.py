@@ -45,12 +45,12 @@ sessions    session_id PK, marker, max_attempts, epoch (the lease epoch)
 calls       session_id, turn, slot (PK together), tool_call_id, tool_name,
             policy, requires_approval, execution_id UNIQUE, args_digest,
             arguments, message_state, result_kind, result_content,
-            result_execution_id, result_args_digest
+            result_execution_id, result_args_digest, retention_window
 approvals   execution_id PK, session_id, state (WITHOUT ROWID)
 ledger      execution_id PK, session_id, status, attempt, args_digest,
             authorization, result_kind, result_content,
-            result_execution_id, result_args_digest, turn, slot
-            (WITHOUT ROWID)
+            result_execution_id, result_args_digest, turn, slot,
+            dispatched_at (WITHOUT ROWID)
 audit       id (rowid: increasing, rows are never deleted), session_id,
             execution_id, tool_call_id, turn, slot, kind, attempt,
             authorization, recovery_decision, inputs (JSON), note,
@@ -874,6 +874,7 @@ class SqliteStore(RowDecoder):
             "arguments": arguments,
             "message_state": MessageState.DURABLE.value,
             **_result_values(call.result),
+            "retention_window": call.tool.retention_window,
         }
         try:
             self._insert(conn, "calls", row)

@@ -427,9 +427,12 @@ def durable_projection(state: SessionState) -> SessionState:
 
     This is the core's own ``Crash`` transition: volatile calls vanish,
     every durable call without a result is at ``RESUME``, the others at
-    ``NONE``; approvals, ledger, audit keys and marker stay.
+    ``NONE``; approvals, ledger, audit keys and marker stay.  Which key
+    retention windows have passed is the clock's, not the store's: a ledger
+    recomputes it from the records' dispatch times (``retention_passed`` is
+    empty here).
     """
-    return apply(state, _CRASH)
+    return replace(apply(state, _CRASH), retention_passed=frozenset())
 
 
 def last_durable_turn(state: SessionState) -> int | None:
