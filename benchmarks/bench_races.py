@@ -192,6 +192,31 @@ def worker_main(
         store.close()
 
 
+def server_writes(store: Store) -> int | None:
+    """Rows inserted, updated or deleted in the store's schema, as the server counts
+    them (PostgreSQL; None for SQLite).  Statistics of ended backends are flushed."""
+    if not hasattr(store, "schema"):
+        return None
+    conn = store.connection  # type: ignore[attr-defined]
+    # this connection's own counts are flushed when it next goes idle; the
+    # workers' when their backends exit (shortly after they disconnect): read
+    # until two reads half a second apart agree
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    last: int | None = None
+    for _ in range(20):
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) "
+            "FROM pg_stat_user_tables WHERE schemaname = %s",
+            (store.schema,),
+        ).fetchone()
+        if int(row[0]) == last:
+            break
+        last = int(row[0])
+        time.sleep(0.5)
+    return last
+
+
 def race_store(
     kind: str, where: str, races: int, workers: int, scratch: Path, *, broken: bool = False
 ) -> Result:
@@ -203,6 +228,7 @@ def race_store(
     for sid in sids:
         prepare(setup, sid, policy_of[sid])
     effects = scratch / f"effects-{kind}.jsonl"
+    server_before = server_writes(setup)
     ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited connections
     barrier = ctx.Barrier(workers)
     results: Any = ctx.Queue()
@@ -220,6 +246,7 @@ def race_store(
     for proc in procs:
         proc.join(60)
     seconds = time.perf_counter() - t0
+    server_after = server_writes(setup)
     invocations = Counter(
         json.loads(line)["sid"] for line in (effects.read_text().splitlines()
                                              if effects.exists() else [])
@@ -253,6 +280,7 @@ def race_store(
         stats = by_policy[policy.value]
         stats["races"] += 1
         stats["refused"] += len(lost)
+        stats["losers_that_wrote"] += sum(r["writes"] > 0 for r in lost)
         if side_effecting:
             stats["duplicate_effects"] += max(0, invocations[sid] - expected_effects)
         else:
@@ -261,6 +289,11 @@ def race_store(
             stats["max_dispatches_per_attempt"], max(dispatches.values(), default=0)
         )
     setup.close()
+    if server_before is not None and server_after is not None:
+        winners = sum(r["writes"] for r in rows if r["outcome"] == "won")
+        if server_after - server_before != winners:
+            problems.append(f"the server counts {server_after - server_before} rows written, "
+                            f"the winners' write statements are {winners}")
     return {
         "store": kind,
         "workers": workers,
@@ -270,6 +303,12 @@ def race_store(
         "refused_losers": sum(r["outcome"] == "refused" for r in rows),
         "losers_that_wrote": sum(r["outcome"] == "refused" and r["writes"] > 0 for r in rows),
         "duplicate_effects": sum(s["duplicate_effects"] for s in by_policy.values()),
+        # PostgreSQL, counted by the server (pg_stat_user_tables, rolled-back rows
+        # included): the rows the workers inserted, updated or deleted, against the
+        # rows of the winners' traced write statements (one row each)
+        "server_rows_written": None if server_before is None or server_after is None
+        else server_after - server_before,
+        "winners_write_statements": sum(r["writes"] for r in rows if r["outcome"] == "won"),
         "by_policy": {k: dict(v) for k, v in by_policy.items()},
         "problems": problems[:10],
         "ok": not problems,

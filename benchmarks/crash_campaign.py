@@ -68,6 +68,13 @@ only the documented typed errors may come out.
 
 ``python benchmarks/crash_campaign.py [--smoke]``: the full campaign takes a
 few minutes with 2 runs in parallel.
+
+The same runs on PostgreSQL: ``RunSpec(postgres=conninfo)`` (the child's
+``--postgres``) puts the run's store in its own schema of that server, the
+I/O boundaries being the statements the ``PostgresStore`` sends;
+``bench_pg_faults.py`` uses it, with server faults at the k-th statement
+(``--pg-fault``): a child that stops on a ``StoreError`` other than
+corruption exits with ``EXIT_UNAVAILABLE`` and the next process resumes.
 """
 
 from __future__ import annotations
@@ -99,7 +106,7 @@ from toolledger._core.protocol import (
     ResultKind,
 )
 from toolledger._core.sqlite_store import SqliteStore
-from toolledger._core.stores import StoreCorrupt, StoreError, UnsupportedSchema
+from toolledger._core.stores import Store, StoreCorrupt, StoreError, UnsupportedSchema
 from toolledger._core.tools import ToolRegistry
 from toolledger.kit.engine import (
     SEED_MATRIX,
@@ -130,6 +137,7 @@ STORE = "ledger.sqlite3"
 CONVERSATION = "conversation"
 EXTERNAL = "external.jsonl"
 EXIT_FAIL_CLOSED = 3
+EXIT_UNAVAILABLE = 4  # a StoreError other than corruption: the server went away (PostgreSQL)
 THIS = Path(__file__).resolve()
 
 # ==========================================================================
@@ -229,7 +237,21 @@ def _human_resolves(engine: TurnEngine, system: CountingExternalSystem,
     return None
 
 
-def _drive(mode: EngineMode, policy: RecoveryPolicy, store: SqliteStore | None,
+def pg_schema(d: Path) -> str:
+    """The PostgreSQL schema of the run in directory ``d`` (one schema per run)."""
+    return "run_" + "".join(c if c.isalnum() else "_" for c in d.name.lower())[:50]
+
+
+def open_store(d: Path, postgres: str | None) -> Store:
+    """The run's store: the SQLite file in ``d``, or its schema on a PostgreSQL server."""
+    if postgres is None:
+        return SqliteStore(d / STORE)
+    from toolledger._core.postgres_store import PostgresStore
+
+    return PostgresStore(postgres, schema=pg_schema(d), connect_timeout=5)
+
+
+def _drive(mode: EngineMode, policy: RecoveryPolicy, store: Store | None,
            conversations: FileConversationStore, system: CountingExternalSystem,
            crash: CrashInjector, final: bool) -> str:
     registry = ToolRegistry()
@@ -270,18 +292,38 @@ def child_main(argv: Sequence[str]) -> int:
     p.add_argument("--fault", action="append", default=[])
     p.add_argument("--deliver-first", action="store_true")
     p.add_argument("--final", action="store_true")
+    p.add_argument("--postgres", help="conninfo: the store is a PostgresStore on this server")
+    p.add_argument("--pg-fault", default="", help="a server fault (bench_pg_faults.FAULTS)")
+    p.add_argument("--pg-fault-at", type=int, default=0, help="... at this SQL statement")
+    p.add_argument("--pg-postmaster", type=int, default=0)
     a = p.parse_args(argv)
     mode, policy = EngineMode(a.mode), RecoveryPolicy(a.policy)
     killer = Killer(a.kill_at_io)
-    if a.kill_at_io or a.count_io:
+    statements = Killer(0)  # counts the statements a PostgresStore sends
+    if (a.kill_at_io or a.count_io) and a.postgres is None:
         _install_sql_hook(killer)
     print("ready", flush=True)
     started = time.perf_counter()
     try:
-        store = SqliteStore(a.dir / STORE) if mode is EngineMode.LEDGER else None
+        store = open_store(a.dir, a.postgres) if mode is EngineMode.LEDGER else None
     except (StoreCorrupt, UnsupportedSchema) as exc:
         print(f"fail closed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAIL_CLOSED
+    except StoreError as exc:
+        print(f"fail closed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    if store is not None and a.postgres is not None:
+        # PostgreSQL: the boundaries are the statements the store sends (its trace hook)
+        def before(sql: str, params: Sequence[object]) -> None:
+            statements.count += 1
+            if a.pg_fault and statements.count == a.pg_fault_at:
+                from benchmarks.bench_pg_faults import inject
+
+                inject(a.pg_fault, store, a.pg_postmaster, sql_label(sql))
+            if a.kill_at_io or a.count_io:
+                killer.boundary(sql_label(sql))
+
+        store.trace = before  # type: ignore[attr-defined]
     conversations = KilledConversations(a.dir / CONVERSATION, killer)
     system = KilledExternal(a.dir / EXTERNAL, killer)
     if a.deliver_first:
@@ -298,9 +340,15 @@ def child_main(argv: Sequence[str]) -> int:
         # decision.  The parent checks that nothing was executed or written.
         print(f"fail closed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAIL_CLOSED
+    except StoreError as exc:
+        # PostgreSQL: the server went away or the connection was cut mid-transaction.
+        # The worker stops; the next process reloads what is durable.
+        print(f"fail closed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     if store is not None:
         store.close()
     print(json.dumps({"status": status, "boundaries": killer.count,
+                      "statements": statements.count,
                       "seconds": time.perf_counter() - started}), flush=True)
     return 0
 
@@ -319,6 +367,8 @@ class Phase:
     timer: float | None = None
     faults: tuple[str, ...] = ()
     deliver_first: bool = False
+    pg_fault: str = ""  # PostgreSQL runs: a server fault at statement pg_fault_at
+    pg_fault_at: int = 0
 
 
 @dataclass(frozen=True)
@@ -328,6 +378,7 @@ class RunSpec:
     label: str
     phases: tuple[Phase, ...]
     mode: EngineMode = EngineMode.LEDGER
+    postgres: str | None = None  # conninfo: PostgresStore instead of SqliteStore
 
 
 COUNTERS = ("duplicates", "lost", "fabricated", "contradicted", "unsettled",
@@ -345,16 +396,23 @@ class RunReport:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     problems: list[str] = field(default_factory=list)
     readonly_replays: int = 0
+    fail_closed: int = 0  # processes that stopped on a StoreError (PostgreSQL faults)
+    fail_closed_errors: list[str] = field(default_factory=list)
 
     def bad(self, counter: str, what: str) -> None:
         self.counts[counter] += 1
         self.problems.append(f"{counter}: {what}")
 
 
-def _child_cmd(spec: RunSpec, d: Path, phase: Phase, final: bool, count: bool = False
-               ) -> list[str]:
+def _child_cmd(spec: RunSpec, d: Path, phase: Phase, final: bool, count: bool = False,
+               postmaster: int = 0) -> list[str]:
     cmd = [sys.executable, str(THIS), "--child", "--dir", str(d), "--mode", spec.mode.value,
            "--policy", spec.policy.value]
+    if spec.postgres is not None:
+        cmd += ["--postgres", spec.postgres]
+    if phase.pg_fault:
+        cmd += ["--pg-fault", phase.pg_fault, "--pg-fault-at", str(phase.pg_fault_at),
+                "--pg-postmaster", str(postmaster)]
     if phase.crash_at:
         cmd += ["--crash-at", phase.crash_at]
     if phase.kill_at_io:
@@ -415,7 +473,7 @@ class Snapshot:
     legacy_tool_messages: int = 0
 
 
-def snapshot(d: Path, mode: EngineMode) -> Snapshot:
+def snapshot(d: Path, mode: EngineMode, postgres: str | None = None) -> Snapshot:
     """Read what survived, without touching the originals (the store is read from a copy)."""
     snap = Snapshot(usable=True)
     conv = FileConversationStore(d / CONVERSATION) if (d / CONVERSATION).exists() else None
@@ -428,7 +486,21 @@ def snapshot(d: Path, mode: EngineMode) -> Snapshot:
             eid = m.get("execution_id")
             if isinstance(eid, str):
                 snap.conversation[eid] = str(m.get("content"))
-    if mode is not EngineMode.LEDGER or not (d / STORE).exists():
+    if mode is not EngineMode.LEDGER:
+        return snap
+    if postgres is not None:
+        try:
+            store = open_store(d, postgres)
+            try:
+                if SESSION not in store.sessions():
+                    return snap
+                st = store.load(SESSION)
+            finally:
+                store.close()
+        except StoreError as exc:
+            return Snapshot(usable=False, error=f"{type(exc).__name__}: {exc}")
+        return _from_state(snap, st)
+    if not (d / STORE).exists():
         return snap
     with tempfile.TemporaryDirectory(prefix="campaign-snap-") as tmp:
         for suffix in ("", "-wal"):  # not -shm: SQLite rebuilds the index from the WAL
@@ -443,6 +515,10 @@ def snapshot(d: Path, mode: EngineMode) -> Snapshot:
         except StoreError as exc:
             text = str(exc).replace(str(Path(tmp) / STORE), str(d / STORE))
             return Snapshot(usable=False, error=f"{type(exc).__name__}: {text}")
+    return _from_state(snap, st)
+
+
+def _from_state(snap: Snapshot, st: Any) -> Snapshot:
     for c in st.calls:
         snap.calls[c.position] = c.execution_id
         if c.result is not None:
@@ -519,8 +595,12 @@ def check_final(report: RunReport, spec: RunSpec, snap: Snapshot,
             report.bad("unsettled", f"call {pos} of the conversation is unknown to the ledger")
 
 
-def execute(spec: RunSpec, base: Path) -> RunReport:
-    """Run the phases of ``spec`` in a fresh directory under ``base``; check everything."""
+def execute(spec: RunSpec, base: Path, *, postmaster: Callable[[], int] | None = None,
+            after_phase: Callable[[Phase, ChildOutcome], None] | None = None) -> RunReport:
+    """Run the phases of ``spec`` in a fresh directory under ``base``; check everything.
+
+    PostgreSQL runs: ``postmaster`` gives the server's process id (for the
+    faults that stop it), ``after_phase`` brings the server back after one."""
     report = RunReport(spec.kind, spec.policy.value, spec.label)
     d = Path(tempfile.mkdtemp(prefix="run-", dir=base))
     try:
@@ -528,7 +608,10 @@ def execute(spec: RunSpec, base: Path) -> RunReport:
         phases = [*spec.phases, Phase(deliver_first=True)]
         for i, phase in enumerate(phases):
             final = i == len(phases) - 1
-            out = run_child(_child_cmd(spec, d, phase, final), timer=phase.timer)
+            pid = postmaster() if postmaster is not None and phase.pg_fault else 0
+            out = run_child(_child_cmd(spec, d, phase, final, postmaster=pid), timer=phase.timer)
+            if after_phase is not None:
+                after_phase(phase, out)
             if out.returncode == -signal.SIGKILL:
                 report.kills += 1
                 where = next((ln.split(" ", 2)[2] for ln in out.stderr.splitlines()
@@ -539,6 +622,18 @@ def execute(spec: RunSpec, base: Path) -> RunReport:
                 tail = out.stderr.strip().splitlines()[-3:]
                 if out.returncode == EXIT_FAIL_CLOSED:
                     report.bad("store_unusable", " | ".join(tail)[:300])
+                elif out.returncode == EXIT_UNAVAILABLE and not final:
+                    # failed closed on a server fault: the next process resumes
+                    report.fail_closed += 1
+                    said = [ln for ln in out.stderr.splitlines() if ln.startswith("fail closed")]
+                    report.fail_closed_errors.append((said or tail or ["?"])[-1][:600])
+                    snap = snapshot(d, spec.mode, spec.postgres)
+                    if not snap.usable:
+                        report.bad("store_unusable", snap.error[:300])
+                        break
+                    check_monotonic(report, prev, snap)
+                    prev = snap
+                    continue
                 else:
                     report.bad("child_errors", f"phase {i} exit {out.returncode}: "
                                                + " | ".join(tail)[:400])
@@ -546,7 +641,7 @@ def execute(spec: RunSpec, base: Path) -> RunReport:
             elif final:
                 last = out.stdout.strip().splitlines()[-1]
                 report.final_status = json.loads(last)["status"]
-            snap = snapshot(d, spec.mode)
+            snap = snapshot(d, spec.mode, spec.postgres)
             if not snap.usable:
                 report.bad("store_unusable", snap.error[:300])
                 break
@@ -561,11 +656,12 @@ def execute(spec: RunSpec, base: Path) -> RunReport:
     return report
 
 
-def clean_profile(policy: RecoveryPolicy, base: Path) -> tuple[int, float]:
+def clean_profile(policy: RecoveryPolicy, base: Path, postgres: str | None = None
+                  ) -> tuple[int, float]:
     """I/O boundaries and seconds (after ready) of one complete run without a crash."""
     d = Path(tempfile.mkdtemp(prefix="clean-", dir=base))
     try:
-        spec = RunSpec("clean", policy, "clean", ())
+        spec = RunSpec("clean", policy, "clean", (), postgres=postgres)
         out = run_child(_child_cmd(spec, d, Phase(), final=True, count=True))
         if out.returncode != 0:
             raise RuntimeError(f"a clean run of {policy} failed: {out.stderr[-800:]}")

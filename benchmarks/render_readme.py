@@ -144,6 +144,9 @@ def render(doc: dict[str, Any]) -> str:
                 f"the ratio would be {s['ceiling_ratio_zero_work']:.2f} "
                 f"({s['ceiling_ratio_one_row_commits']:.2f} for one-row commits); it reaches "
                 f"0.8 on a disk whose sync takes >= {s['sync_ms_needed_for_goal']:.2f} ms."]
+    pe = b.get("peers") or {}
+    if "systems" in pe:
+        out += _peers(pe)
     r2 = b.get("recovery") or {}
     if "by_history" in r2:
         out += ["", "**Recovery vs history** (`bench_recovery.py`): one call pending after "
@@ -204,7 +207,98 @@ def render(doc: dict[str, Any]) -> str:
                 + (": " + "; ".join(f"{n} x {kind}" for kind, n in
                                     (fz.get("unhandled_kinds") or {}).items())
                    if fz.get("unhandled") else "") + "."]
+    ra = b.get("races") or {}
+    if "stores" in ra:
+        out += ["", f"**Races** (`bench_races.py`): {ra['workers']} worker processes load the "
+                "same session, wait for each other, then all resume it at once; "
+                f"{ra['races_per_store']} races per store, the policies in turn; every loser's "
+                "INSERT/UPDATE/DELETE counted by its store's statement trace:", ""]
+        out.append(_md(
+            ("store", "policy", "races", "losers refused", "losers that wrote",
+             "duplicate effects", "max dispatches per attempt"),
+            [(store, pol, x["races"], x.get("refused", 0), x.get("losers_that_wrote", 0),
+              x.get("duplicate_effects", "-"),
+              x.get("max_dispatches_per_attempt", 0))
+             for store, r in ra["stores"].items() for pol, x in r["by_policy"].items()],
+            right=(2, 3, 4, 5, 6)))
+        out += ["", "In all: " + "; ".join(
+            f"{store}: {r['refused_losers']} losers refused, {r['losers_that_wrote']} wrote, "
+            f"{r['duplicate_effects']} duplicate effects, audit rows the winner's: "
+            f"{'yes' if r['ok'] else '**no**'}"
+            + ("" if r.get("server_rows_written") is None else
+               f" (rows written as the server counts them: {r['server_rows_written']:,}, "
+               f"the winners' write statements: {r['winners_write_statements']:,})")
+            for store, r in ra["stores"].items()) + "."]
+    f = b.get("pg_faults") or {}
+    if "rows" in f:
+        names = {"sigkill": "SIGKILL at crash points", "stop_fast": "stop -m fast",
+                 "kill_postmaster": "kill -9 postmaster",
+                 "terminate_backend": "pg_terminate_backend"}
+        out += ["", "**Faults on PostgreSQL** (`bench_pg_faults.py`): the crash campaign's "
+                "two-turn runs on a PostgresStore (throwaway cluster, `fsync` on), effects "
+                "counted by the external system's own log; the server faults hit at the k-th "
+                "SQL statement of a run (a `COMMIT` included), then the server is started "
+                "again and a new process resumes:", ""]
+        out.append(_md(
+            ("fault", "policy", "runs", "fail-closed errors", "duplicates", "lost",
+             "unsettled", "other counts"),
+            [(names.get(r["fault"], r["fault"]), r["policy"], r["runs"], r["fail_closed"],
+              r["duplicates"], r["lost"], r["unsettled"],
+              sum(r[k] for k in ("fabricated", "contradicted", "store_unusable",
+                                 "child_errors"))) for r in f["rows"]],
+            right=(2, 3, 4, 5, 6, 7)))
+        u = f["unreachable"]
+        out += ["", f"{f['sigkills']} SIGKILLs; {f['server_fault_runs_failed_closed']} of "
+                f"{f['server_fault_runs']} workers hit by a server fault stopped with a "
+                "`StoreError` naming the server; after recovery every call settled.  An "
+                f"unreachable server: a refused port fails in {u['refused']['seconds']:.2f} s, "
+                f"a host that never answers in {u['never_answers']['seconds']:.2f} s "
+                f"(`connect_timeout={u['never_answers']['connect_timeout']:g}`), both "
+                f"`{u['never_answers']['error']}` naming host, port and database."]
     return "\n".join(out)
+
+
+def _peers(pe: dict[str, Any]) -> list[str]:
+    """The peers' block: calls/s side by side, syncs, bytes, CPU, the crash table."""
+    sd = pe.get("slow_disk") or {}
+    ms = sd.get("model_sync_ms") or {}
+
+    def g(r: dict[str, Any], k: str, fmt: str) -> str:
+        return "-" if r.get(k) is None else format(r[k], fmt)
+
+    out = ["", f"**Peers** (`bench_peers.py`): a durably recorded call with a trivial effect, "
+           f"{pe['calls_per_turn']}-call turns, every system on SQLite in the same directory "
+           f"({pe['scratch_fs']}), {pe['rounds']} interleaved rounds of {pe['timed_turns']} timed "
+           f"turns in fresh processes (medians).  Syncs counted by {pe['syncs_counted_by']}; "
+           f"bytes by {pe['bytes_counted_by']}.  The slow disk is this disk with every "
+           f"`fsync`/`fdatasync` delayed by `{sd.get('how', '-')}` (a raw sync took "
+           f"{g(sd, 'fast_sync_ms', '.2f')} ms, {g(sd, 'slow_sync_ms', '.2f')} ms delayed).  "
+           f"The model rows take each system's measured time per call with every sync skipped "
+           f"(`{sd.get('no_sync', '-')}`) plus its measured syncs per call times a sync latency "
+           f"of {ms.get('fast', '-')} ms (a fast disk) or {ms.get('slow', '-')} ms (a slow "
+           "cloud volume); the model's error against the two measured disks is shown.", ""]
+    rows = []
+    for name, r in pe["systems"].items():
+        rows.append((name, g(r, "calls_per_second", ".0f"), g(r, "ratio_measured_fast", ".2f"),
+                     g(r, "slow_calls_per_second", ".0f"), g(r, "ratio_measured_slow", ".2f"),
+                     g(r, "model_fast_disk_calls_per_second", ".0f"),
+                     g(r, "ratio_model_fast_disk", ".2f"),
+                     g(r, "model_slow_disk_calls_per_second", ".0f"),
+                     g(r, "ratio_model_slow_disk", ".2f"),
+                     g(r, "model_error_fast", "+.0%") + " / " + g(r, "model_error_slow", "+.0%"),
+                     g(r, "syncs_per_call", ".2f"), f"{r['write_bytes_per_call'] / 1024:.1f}",
+                     f"{r['cpu_ms_per_call']:.2f}"))
+    out.append(_md(("system", "calls/s", "toolledger / it", "slow disk calls/s",
+                    "toolledger / it", f"model @{ms.get('fast', '-')} ms", "toolledger / it",
+                    f"model @{ms.get('slow', '-')} ms", "toolledger / it", "model error",
+                    "syncs / call", "KB written / call", "CPU ms / call"),
+                   rows, right=tuple(range(1, 13))))
+    out += ["", "A SIGKILL between the effect and the system's checkpoint, then the "
+            "documented resume; effects the external system applied:", ""]
+    out.append(_md(("system", "policy", "effects", "duplicates"),
+                   [(c["system"], c["policy"], c["effects"], c["duplicates"])
+                    for c in pe["crash"]], right=(2, 3)))
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -33,6 +33,9 @@ from benchmarks import (
     bench_bugfinding,
     bench_conformance,
     bench_models,
+    bench_peers,
+    bench_pg_faults,
+    bench_races,
     bench_recovery,
     bench_sqlite,
     crash_campaign,
@@ -41,6 +44,7 @@ from benchmarks import (
 from benchmarks.common import ROOT, code_state, machine_info, table
 
 RESULTS = ROOT / "benchmarks" / "results.json"
+GOALS_PEERS = bench_peers.GOALS
 
 BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "bugfinding": bench_bugfinding.run,
@@ -49,6 +53,9 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "conformance": bench_conformance.run,
     "models": bench_models.run,
     "crash_campaign": crash_campaign.run,
+    "races": bench_races.run,
+    "pg_faults": bench_pg_faults.run,
+    "peers": bench_peers.run,
 }
 
 
@@ -98,6 +105,43 @@ def goals(b: dict[str, Any]) -> list[dict[str, Any]]:
     ts = _get(h, "tlc", "median_seconds")
     goal("TLC finds the LegacyResume counterexample", "<= 5 s",
          None if ts is None else f"{ts:.2f} s", _get(h, "tlc", "goal_met"))
+    ra: Any = b.get("races")
+    stores = _get(ra, "stores") or {}
+    if stores:
+        n = min(s["races"] for s in stores.values())
+        dups = sum(s["duplicate_effects"] for s in stores.values())
+        wrote = sum(s["losers_that_wrote"] for s in stores.values())
+        measured: str | None = (f"{n} races per store ({', '.join(stores)}), {ra['workers']} "
+                                f"workers: {dups} duplicate effects, {wrote} losers wrote")
+    else:
+        measured = None
+    goal("races: >= 4 workers, >= 200 races per store, 0 duplicates, losers refused before "
+         "they write", "0 and 0", measured,
+         None if not stores else (ra["ok"] and ra["workers"] >= 4
+                                  and all(s["races"] >= 200 for s in stores.values())))
+    f: Any = b.get("pg_faults")
+    ft = _get(f, "totals")
+    goal("faults on PostgreSQL: nothing lost or duplicated, workers fail closed",
+         "0, 0, all",
+         None if ft is None else
+         f"{f['runs']} runs: {ft['duplicates']} duplicates, {ft['lost']} lost, "
+         f"{f['server_fault_runs_failed_closed']}/{f['server_fault_runs']} failed closed",
+         _get(f, "ok"))
+    pg = _get(b.get("peers"), "goals") or {}
+    for peer, name in (("langgraph", "LangGraph durability=sync"), ("dbos-wal", "DBOS on WAL")):
+        x = pg.get(peer)
+        goal(f"toolledger / {name} calls/s, fast and slow disk", f">= {GOALS_PEERS[peer]:g}x",
+             None if x is None else
+             "measured {} / {} (this disk / slowed), model {} / {} (fast / slow disk)".format(
+                 *(f"{x[k]:.2f}" if x[k] is not None else "-" for k in (
+                     "ratio_measured_fast", "ratio_measured_slow", "ratio_model_fast_disk",
+                     "ratio_model_slow_disk"))),
+             None if x is None else x["met"])
+    sy, by = pg.get("syncs_per_call"), pg.get("bytes_per_call")
+    goal("syncs / bytes written per protected call, 5-call turns", "<= 1.3 / <= 16 KB",
+         None if sy is None or by is None else
+         f"{sy['measured']:.2f} / {by['measured'] / 1024:.1f} KB",
+         None if sy is None or by is None else sy["met"] and by["met"])
     kills, zero = _get(k, "kills"), _get(k, "all_zero")
     goal("crash campaign: all counts zero, >= 200 SIGKILLs", "0 and >= 200",
          None if kills is None else f"{kills} kills, all zero: {'yes' if zero else 'no'}",

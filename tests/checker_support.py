@@ -120,23 +120,49 @@ def ignores_key_retention() -> Iterator[None]:
 
 
 @contextmanager
-def takes_late_returns() -> Iterator[None]:
-    """Broken: the core takes an answer for ANY attempt of the call it waits
-    on as the current attempt's answer (a late return of an older attempt)."""
+def takes_late_answer() -> Iterator[None]:
+    """Broken: an answer is taken whatever attempt it belongs to, so a late
+    answer of an older attempt passes for the current attempt's."""
     handlers = p._HANDLERS
     originals = {a: handlers[a] for a in (p.Action.ExternalApply, p.Action.ExternalRejectDefinite)}
 
-    def lenient(action: p.Action) -> p.Handler:
-        def broken(state: p.SessionState, ev: p.Event) -> p.SessionState:
-            call = state.call(ev.position) if ev.position else None
-            if call is not None and ev.attempt is not None:
-                ev = replace(ev, attempt=state.record(call.execution_id).attempt)
+    def broken(action: p.Action) -> p.Handler:
+        def handle(state: p.SessionState, ev: p.Event) -> p.SessionState:
+            c = state.call(ev.position) if ev.position else None
+            current = state.record(c.execution_id).attempt if c is not None else ev.attempt
+            return originals[action](state, replace(ev, attempt=current))
+
+        return handle
+
+    for action in originals:
+        handlers[action] = broken(action)
+    try:
+        yield
+    finally:
+        handlers.update(originals)
+
+
+@contextmanager
+def resolves_before_recover() -> Iterator[None]:
+    """Broken: a human may resolve a recovery_required call that a restart
+    left in ``resume``, before ``Recover`` re-decided it (the engine's plan for
+    the call is then stale: both may act on it)."""
+    handlers = p._HANDLERS
+    actions = (p.Action.HumanResolveApplied, p.Action.HumanResolveRetry,
+               p.Action.HumanResolveAbandon)
+    originals = {a: handlers[a] for a in actions}
+
+    def broken(action: p.Action) -> p.Handler:
+        def handle(state: p.SessionState, ev: p.Event) -> p.SessionState:
+            c = state.call(ev.position) if ev.position else None
+            if c is not None and c.stage is p.Stage.RESUME:
+                state = state._with_call(replace(c, stage=p.Stage.NONE))  # skip the stage guard
             return originals[action](state, ev)
 
-        return broken
+        return handle
 
-    for a in originals:
-        handlers[a] = lenient(a)
+    for action in actions:
+        handlers[action] = broken(action)
     try:
         yield
     finally:
@@ -147,6 +173,9 @@ BROKEN = {
     "manual_retries": manual_retries,
     "skips_dispatched_write": skips_dispatched_write,
     "keyed_by_tool_call_id": keyed_by_tool_call_id,
+    "takes_late_answer": takes_late_answer,
+    "resolves_before_recover": resolves_before_recover,
+    "ignores_key_retention": ignores_key_retention,
 }
 
 

@@ -175,6 +175,37 @@ class PgCluster:
             "-o", self._options, "-m", mode, "-w", "-t", "60", "restart",
         )  # fmt: skip
 
+    def postmaster_pid(self) -> int:
+        """The process id of the running server (its ``postmaster.pid``)."""
+        return int((self.data / "postmaster.pid").read_text().split()[0])
+
+    def running(self) -> bool:
+        """Whether the server is up (``pg_ctl status``)."""
+        try:  # as the server's user: pg_ctl refuses to run as root
+            self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "status")
+        except RuntimeError:
+            return False
+        return True
+
+    def start_again(self, attempts: int = 60) -> None:
+        """Start the server again, same port and options, after a stop or a kill -9.
+
+        After a kill -9 of the postmaster its orphaned backends may hold the
+        shared memory for a moment, and the new postmaster refuses to start:
+        retried every half second (``attempts`` times) until they are gone.
+        """
+        for attempt in range(attempts):
+            try:
+                self._run(
+                    str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log),
+                    "-o", self._options, "-w", "-t", "60", "start",
+                )  # fmt: skip
+                return
+            except RuntimeError:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(0.5)
+
     def stop(self) -> None:
         """Fast shutdown and removal of the directory; idempotent, never raises."""
         if self._started:

@@ -37,6 +37,10 @@ def test_every_race_has_one_winner_and_silent_losers(smoke: dict[str, Any]) -> N
         assert set(result["by_policy"]) == {"idempotent", "reconcile", "manual", "readonly"}
         assert sum(s["races"] for s in result["by_policy"].values()) == races
         assert all(s["max_dispatches_per_attempt"] <= 1 for s in result["by_policy"].values())
+        assert all(s.get("losers_that_wrote", 0) == 0 for s in result["by_policy"].values())
+    # the server's own count of rows written: the winners' statements and nothing else
+    pg = smoke["stores"]["postgres"]
+    assert pg["server_rows_written"] == pg["winners_write_statements"] > 0
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import render_readme, run_all
+from benchmarks import bench_peers, render_readme, run_all
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,7 +41,7 @@ def test_every_benchmark_ran_and_the_machine_is_recorded(smoke: dict[str, Any]) 
     for key in ("date", "nproc", "python", "java", "sqlite", "scratch_fs", "git_commit"):
         assert machine[key], key
     goals = smoke["goals"]
-    assert len(goals) == 8
+    assert len(goals) == 13
     assert all(set(g) == {"goal", "target", "measured", "met"} for g in goals)
     assert all(g["measured"] is not None for g in goals)
 
@@ -100,6 +100,41 @@ def test_crash_campaign_smoke_counts(smoke: dict[str, Any]) -> None:
     assert k["kills"] == 5
     assert k["totals"] == dict.fromkeys(k["totals"], 0)
     assert k["corruption"]["silent"] == 0 and k["corruption"]["wrote_anyway"] == 0
+
+
+def test_peers_figures_and_crash_table(smoke: dict[str, Any]) -> None:
+    p = smoke["benchmarks"]["peers"]
+    assert p["not_installed"] == []  # the dev extra installs every peer
+    assert set(p["systems"]) == set(bench_peers.SYSTEMS)
+    for name, row in p["systems"].items():
+        assert row["calls_per_second"] > 0 and row["cpu_ms_per_call"] > 0, name
+        assert row["write_bytes_per_call"] > 0 or row["wchar_per_call"] > 0, name
+        if p["syncs_counted_by"] is not None:
+            # every system syncs at least once per durably recorded call
+            assert row["syncs_per_call"] >= 1, name
+            assert row["slow_calls_per_second"] > 0 and row["nosync_calls_per_second"] > 0
+    assert p["systems"][bench_peers.REFERENCE]["ratio_measured_fast"] == 1
+    crash = {(c["system"], c["policy"]): c for c in p["crash"]}
+    assert set(crash) == set(bench_peers.CRASH_CASES)
+    # the harness really killed every child between its effect and the checkpoint
+    assert all(c["killed_after_effect"] for c in crash.values())
+    for policy in ("idempotent", "manual", "reconcile"):
+        assert crash[("toolledger", policy)]["effects"] == 1
+        assert crash[("toolledger", policy)]["duplicates"] == 0
+    # the peers re-run a step whose checkpoint was lost: the table's point of comparison
+    for peer in ("langgraph", "dbos", "dbos-wal"):
+        assert crash[(peer, "as shipped")]["effects"] >= 1
+
+
+def test_marked_syncs_are_counted_only_between_the_marks() -> None:
+    log = "\n".join([
+        '10 fdatasync(3) = 0',
+        f'10 access("{bench_peers.MARK_BEGIN}", F_OK) = -1 ENOENT',
+        '10 fdatasync(3) = 0', '11 fsync(4) = 0', '10 fdatasync(3) = 0',
+        f'10 access("{bench_peers.MARK_END}", F_OK) = -1 ENOENT',
+        '10 fsync(3) = 0',
+    ])
+    assert bench_peers.count_marked_syncs(log) == {"fdatasync": 2, "fsync": 1}
 
 
 def test_render_readme_rewrites_only_the_block(smoke: dict[str, Any], tmp_path: Path) -> None:

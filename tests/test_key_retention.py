@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from checker_support import ROOT, ignores_key_retention, model_config, takes_late_returns
+from checker_support import ROOT, ignores_key_retention, model_config, takes_late_answer
 from toolledger import InvalidInput, MemoryStore, SqliteStore, Tool
 from toolledger._core import protocol as p
 from toolledger._core.ledger import Ledger
@@ -101,7 +101,7 @@ def test_the_reference_satisfies_the_invariants_everywhere() -> None:
     ("broken", "expected_kind", "expected_action"),
     [
         (ignores_key_retention, "extra", "Recover"),
-        (takes_late_returns, "extra", "ExternalApply"),
+        (takes_late_answer, "extra", "ExternalApply"),
     ],
 )
 def test_conformance_catches_a_broken_core(

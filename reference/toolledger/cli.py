@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from .check.batch import Batch, batch_files, plan, split_result
 from .check.counterexample import changes, render_trace, trace_json
 from .check.manifest import Manifest, ManifestError, ModelEntry, drift, find_root, load_manifest
 from .check.manifest import result_label as _result_label
@@ -105,6 +106,11 @@ class Row:
     error: str = ""
     trace: list[dict[str, object]] | None = None
     reference: str = ""  # conformance rows: the reference package that was checked
+    # rows checked by one shared TLC run (a host and its probes, see
+    # toolledger.check.batch) name that run; their wall time is the run's
+    tlc_run: str | None = None
+    # conformance rows: CPU seconds of the check (its process and workers)
+    cpu_seconds: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -324,17 +330,18 @@ def _git_state(root: Path) -> str:
 
 
 def _conformance_row(
-    root: Path, entry: ModelEntry, tlc: TLCResult, dot: Path, package: Path, cancel: Cancellation
+    root: Path, entry: ModelEntry, tlc: TLCResult, dot: Path, package: Path, cancel: Cancellation,
+    workers: int = 2,
 ) -> Row:
     """Check the root's reference against the state graph TLC dumped for ``entry``
     (in a child process: see :func:`_reference_package`)."""
     def row(got: str, status: str, reasons: list[str], seconds: float = 0.0,
-            states: int | None = None, error: str = "") -> Row:
+            states: int | None = None, error: str = "", cpu: float | None = None) -> Row:
         return Row(
             model=entry.name, expected="conforms", got=got, distinct_states=states,
             expected_distinct_states=entry.distinct_states, wall_seconds=round(seconds, 2),
             status=status, check="conformance", reasons=reasons, error=error,
-            reference=str(package),
+            reference=str(package), cpu_seconds=cpu,
         )
 
     if not dot.exists():
@@ -343,7 +350,7 @@ def _conformance_row(
     started = time.monotonic()
     cmd = [sys.executable, "-m", "toolledger.check.conformance", "--root", str(root),
            "--module", entry.module, "--dot", str(dot),
-           "--workers", str(min(2, os.cpu_count() or 1))]
+           "--workers", str(max(1, min(workers, os.cpu_count() or 1)))]
     proc = subprocess.Popen(
         cmd, env=_reference_env(root), cwd=root / "reference", stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -379,7 +386,9 @@ def _conformance_row(
     if count > len(reasons):
         reasons.append(f"... and {count - len(reasons)} more mismatches")
     ok = count == 0 and int(report["states"]) > 0
-    return row(got, "ok" if ok else "DRIFT", reasons, seconds, int(report["states"]))
+    cpu = report.get("cpu_seconds")
+    return row(got, "ok" if ok else "DRIFT", reasons, seconds, int(report["states"]),
+               cpu=round(float(cpu), 2) if cpu is not None else None)
 
 
 def _row_for(entry: ModelEntry, result: TLCResult, with_trace: bool) -> Row:
@@ -527,6 +536,38 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 NOT_CHECKED = "NOT CHECKED"
 
+# TLC with the client compiler only (C1): most CI runs last seconds, and C2's
+# compilations cost more CPU than they save; measured on the CI models (TLC
+# CPU seconds, C2 vs C1): a 9-state twin 0.73 vs 0.49, DeepManual (5,708
+# states) 4.3 vs 1.9, ReconcileReadonly (27,659) 7.2 vs 5.3; on the biggest
+# it is even: DeepReconcile (58,846) 10.7 vs 10.4, TwoCalls (110,957) 21.8 vs
+# 22.8 (see benchmarks/bench_check.py for the whole check).
+_TLC_JVM_ARGS = ("-XX:TieredStopAtLevel=1",)
+
+
+@dataclass(frozen=True, eq=False)
+class _Job:
+    """One unit of ``toolledger check``'s work: a TLC run (of one row, or of a
+    batch of rows) or the conformance check of one model."""
+
+    kind: str  # "tlc" or "conformance"
+    entries: tuple[ModelEntry, ...]
+    batch: Batch | None = None
+
+    @property
+    def name(self) -> str:
+        if self.batch is not None:
+            return self.batch.name
+        return self.entries[0].name + (" [conformance]" if self.kind == "conformance" else "")
+
+    def cost(self) -> float:
+        """A rough estimate of the job's seconds, to start the longest first."""
+        states = max(e.distinct_states for e in self.entries)
+        if self.batch is not None and self.batch.host is not None:
+            states = self.batch.host.distinct_states
+        # a JVM start ~1.5 s; TLC ~10,000 states/s; conformance ~2,500 states/s
+        return states / 2_500 if self.kind == "conformance" else 1.5 + states / 10_000
+
 
 class _CheckRun:
     """One ``toolledger check``: parse, run TLC, check conformance, report."""
@@ -537,7 +578,9 @@ class _CheckRun:
         self.manifest, self.models, self.conform = manifest, models, conform
         self.package, self.args, self.cancel = package, args, cancel
         self.root = manifest.root
+        self.dumps = dumps
         self.dot_of = {e.name: dumps / f"{e.name}.dot" for e in conform}
+        self.ready: list[_Job] = []  # jobs that can start now
         self.jobs: int = args.jobs
         self.progress = _ProgressLine(sys.stderr)
         self.started = time.monotonic()
@@ -561,8 +604,7 @@ class _CheckRun:
         if self.conform:  # refuses (exit 2) before anything runs if it cannot be checked
             self.package = _reference_package(self.root)
         self._parse()
-        self._run_tlc()
-        self._run_conformance()
+        self._run_all()
 
     def _parse(self) -> None:
         """SANY once over every model's module, before any model runs: a spec
@@ -606,89 +648,140 @@ class _CheckRun:
             text += f"; {waiting} waiting"
         return text + f"; {self.finished}/{len(self.to_run)} done"
 
-    def _run_one(self, entry: ModelEntry) -> TLCResult:
-        self.cancel.check()  # a queued model never starts after Ctrl-C
+    # -- scheduling: TLC runs and conformance checks share the `--jobs` slots
 
-        def seen(p: Progress) -> None:
-            with self.lock:
-                self.states[entry.name] = (p.distinct, p.elapsed)
+    def _plan(self) -> list[_Job]:
+        """The TLC runs: rows that can share one run are batched
+        (:mod:`toolledger.check.batch`), unless ``--trace`` asks for every
+        row's own counterexample."""
+        batches: list[Batch]
+        if self.args.trace:
+            batches, alone = [], list(self.to_run)
+        else:
+            batches, alone = plan(self.to_run)
+        return [*(_Job("tlc", b.entries, b) for b in batches),
+                *(_Job("tlc", (e,)) for e in alone)]
 
+    def _run_job(self, job: _Job) -> list[tuple[ModelEntry, TLCResult]] | Row:
+        self.cancel.check()  # a queued job never starts after Ctrl-C
         with self.lock:
-            self.running[entry.name] = time.monotonic()
-            self.started_runs += 1
+            self.running[job.name] = time.monotonic()
+            if job.kind == "tlc":
+                self.started_runs += len(job.entries)
             count = len(self.running)
             waiting = len(self.to_run) - self.started_runs
+            # the last job alone on the machine may use every slot
+            workers = self.jobs if count == 1 and not self.ready else 1
         if not self.progress.tty:
-            self.progress.note(f"started {entry.name} ({count} running, {waiting} waiting)")
+            self.progress.note(f"started {job.name} ({count} running, {waiting} waiting)")
         try:
-            return run_tlc(
-                entry.module,
-                entry.cfg_path,
-                search_dirs=self.manifest.search_dirs,
-                check_deadlock=entry.check_deadlock,
-                workers=entry.workers,
-                dump_dot=self.dot_of.get(entry.name),
-                timeout=self.args.timeout,
-                on_progress=seen,
-                cancel=self.cancel,
-            )
+            if job.kind == "conformance":
+                [entry] = job.entries
+                assert self.package is not None
+                return _conformance_row(self.root, entry, self.results[entry.name],
+                                        self.dot_of[entry.name], self.package, self.cancel,
+                                        workers=workers)
+            return self._run_tlc_job(job)
         finally:
             with self.lock:
-                self.running.pop(entry.name, None)
-                self.states.pop(entry.name, None)
+                self.running.pop(job.name, None)
+                self.states.pop(job.name, None)
 
-    def _run_tlc(self) -> None:
-        # TLC runs one worker per model (identical counterexamples run to run);
-        # several models run side by side instead, one per core.
-        todo = self.to_run
-        if not todo:
-            return
-        self.progress.note(f"running {_plural(len(todo), 'model')} with TLC, "
-                           f"{min(self.jobs, len(todo))} at a time")
-        self.progress.live(self._status)
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.jobs)
-        futures = {self.pool.submit(self._run_one, e): e for e in todo}
-        for fut in concurrent.futures.as_completed(futures):
-            entry = futures[fut]
-            result = fut.result()
+    def _run_tlc_job(self, job: _Job) -> list[tuple[ModelEntry, TLCResult]]:
+        def seen(p: Progress) -> None:
+            with self.lock:
+                self.states[job.name] = (p.distinct, p.elapsed)
+
+        if job.batch is None:
+            [entry] = job.entries
+            module, cfg, dirs = entry.module, entry.cfg_path, self.manifest.search_dirs
+        else:
+            entry = job.batch.base
+            where = self.dumps / "batches" / job.batch.module
+            _, cfg = batch_files(job.batch, where)
+            module, dirs = job.batch.module, [*self.manifest.search_dirs, where]
+        host = job.batch.host if job.batch is not None else entry
+        result = run_tlc(
+            module,
+            cfg,
+            search_dirs=dirs,
+            check_deadlock=entry.check_deadlock,
+            workers=entry.workers,
+            dump_dot=self.dot_of.get(host.name) if host is not None else None,
+            timeout=self.args.timeout,
+            on_progress=seen,
+            cancel=self.cancel,
+            jvm_args=_TLC_JVM_ARGS,
+        )
+        if job.batch is None:
+            return [(entry, result)]
+        split = split_result(job.batch, result)
+        return [(e, split[e.name]) for e in job.entries]
+
+    def _finish_tlc(self, job: _Job, results: list[tuple[ModelEntry, TLCResult]]) -> None:
+        todo = len(self.to_run)
+        for entry, result in results:
             with self.lock:
                 self.finished += 1
                 n = self.finished
             self.results[entry.name] = result
             row = _row_for(entry, result, self.args.trace)
+            if job.batch is not None:
+                row.tlc_run = job.name
             self.tlc_rows[entry.name] = row
             self.progress.note(
-                f"[{n}/{len(todo)}] {entry.name}: {row.got}, "
+                f"[{n}/{todo}] {entry.name}: {row.got}, "
                 f"{_fmt_count(result.distinct_states)} distinct states, "
-                f"{result.wall_seconds:.1f} s: {row.status}"
-                + ("" if self.progress.tty or n == len(todo) else f"  ({self._status()})")
+                f"{result.wall_seconds:.1f} s"
+                + (f" (in the run of {job.name})" if job.batch is not None else "")
+                + f": {row.status}"
+                + ("" if self.progress.tty or n == todo else f"  ({self._status()})")
             )
-        self.progress.live(None)
+            if entry in self.conform:
+                self.ready.append(_Job("conformance", (entry,)))
 
-    def _run_conformance(self) -> None:
-        assert self.package is not None or not self.conform
-        for entry in self.conform:
-            if entry.name not in self.results:
-                continue  # not parsed: reported as not checked
-            t0 = time.monotonic()
-            what = f"{entry.name}: conformance of {self.package} with every state and edge"
-            if not self.progress.tty:
-                self.progress.note(what)
-            self.progress.live(_since(what, t0))
-            assert self.package is not None
-            row = _conformance_row(self.root, entry, self.results[entry.name],
-                                   self.dot_of[entry.name], self.package, self.cancel)
-            self.conformance_rows[entry.name] = row
-            self.progress.live(None)
-            self.progress.note(f"{entry.name}: conformance {row.got}: {row.status} "
-                               f"({row.wall_seconds:.1f} s)")
+    def _run_all(self) -> None:
+        """TLC runs and conformance checks, ``--jobs`` at a time.
+
+        The most expensive ready job starts first (so that the big models do
+        not run last, alone); a model's conformance check becomes ready as
+        soon as its TLC run has dumped its state graph, and goes before the
+        TLC runs still waiting (it is the longer of the two)."""
+        if not self.to_run:
+            return
+        self.ready = self._plan()
+        runs = len(self.ready)
+        self.progress.note(f"running {_plural(len(self.to_run), 'model')} with TLC"
+                           + (f" in {runs} runs" if runs != len(self.to_run) else "")
+                           + f", {min(self.jobs, runs)} at a time")
+        self.progress.live(self._status)
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.jobs)
+        pending: dict[concurrent.futures.Future[list[tuple[ModelEntry, TLCResult]] | Row],
+                      _Job] = {}
+        while self.ready or pending:
+            while self.ready and len(pending) < self.jobs:
+                job = max(self.ready, key=_Job.cost)
+                self.ready.remove(job)
+                pending[self.pool.submit(self._run_job, job)] = job
+            done, _ = concurrent.futures.wait(
+                pending, return_when=concurrent.futures.FIRST_COMPLETED)
+            for fut in done:
+                job = pending.pop(fut)
+                out = fut.result()
+                if isinstance(out, Row):
+                    self.conformance_rows[job.entries[0].name] = out
+                    self.progress.note(f"{job.name}: conformance {out.got}: {out.status} "
+                                       f"({out.wall_seconds:.1f} s)")
+                else:
+                    self._finish_tlc(job, out)
+        self.progress.live(None)
 
     def stop(self) -> None:
         """Kill what still runs (after Ctrl-C or an error) and wait until every
         runner has removed its temporary directory."""
         done = len(self.tlc_rows) == len(self.to_run) and len(self.conformance_rows) == len(
             [e for e in self.conform if e.name in self.results]
-        )
+        ) and not self.ready
         if not done:
             self.cancel.cancel()
         if self.pool is not None:
@@ -786,12 +879,16 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 def _configure_models(p: argparse.ArgumentParser) -> None:
     add_root_argument(p)
+    p.add_argument("--proves", action="store_true",
+                   help="print what each model proves and under which assumptions "
+                   "(the README's list) instead of the table")
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from .check.manifest import markdown_table
+    from .check.manifest import markdown_table, proves_markdown
 
-    print(markdown_table(load_manifest(resolve_root(args))))
+    manifest = load_manifest(resolve_root(args))
+    print(proves_markdown(manifest) if args.proves else markdown_table(manifest))
     return 0
 
 

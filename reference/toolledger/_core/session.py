@@ -30,6 +30,9 @@ the order and with the transactions the spec checks:
   again and a reconcile through :meth:`Session.reconcile`.
 - :meth:`Session.resolve` applies a human's answer to a halted call and
   everything that follows it.
+- :meth:`Session.cancel` is a user's Stop for an approved call that was never
+  dispatched (the protocol's ``HumanCancel``): a ``cancelled`` result, in
+  ONE transaction; it never runs afterwards.
 - :meth:`Session.adopt` puts a session that ran without the ledger under it,
   from plain message dicts; its unanswered calls follow the conservative
   legacy rule.
@@ -79,12 +82,10 @@ the ledger, and releases it while a tool body runs, so calls of one message
 may run in parallel.  Running the same call twice at once is an error
 (:class:`CallBusy`), never a second dispatch.
 
-What is not here: cancelling an approved call before dispatch (a user's Stop;
-the protocol's ``HumanCancel``, :meth:`~toolledger._core.ledger.Ledger.cancel` on the
-ledger underneath) is not offered by this API yet; and this module never decides
-recovery itself (:func:`~toolledger._core.protocol.decide_recovery` does) nor writes
-anything but through the :class:`~toolledger._core.ledger.Ledger` (legacy adoption
-aside, which writes the spec's initial legacy state through the store).
+What is not here: this module never decides recovery itself
+(:func:`~toolledger._core.protocol.decide_recovery` does) nor writes anything
+but through the :class:`~toolledger._core.ledger.Ledger` (legacy adoption aside,
+which writes the spec's initial legacy state through the store).
 """
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ from .protocol import (
     InvalidInput,
     LedgerStatus,
     MessageState,
+    ProtocolError,
     RecoveryDecision,
     RecoveryInputs,
     RecoveryPolicy,
@@ -191,6 +193,9 @@ class Session:
         self._lock = threading.RLock()
         self._running: set[str] = set()  # keys whose tool body runs now
         self._interrupted_by: str | None = None
+        # execute_many: (key, next key) while key runs; its success commit may
+        # carry next key's dispatched (see execute_many)
+        self._chain: tuple[str, str] | None = None
 
     @contextmanager
     def _usable(self) -> Iterator[None]:
@@ -310,6 +315,14 @@ class Session:
         """The recorded call with execution id ``key`` (unanswered or of the last message)."""
         with self._usable():
             return self._ref(self._find(key))
+
+    def status(self, key: str) -> CallStatus:
+        """Where the call ``key`` stands now and what to do next (nothing is written).
+
+        A call interrupted by a restart has no status until :meth:`recover`
+        decided it (:class:`InvalidInput` says so)."""
+        with self._usable():
+            return self._status_now(self._find(key))
 
     def pending_approvals(self) -> list[CallRef]:
         """Calls waiting for an approval: what the host's inbox shows."""
@@ -448,6 +461,46 @@ class Session:
             self._step_many(events, result_content=content)
             return self._status_now(self._find(key))
 
+    def cancel(self, key: str, *, note: str = "") -> CallStatus:
+        """A user's Stop for the call ``key`` after its approval, before it ran.
+
+        The call gets a ``cancelled`` result (its tool message says so) in ONE
+        transaction, with an audit row (``note`` goes into it); it is never
+        dispatched afterwards and its approval authorizes nothing any more.
+        Only a call that is approved (or needs no approval) and was never
+        dispatched can be cancelled: a call still waiting for its approval is
+        rejected instead (:meth:`reject`); a dispatched or running call runs to
+        its outcome (a request may be out: cancelling it would hide an effect);
+        a call interrupted by a restart is decided by :meth:`recover` first.
+        Anything else raises :class:`InvalidInput` and nothing is written.
+        """
+        if not isinstance(note, str):
+            raise InvalidInput(f"note must be a string, got {type(note).__name__}")
+        with self._usable():
+            c = self._find(key)
+            st = self._ledger.state
+            rec = st.record(c.execution_id)
+            why = None
+            if c.result is not None:
+                why = f"it already has its result ({c.result.kind.value})"
+            elif key in self._running or rec.status is not LedgerStatus.NONE:
+                why = (f"it was dispatched (attempt {rec.attempt}): a request may be out, so "
+                       "it runs to its outcome; recover() / resolve() it instead")
+            elif c.stage is Stage.RESUME:
+                why = "it was interrupted by a restart: call recover() first, then cancel"
+            elif c.stage is not Stage.LIVE:
+                why = f"it is not waiting to run (stage {c.stage.value})"
+            elif not _approved(st, c):
+                why = (f"it is not approved (approval: {st.approval(c.execution_id).value}): "
+                       "reject(key) it instead")
+            if why is not None:
+                raise InvalidInput(f"call {key} cannot be cancelled: {why}; nothing was changed")
+            pos = c.position
+            self._guard(lambda: self._ledger.cancel(pos, note=note))
+            if self._observe is not None:
+                self._observe((Event(Action.HumanCancel, pos), Event(Action.Recover, pos)))
+            return self._status_now(self._find_at(pos))
+
     # -- running a call ----------------------------------------------------------
 
     @contextmanager
@@ -499,6 +552,60 @@ class Session:
             attempt.done(fn(attempt))
         assert attempt.status is not None
         return attempt.status
+
+    def execute_many(
+        self, calls: Sequence[tuple[str, Callable[[Attempt], object]]]
+    ) -> list[CallStatus]:
+        """Run ``calls`` (``(key, fn)`` pairs) one after the other, as :meth:`execute` each.
+
+        The difference is the number of commits.  When call k succeeded and
+        call k+1 can be dispatched right now (protected, approved, live or to
+        be retried, not running), ``succeeded(k)`` + its result and
+        ``dispatched(k+1)`` are ONE transaction: consecutive steps of the spec
+        (``EngineRecordSucceeded``, ``EngineAppendResult``,
+        ``EnginePersistDispatched``) in one commit.  Nothing is acted on
+        before that commit is durable: a crash before it leaves call k
+        dispatched-and-unknown and call k+1 not dispatched, exactly as
+        :meth:`execute` does; after it, call k has its result and call k+1 is
+        dispatched, as after a crash right after k+1's own dispatch commit.
+        So n protected calls take n + 1 commits instead of 2n; a single call
+        still takes exactly two.  Any other outcome of call k (failed,
+        unknown, readonly) is recorded on its own and call k+1 dispatches in
+        its own commit.  An error raised by :meth:`execute` (e.g. a call not
+        approved) stops the sequence; the calls before it are recorded.
+        """
+        given: object = calls  # checked at run time: engines pass what they parsed
+        if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
+            raise InvalidInput(f"execute_many takes a list of (key, fn) pairs, got {calls!r}")
+        for i, item in enumerate(calls):
+            if (not isinstance(item, tuple) or len(item) != 2 or not isinstance(item[0], str)
+                    or not callable(item[1])):
+                raise InvalidInput(f"execute_many: item {i} must be a (key, fn) pair with a "
+                                   f"str key and a callable fn, got {item!r}; nothing was run")
+        out = []
+        for i, (key, fn) in enumerate(calls):
+            with self._lock:
+                self._chain = (key, calls[i + 1][0]) if i + 1 < len(calls) else None
+            try:
+                out.append(self.execute(key, fn))
+            finally:
+                with self._lock:
+                    self._chain = None
+        return out
+
+    def _chained_dispatch(self, key: str) -> list[Event]:
+        """``EnginePersistDispatched`` of the call after ``key`` in execute_many, if it
+        can be dispatched now (the checks of :meth:`_start`); else nothing."""
+        if self._chain is None or self._chain[0] != key:
+            return []
+        try:
+            c = self._find(self._chain[1])
+        except InvalidInput:
+            return []
+        ok = (c.result is None and c.execution_id not in self._running and c.tool.protected
+              and (c.stage is Stage.RETRY
+                   or (c.stage is Stage.LIVE and _approved(self._ledger.state, c))))
+        return [Event(Action.EnginePersistDispatched, c.position)] if ok else []
 
     def _start(self, key: str) -> tuple[Attempt, bool]:
         with self._usable():
@@ -561,10 +668,16 @@ class Session:
         pos = a.call.position
         self._invoked(a)
         self._step(Event(Action.ExternalApply, pos, attempt=a.attempt))  # volatile
-        self._step_many(  # commit 2: succeeded + the tool result, ONE transaction
-            [Event(Action.EngineRecordSucceeded, pos), Event(Action.EngineAppendResult, pos)],
-            result_content={pos: text},
-        )
+        done = [Event(Action.EngineRecordSucceeded, pos), Event(Action.EngineAppendResult, pos)]
+        chained = self._chained_dispatch(a.call.key)
+        try:  # commit 2: succeeded + the tool result (+ the next call's dispatched), ONE tx
+            self._step_many(done + chained, result_content={pos: text})
+        except ProtocolError:
+            if not chained:
+                raise
+            # the next call could not be dispatched after all: record this one alone
+            # (a refused batch wrote nothing and left the state as it was)
+            self._step_many(done, result_content={pos: text})
         return replace(self._status_now(self._find_at(pos)), outcome=Outcome.APPLIED)
 
     def _failed(self, a: Attempt, exc: Exception) -> CallStatus:

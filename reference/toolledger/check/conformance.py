@@ -31,6 +31,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -346,6 +347,12 @@ def package_dir() -> Path:
     return Path(__file__).resolve().parent.parent  # this module is toolledger/check/
 
 
+def _cpu_seconds() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Check this package against a dumped state graph; print the report as JSON.
 
@@ -376,6 +383,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "mismatch_count": report.mismatch_count,
             "reasons": [render_mismatch(report, m) for m in report.mismatches],
             "seconds": time.perf_counter() - started,
+            # this process and its workers (forked, waited for by the pool)
+            "cpu_seconds": _cpu_seconds(),
         },
         sys.stdout,
     )

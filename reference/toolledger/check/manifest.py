@@ -19,6 +19,11 @@
                                       # expect is the Witness_* invariant (the
                                       # negated antecedent) TLC must violate on
                                       # a must-pass model's module
+    assumptions = "one engine process per session; 2 crashes, ..."
+                                      # what the result rests on: the modelled
+                                      # environment and the bounds (required
+                                      # for ci models by the tests; the README's
+                                      # "what each model proves" list shows it)
 
 A twin (``witnesses``) proves an invariant can fail: weakening it fails
 ``make check``.  A probe (``antecedent_of``) proves the situation an
@@ -55,6 +60,7 @@ __all__ = [
     "drift",
     "find_root",
     "load_manifest",
+    "proves_markdown",
     "result_label",
 ]
 
@@ -75,6 +81,7 @@ _FIELDS: dict[str, tuple[type, bool]] = {
     "workers": (int, False),
     "witnesses": (list, False),
     "antecedent_of": (list, False),
+    "assumptions": (str, False),
 }
 WITNESS_PREFIX = "Witness_"
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+\Z")
@@ -103,6 +110,7 @@ class ModelEntry:
     expected_outcome: Outcome
     witnesses: tuple[str, ...] = ()
     antecedent_of: tuple[str, ...] = ()
+    assumptions: str = ""
 
     @property
     def expected_violation(self) -> str | None:
@@ -361,6 +369,7 @@ def _validate(
         expected_outcome=outcome,
         witnesses=tuple(witnesses),
         antecedent_of=tuple(antecedents),
+        assumptions=table.get("assumptions", "").strip(),
     )
 
 
@@ -413,4 +422,38 @@ def markdown_table(manifest: Manifest) -> str:
             f"| `{m.name}` | {m.question} | {expect} | {m.distinct_states:,} | "
             f"{'yes' if m.ci else 'no'} | {'yes' if m.conformance else ''} |"
         )
+    return "\n".join(lines)
+
+
+def _names(names: Iterable[str]) -> str:
+    return ", ".join(f"`{n}`" for n in names)
+
+
+def proves_markdown(manifest: Manifest) -> str:
+    """The README's list of what each model proves and under which assumptions,
+    generated from the manifest (its ``expect``, ``witnesses``,
+    ``antecedent_of``, the cfg's invariants and properties, ``assumptions``)."""
+    lines = []
+    for m in manifest.models:
+        info = parse_cfg(m.cfg_path)
+        states = f"{m.distinct_states:,} states"
+        if m.expected_outcome is Outcome.PASS:
+            checked = [n for n in info.invariants if n != "TypeOK"]
+            what = "holds" if len(checked) + len(info.properties) == 1 else "hold"
+            proves = (f"{_names([*checked, *info.properties])} {what} in every reachable "
+                      f"state and behaviour ({states})")
+        elif m.antecedent_of:
+            proves = (f"the situation {_names(m.antecedent_of)} "
+                      f"{'is' if len(m.antecedent_of) == 1 else 'are'} about is reached: "
+                      f"`{m.expect}` is violated after {states}")
+        elif m.witnesses:
+            proves = (f"{_names(m.witnesses)} can fail: a spec with this one mistake "
+                      f"violates `{m.expect}` ({states})")
+        else:
+            proves = f"`{m.expect}` fails for this design or environment ({states})"
+        where = "" if m.ci else " (not in CI)"
+        q = m.question.strip()
+        q = q if q.endswith(("?", ".", "!")) else q + "."
+        lines.append(f"- **`{m.name}`**{where}: {q} Proves: {proves}. "
+                     f"Assumes: {m.assumptions or 'not stated'}.")
     return "\n".join(lines)

@@ -11,8 +11,16 @@ notebooks; the engine kit uses real adapters instead.
 
 :class:`ModelConfig` is read from a TLC model's ``MC*.tla`` module (its
 constants are literals).  :func:`successors` enumerates every enabled action
-with every parameter, as TLC's ``Next`` does.  Nothing here performs I/O
-except :meth:`ModelConfig.from_mc_module`, which reads one file.
+with every parameter, as TLC's ``Next`` does.  It offers the core every event
+the environment can produce (every per-call action on every call from every
+stage, every emission of the model, every answer of the external system to
+every call of its execution id) and repeats none of the core's guards: what
+the core refuses (``ProtocolError``) is not enabled.  So a core that allows a
+step the spec does not is an ``extra`` edge for the conformance checker, not
+a step nobody tried.  The only conditions checked here are the environment's
+own: which requests are in flight, what the connector answers, the crash
+bound.  Nothing here performs I/O except :meth:`ModelConfig.from_mc_module`,
+which reads one file.
 """
 
 from __future__ import annotations
@@ -349,6 +357,13 @@ def initial_states(cfg: ModelConfig) -> list[SystemState]:
 Successor = tuple[p.Action, SystemState]
 
 
+@functools.lru_cache(maxsize=4096)
+def _event(action: p.Action, position: p.CallPosition, attempt: int | None = None) -> p.Event:
+    # Events are immutable: built (and validated) once, then offered from
+    # every state; successors offers each of them many times per state.
+    return p.Event(action, position, attempt=attempt)
+
+
 def _try(state: p.SessionState, ev: p.Event) -> p.SessionState | None:
     try:
         return p.apply(state, ev)
@@ -381,21 +396,23 @@ _PER_CALL: Final = (
 
 
 def _emissions(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:
-    session = s.session
-    present = {c.position for c in session.calls}
-    answered = {c.position for c in session.calls if c.result is not None}
+    # Every call of the model with every argument, whether or not its
+    # position is taken, legacy, or after a turn still unanswered: the core
+    # refuses what the spec's guards (a free position, after the marker, an
+    # earlier turn's call without a result) refuse.  The one condition kept
+    # here is the provider's, which the core cannot know: a model's call of a
+    # later turn comes only after every call of the earlier turns was emitted
+    # (the spec's PriorTurnsAnswered ranges over calls not yet emitted too).
+    present = {c.position for c in s.session.calls}
     for c in cfg.calls:
-        if c.position in present or cfg.is_legacy(c):
-            continue
-        # the provider answers turns in order: every call of an earlier turn
-        # of the model exists and has its result (PriorTurnsAnswered)
-        if any(d.position[0] < c.position[0] and d.position not in answered for d in cfg.calls):
+        if any(d.position[0] < c.position[0] and d.position not in present
+               for d in cfg.calls):
             continue
         for a in c.arg_choices:
             ev = p.Event(
                 p.Action.ProviderEmitCall, c.position, c.tool_call_id, c.tool, c.digest(a)
             )
-            nxt = _try(session, ev)
+            nxt = _try(s.session, ev)
             if nxt is not None:
                 yield p.Action.ProviderEmitCall, replace(s, session=nxt)
 
@@ -406,11 +423,14 @@ def _call_step(cfg: ModelConfig, s: SystemState, call: p.CallState, action: p.Ac
     ext, gh = s.external, s.ghosts
     eid = call.execution_id
     name = cfg.by_position[call.position].name
+    # The connector's answer is the environment's, not a guard of the core:
+    # it says "applied" only if the effect was applied, "not applied" only if
+    # it was not (and fences); the core decides whether it asks at all.
     if action is p.Action.EngineReconcileApplied and ext.count(eid) < 1:
         return None
     if action is p.Action.EngineReconcileNotApplied and ext.count(eid) != 0:
         return None
-    nxt = _try(s.session, p.Event(action, call.position))
+    nxt = _try(s.session, _event(action, call.position))
     if nxt is None:
         return None
     inputs = s.audit_inputs
@@ -478,15 +498,22 @@ _OUTCOME_KNOWN: Final = frozenset({
 
 def _deliver(session: p.SessionState, eid: str, n: int,
              action: p.Action) -> p.SessionState | None:
-    """Offer an answer for attempt n of eid to every call of that execution;
-    the core takes it where a call waits for exactly that attempt and refuses
-    it everywhere else (an older attempt, a call that timed out or crashed).
-    None: no call took it, the return is late."""
+    """Offer the answer for attempt n of eid to every call of that execution id.
+
+    Whatever the call's stage and attempt: the core takes the answer only if
+    the call waits for exactly that attempt, and refuses (``ProtocolError``)
+    a late answer of an older attempt, one after a time-out or a crash, or one
+    for a call that never sent it.  Routing by the execution id is the
+    adapter's (an answer comes back on the invocation that sent it); nothing
+    else of the core's guard is repeated here.  None: no call took it, the
+    return is late (the spec's ``~Delivered``), and the engine must discard
+    it (``EngineDiscardLateReturn``).
+    """
     taken = False
     for c in session.calls:
         if c.execution_id != eid:
             continue
-        nxt = _try(session, p.Event(action, c.position, attempt=n))
+        nxt = _try(session, _event(action, c.position, n))
         if nxt is not None:
             session, taken = nxt, True
     return session if taken else None
@@ -495,7 +522,7 @@ def _deliver(session: p.SessionState, eid: str, n: int,
 def _discard(cfg: ModelConfig, s: SystemState, sender: CallConfig, n: int,
              after: SystemState) -> Iterator[Successor]:
     """The engine discards a late return: the core must agree it is late."""
-    nxt = _try(s.session, p.Event(p.Action.EngineDiscardLateReturn, sender.position, attempt=n))
+    nxt = _try(s.session, _event(p.Action.EngineDiscardLateReturn, sender.position, n))
     if nxt is not None:
         yield p.Action.EngineDiscardLateReturn, replace(after, session=nxt)
 
@@ -556,7 +583,7 @@ def _key_retention(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:
     a key whose window passed, if nothing under it is in flight or held for
     a retry (the margin the declared window leaves: docs/protocol.md)."""
     for c in s.session.calls:
-        nxt = _try(s.session, p.Event(p.Action.RetentionWindowPasses, c.position))
+        nxt = _try(s.session, _event(p.Action.RetentionWindowPasses, c.position))
         if nxt is not None:
             yield p.Action.RetentionWindowPasses, replace(s, session=nxt)
     ext = s.external
@@ -573,24 +600,15 @@ def _key_retention(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:
             )
 
 
-# Per stage, the per-call actions worth trying: the transition table's
-# from_stages (an empty set means any stage).  Only a shortcut: every guard is
-# still checked by the core.
-_BY_STAGE: Final[Mapping[p.Stage, tuple[p.Action, ...]]] = {
-    stage: tuple(
-        a
-        for a in _PER_CALL
-        if not p.TRANSITIONS[a].from_stages or stage in p.TRANSITIONS[a].from_stages
-    )
-    for stage in p.Stage
-}
-
-
 def successors(cfg: ModelConfig, s: SystemState) -> list[Successor]:
     """Every (action, next state) the spec's ``Next`` allows from ``s``."""
     out: list[Successor] = list(_emissions(cfg, s))
+    # Every per-call action on every call, from every stage: the core's guards
+    # (ProtocolError) alone decide what is enabled.  Trying only the stages
+    # the transition table lists would hide a core that also allows an action
+    # elsewhere (a human resolving a call before Recover re-decided it).
     for call in s.session.calls:
-        for action in _BY_STAGE[call.stage]:
+        for action in _PER_CALL:
             nxt = _call_step(cfg, s, call, action)
             if nxt is not None:
                 out.append((action, nxt))

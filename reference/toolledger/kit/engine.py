@@ -36,8 +36,10 @@ guide; in one place:
    sequence number, index in the message) goes into the execution id, so a
    reused ``call_0`` never aliases an older call.
 3. Approvals are ledger events keyed by execution id
-   (``EngineParkApproval``, ``HumanApprove``/``HumanReject``), not inbox
-   items keyed by ``(session_id, tool_call_id)``.
+   (``EngineParkApproval``, then the human's answer through
+   :meth:`toolledger.Session.approve` / :meth:`toolledger.Session.reject`),
+   not inbox items keyed by ``(session_id, tool_call_id)``; a Stop after
+   approval is :meth:`toolledger.Session.cancel`.
 4. Running a call goes through the adopter's API, :meth:`toolledger.Session.execute`
    (:mod:`toolledger._core.session`): ``EnginePersistDispatched`` is durable before
    the body runs; the body gets the execution id (and, for ``idempotent``
@@ -60,7 +62,18 @@ guide; in one place:
    fenced -> ``EngineReconcileNotApplied`` then retry; cannot tell ->
    ``EngineReconcileUnknown``) or ``recovery_required`` (halt; surface it in
    :meth:`TurnEngine.recovery_required`; a human's
-   :meth:`TurnEngine.resolve_recovery` resumes).
+   :meth:`TurnEngine.resolve_recovery`, i.e. :meth:`toolledger.Session.resolve`,
+   resumes).  A session that ran under the legacy engine is adopted with
+   :meth:`toolledger.Session.adopt` (:func:`adopt_legacy_session`).
+
+What still steps the :class:`~toolledger._core.ledger.Ledger` directly, and
+why: registering the calls (``ProviderEmitCall``, ``EnginePersistCall``,
+``EngineParkApproval``) and the per-call ``Recover`` with what follows it.
+:meth:`toolledger.Session.record` and :meth:`toolledger.Session.recover`
+merge those steps into one transaction; this engine keeps them apart because
+its crash points (:data:`LEDGER_STEPS`, the crash campaign's matrix) sit
+between them.  An engine without such a harness uses the two calls
+(``toolledger.kit.toyworker_glue`` does).
 
 A runnable example (it is a doctest of this module's test suite)::
 
@@ -127,7 +140,7 @@ import copy
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
@@ -141,18 +154,24 @@ from .._core.protocol import (
     Event,
     InvalidInput,
     LedgerStatus,
-    MessageState,
     ProtocolError,
     ResultKind,
-    SessionState,
     Stage,
     ToolResult,
     args_digest,
     decide_recovery,
-    derive_execution_id,
     recovery_inputs,
 )
-from .._core.session import Attempt, CallRef, CallStatus, NotApplied, Outcome, Session, Tool
+from .._core.session import (
+    Attempt,
+    CallRef,
+    CallStatus,
+    Next,
+    NotApplied,
+    Outcome,
+    Session,
+    Tool,
+)
 from .._core.stores import Store
 from .._core.tools import (
     Applied,
@@ -468,10 +487,12 @@ class TurnEngine:
     ) -> TurnResult:
         """A human resolves a halted call (``"applied"``, ``"retry"``, ``"abandon"``), then the
         session resumes, as resolving an inbox item resumes it in openworker."""
-        # LEDGER: the resolution is one audited transition (HumanResolve*);
-        # "retry" authorizes attempt n+1 by a human, "applied" makes the
-        # human's text the result, "abandon" ends the call.
-        self.ledger.resolve(position, resolution, result_text=result_text, note=note)
+        # LEDGER: the session records the resolution as one audited
+        # transition; "retry" authorizes attempt n+1 by a human, "applied"
+        # makes the human's text the result, "abandon" ends the call (both
+        # with the result in the same step).
+        self._taken(self.session.resolve(self._call(position).execution_id, resolution,
+                                         result=result_text, note=note))
         self.log.append(f"HumanResolve {resolution} {position}")
         return self.resume()
 
@@ -481,9 +502,7 @@ class TurnEngine:
             by_id = {tc: pos for pos, tc in self._legacy_calls()}
             return [by_id[i.tool_call_id] for i in self._inbox
                     if i.state == "pending" and i.tool_call_id in by_id]
-        st = self.ledger.state
-        return [c.position for c in st.calls
-                if st.approval(c.execution_id) is ApprovalState.PENDING and c.result is None]
+        return [ref.position for ref in self.session.pending_approvals()]
 
     def resolve_approval(self, position: CallPosition, approve: bool) -> TurnResult:
         """A human answers a parked approval while no engine waits; the session resumes."""
@@ -494,9 +513,9 @@ class TurnEngine:
                 raise InvalidInput(f"no pending approval for the call at {position}")
             item.state, item.resolution = "resolved", "allow" if approve else "deny"
             self.conversations.save_inbox(self.session_id, self._inbox)
-        else:
-            action = Action.HumanApprove if approve else Action.HumanReject
-            self.ledger.step(Event(action, position))
+        else:  # LEDGER: the answer is keyed by the execution id (the inbox key)
+            key = self._call(position).execution_id
+            self.session.approve(key) if approve else self.session.reject(key)
         return self.resume()
 
     def request_stop(self) -> None:
@@ -626,23 +645,15 @@ class TurnEngine:
         return None
 
     def _cancel_if_not_dispatched(self, pos: CallPosition) -> None:
-        # LEDGER: a Stop after approval but before dispatch is HumanCancel:
-        # the call gets a cancelled result (and its audit row) in one commit
-        # and is re-decided (Recover: skip); it is never dispatched.
+        # LEDGER: a Stop after approval but before dispatch: the call gets a
+        # cancelled result (and its audit row) in one commit; it is never
+        # dispatched.  Only a call the engine would run now is cancelled.
         c = self._call(pos)
         if c.stage is Stage.RESUME:
             self._recover(c)  # decide first: only a call the engine would run is cancelled
             c = self._call(pos)
-        st = self.ledger.state
-        if (
-            c.result is None
-            and c.stage is Stage.LIVE
-            and (not c.tool.requires_approval
-                 or st.approval(c.execution_id) is ApprovalState.APPROVED)
-            and (not c.tool.protected
-                 or st.record(c.execution_id).status is LedgerStatus.NONE)
-        ):
-            self.ledger.cancel(pos)
+        if c.result is None and self.session.status(c.execution_id).next is Next.EXECUTE:
+            self.session.cancel(c.execution_id)
             self.log.append(f"HumanCancel {pos}: stopped before dispatch")
 
     def _call(self, pos: CallPosition) -> CallState:
@@ -681,9 +692,12 @@ class TurnEngine:
                     answer = self.human.decide(self._approval_request(c))
                     if answer is None:
                         return _Outcome.WAITING
-                    action = Action.HumanApprove if answer == "approve" else Action.HumanReject
-                    ledger.step(Event(action, pos))
-                    self._at(action.value)
+                    # LEDGER: a rejection records the denied result in the same step
+                    if answer == "approve":
+                        self.session.approve(c.execution_id)
+                    else:
+                        self.session.reject(c.execution_id)
+                    self._at("HumanApprove" if answer == "approve" else "HumanReject")
                     continue
                 if not execute:
                     return _Outcome.READY
@@ -764,8 +778,7 @@ class TurnEngine:
         elif actions[0] is Action.EngineRecordSucceeded:
             self._at("EngineRecordSucceeded")
             self._at("EngineAppendResult")
-        elif actions in ([Action.EngineAppendResult],
-                         [Action.EngineReconcileApplied, Action.EngineAppendResult]):
+        elif actions[-1] is Action.EngineAppendResult:  # reconciled, or a human's answer
             self._at("EngineAppendResult")
 
     def _taken(self, status: CallStatus) -> None:
@@ -950,36 +963,17 @@ def adopt_legacy_session(
     ``Recover`` applies the conservative legacy rule: approved, no result, no
     record -> ``recovery_required``.  Nothing is executed here.
     """
-    marker = len(messages)
-    ledger = Ledger.create(store, session_id, marker=marker, max_attempts=max_attempts)
-    answered = {m.get("tool_call_id") for m in messages if m.get("role") == "tool"}
-    before: SessionState = ledger.state
-    calls: list[CallState] = []
-    approvals: dict[str, ApprovalState] = {}
-    arguments: dict[CallPosition, Mapping[str, Any]] = {}
-    for turn, m in enumerate(messages):
-        raw = m.get("tool_calls") or []
-        if not raw:
-            continue
-        parsed = _parse_calls(m, registry)
-        for slot, (call_id, name, args) in enumerate(parsed):
-            if call_id in answered:
-                continue  # legacy answered it (by id: the best a legacy thread can say)
-            tool = registry.profile(name)
-            eid = derive_execution_id(session_id, turn, slot, call_id)
-            calls.append(CallState((turn, slot), call_id, tool, eid, args_digest(name, args),
-                                   MessageState.DURABLE, None, Stage.RESUME))
-            arguments[(turn, slot)] = args
-            item = next((i for i in inbox if i.tool_call_id == call_id), None)
-            if item is not None:
-                approvals[eid] = (
-                    ApprovalState.PENDING if item.state == "pending"
-                    else ApprovalState.APPROVED if item.resolution == "allow"
-                    else ApprovalState.REJECTED
-                )
-    if calls:
-        after = replace(before, calls=tuple(calls), approvals=approvals)
-        store.commit(session_id, before, after, [], arguments=arguments)
-        ledger.reload()  # exactly what the store now holds: what a restart sees
-    return ledger
+    # LEDGER: Session.adopt does it from plain message dicts; the registry
+    # validates every call first (a known tool), the inbox gives each call's
+    # approval (its first item, by tool_call_id: all a legacy inbox keys by).
+    for m in messages:
+        if m.get("tool_calls"):
+            _parse_calls(m, registry)
+    approvals: dict[str, str] = {}
+    for item in inbox:
+        approvals.setdefault(item.tool_call_id, "pending" if item.state == "pending" else
+                             "approved" if item.resolution == "allow" else "rejected")
+    tools = {t.name: Tool(t.profile.policy, t.profile.requires_approval) for t in registry}
+    return Session.adopt(store, session_id, messages, tools, approvals=approvals,
+                         max_attempts=max_attempts).ledger
 
