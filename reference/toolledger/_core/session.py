@@ -92,6 +92,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -222,6 +223,7 @@ class Session:
         legacy_messages: Sequence[Mapping[str, Any]] | None = None,
         legacy_approvals: Mapping[str, str] | None = None,
         take_session: bool = False,
+        clock: Callable[[], float] = time.time,
     ) -> Session:
         """The session ``session_id`` of ``store``, created if it does not exist.
 
@@ -230,19 +232,18 @@ class Session:
         ``take_session=True`` (an existing session) takes the session's lease
         (:class:`~toolledger._core.ledger.Ledger`): a worker that lost the
         session since cannot commit, and tools get the epoch (``Attempt.epoch``).
+        ``clock`` (seconds since the epoch) is what the ledger records as a
+        call's first dispatch and compares with a tool's ``retention_window``:
+        a test moves it instead of waiting the window out.
         """
         declared = _tools(tools)
         try:
-            ledger = (
-                Ledger(store, session_id, take_session=True)
-                if take_session
-                else Ledger(store, session_id)
-            )
+            ledger = Ledger(store, session_id, take_session=take_session, clock=clock)
         except UnknownSession:
             if legacy_messages:
                 return cls.adopt(store, session_id, legacy_messages, tools,
                                  approvals=legacy_approvals, max_attempts=max_attempts)
-            ledger = Ledger.create(store, session_id, max_attempts=max_attempts)
+            ledger = Ledger.create(store, session_id, max_attempts=max_attempts, clock=clock)
         else:
             marker = ledger.state.marker
             if legacy_messages and marker > 0 and not ledger.state.calls:
@@ -253,7 +254,7 @@ class Session:
                                        legacy_approvals or {})
                 if legacy:
                     _write_legacy(ledger, legacy)
-                    ledger = Ledger(store, session_id)
+                    ledger = Ledger(store, session_id, clock=clock)
         return cls(ledger, declared)
 
     @classmethod
