@@ -755,3 +755,14 @@ def test_conformance_tier_is_validated(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "conformance_tier = 'nightly' must be one of 'check', 'test'" in (
         done.stdout + done.stderr)
+
+
+def test_tlc_runs_c1_only_except_for_temporal_properties() -> None:
+    """C1 only (short runs: C2's compilations cost more than they save),
+    except where TLC checks temporal PROPERTIES on the whole graph."""
+    from toolledger.cli import _TLC_JVM_ARGS, _tlc_jvm_args
+
+    assert _TLC_JVM_ARGS == ("-XX:TieredStopAtLevel=1",)
+    assert _tlc_jvm_args(REPO / "model" / "TwoCalls.cfg") == _TLC_JVM_ARGS
+    for cfg in ("Liveness.cfg", "LivenessNoHumanFairness.cfg"):
+        assert _tlc_jvm_args(REPO / "model" / cfg) == ()
