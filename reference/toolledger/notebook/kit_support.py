@@ -364,15 +364,20 @@ def glue_of(source: str) -> Glue:
     skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
             tokenize.ENCODING, tokenize.ENDMARKER}
     lines: dict[int, list[tokenize.TokenInfo]] = {}
+    cut: dict[int, int] = {}  # line -> column where its comment starts
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type not in skip and tok.start[0] not in prose:
+        if tok.type == tokenize.COMMENT:
+            cut[tok.start[0]] = tok.start[1]
+        elif tok.type not in skip and tok.start[0] not in prose:
             lines.setdefault(tok.start[0], []).append(tok)
-    code = [(" ".join(t.string for t in toks),
-             {t.string for t in toks if t.type == tokenize.NAME})
-            for _, toks in sorted(lines.items())]
-    return Glue(len(code), tuple(text for text, _ in code if actions.search(text)),
-                tuple(text for text, names in code if names & _LEDGER_NAMES),
-                tuple(text for text, _ in code if _SESSION_CALL.search(text)))
+    physical = source.splitlines()
+    code = []  # (the line as written, its tokens joined by spaces, its names)
+    for n, toks in sorted(lines.items()):
+        code.append((physical[n - 1][:cut.get(n)].strip(), " ".join(t.string for t in toks),
+                     {t.string for t in toks if t.type == tokenize.NAME}))
+    return Glue(len(code), tuple(line for line, text, _ in code if actions.search(text)),
+                tuple(line for line, _, names in code if names & _LEDGER_NAMES),
+                tuple(line for line, text, _ in code if _SESSION_CALL.search(text)))
 
 
 def kit_engine_glue() -> Glue:
