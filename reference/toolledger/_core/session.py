@@ -193,6 +193,9 @@ class Session:
         self._lock = threading.RLock()
         self._running: set[str] = set()  # keys whose tool body runs now
         self._interrupted_by: str | None = None
+        # set when the reload after a failed commit failed too: the state in memory
+        # is not known to be durable, so nothing starts before a reload succeeds
+        self._reload_failed: str | None = None
         # execute_many: (key, next key) while key runs; its success commit may
         # carry next key's dispatched (see execute_many)
         self._chain: tuple[str, str] | None = None
@@ -207,6 +210,8 @@ class Session:
                     f"({self._interrupted_by}): open a new Session on the store, as a "
                     "restarted engine would, and call recover()"
                 )
+            if self._reload_failed is not None:
+                self._reload_again()
             yield
 
     # -- opening --------------------------------------------------------------
@@ -925,11 +930,36 @@ class Session:
     def _guard(self, commit: Callable[[], SessionState]) -> SessionState:
         try:
             return commit()
-        except StoreError:
+        except StoreError as exc:
             # What is durable is unknown to this process now: reload, as a
             # restarted engine would, before anyone acts on it.
-            self._ledger.reload()
+            try:
+                self._ledger.reload()
+            except StoreError as again:
+                # The store is still out of reach (a server down): the adopter gets the
+                # ORIGINAL error (what failed, and whether it may have been written),
+                # never the reload's, and the session starts nothing until a reload works.
+                self._reload_failed = f"{type(again).__name__}: {again}"
+                exc.add_note(
+                    f"Reloading session {self.session_id!r} after this failed too "
+                    f"({self._reload_failed}). The session starts nothing until the "
+                    "store is reachable: its next call reloads first; then call recover() "
+                    "and act on what it returns (or open a new Session)."
+                )
             raise
+
+    def _reload_again(self) -> None:
+        """The reload :meth:`_guard` could not do; the store's error if it fails again."""
+        try:
+            self._ledger.reload()
+        except StoreError as exc:
+            exc.add_note(
+                f"Session {self.session_id!r} could not reload after an earlier store error "
+                f"either ({self._reload_failed}); nothing was started. Retry once the store is "
+                "reachable; the session then reloads and recover() says what to do."
+            )
+            raise
+        self._reload_failed = None
 
 
 # --------------------------------------------------------------------------
