@@ -82,6 +82,16 @@ the ledger, and releases it while a tool body runs, so calls of one message
 may run in parallel.  Running the same call twice at once is an error
 (:class:`CallBusy`), never a second dispatch.
 
+Store errors
+------------
+A commit that fails (:class:`~toolledger._core.stores.StoreError`: a stale
+state, a lost connection, a timeout) propagates to the engine, and the
+session reloads the durable state first, as a restarted engine would.  If
+that reload fails too (the server is still down), the engine gets the
+commit's own error, with a note saying so, and the session starts nothing
+until a reload succeeds: its next call reloads first (or raises the store's
+error again); then :meth:`Session.recover` says what to do.
+
 What is not here: this module never decides recovery itself
 (:func:`~toolledger._core.protocol.decide_recovery` does) nor writes anything
 but through the :class:`~toolledger._core.ledger.Ledger` (legacy adoption aside,
