@@ -56,7 +56,7 @@ SESSIONS = (1, 8, 32)
 PROCESSES = (1, 2, 4)
 STORES = ("sqlite", "postgres")
 CALLS_PER_TURN = 5
-WINDOW_SECONDS = 2.5
+WINDOW_SECONDS = 2.0
 TOOL = "create_ticket"
 
 
@@ -137,7 +137,7 @@ def wal_syncs(conninfo: str) -> int:
     """The server's WAL flushes so far (every backend's and the WAL writer's), once stable.
 
     Backends report their counts when they go idle or exit, the WAL writer
-    periodically: read until two reads a quarter second apart agree."""
+    periodically: read until two reads 0.2 s apart agree."""
     import psycopg
 
     last = -1
@@ -149,7 +149,7 @@ def wal_syncs(conninfo: str) -> int:
             if now == last:
                 break
             last = now
-            time.sleep(0.25)
+            time.sleep(0.2)
     return last
 
 
