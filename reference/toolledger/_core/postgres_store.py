@@ -275,7 +275,10 @@ class PostgresStore:
     the schema holds none) and raises :class:`StoreUnavailable`,
     :class:`~toolledger._core.stores.StoreCorrupt` or
     :class:`~toolledger._core.stores.UnsupportedSchema` having written nothing.
-    ``connect_timeout`` and ``statement_timeout`` are in seconds.
+    ``connect_timeout`` and ``statement_timeout`` are in seconds (positive
+    numbers; the statement timeout is also the lock timeout).  After a lost
+    connection the next transaction connects again (:attr:`reconnects`
+    counts it; see "Connections" in the module doc).
     ``trace``, if set, is called with the text and parameters of every
     statement this object sends (for tests and diagnostics).
     """
