@@ -19,13 +19,14 @@ the end of the window is finished.  calls/s = calls completed / (the last
 session's end - the barrier).  Cells run in the order (P, S), SQLite and
 PostgreSQL interleaved, each in a fresh SQLite file or PostgreSQL schema.
 
-Counted, where they can be: store commits per call (every store object
-counts its own), and on PostgreSQL the WAL flushes the server made
-(``pg_stat_wal.wal_sync``, the backends' and the WAL writer's): group
-commit lets one flush serve several sessions' commits.  SQLite's syncs are
-not counted here (strace would slow every process); in WAL mode with
-``synchronous=FULL`` each commit is one sync of the WAL (bench_sqlite.py
-counts them).
+Counted: store commits per call (every store object counts its own); on
+PostgreSQL the WAL flushes the server made (``pg_stat_wal.wal_sync``, the
+backends' and the WAL writer's: group commit lets one flush serve several
+sessions' commits); on SQLite the sync system calls of the worker processes
+(``fsync``/``fdatasync``/``sync_file_range``/``msync``), counted by ``strace
+-f --seccomp-bpf`` (only those calls stop, so the others run at full speed)
+between each session's begin and end marks (an ``access()`` of a marker
+path, as bench_peers.py does); without strace on the machine, not counted.
 
 Checked afterwards, for every session of every cell: its durable state has
 every recorded call with its ``ok`` result, the audit has exactly one
@@ -39,11 +40,15 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import shlex
+import shutil
 import sys
 import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +60,9 @@ Result = dict[str, Any]
 SESSIONS = (1, 8, 32)
 PROCESSES = (1, 2, 4)
 STORES = ("sqlite", "postgres")
+MARK_BEGIN = "/toolledger-bench-scale-begin"
+MARK_END = "/toolledger-bench-scale-end"
+SYNC_CALLS = ("fdatasync", "fsync", "sync_file_range", "msync")
 CALLS_PER_TURN = 5
 WINDOW_SECONDS = 2.0
 TOOL = "create_ticket"
@@ -86,6 +94,7 @@ def session_thread(
         session = Session.open(store, sid, {TOOL: Tool("idempotent", requires_approval=False)})
         commits = store.commits
         barrier.wait()
+        os.access(MARK_BEGIN, os.F_OK)  # the strace mark: this session's window begins
         start = time.time()
         deadline = start + window
         calls = turns = 0
@@ -107,6 +116,7 @@ def session_thread(
                 session.execute(status.call.key, body)
                 calls += 1
             turns += 1
+        os.access(MARK_END, os.F_OK)
         out.update(sid=sid, start=start, end=time.time(), calls=calls, turns=turns,
                    commits=store.commits - commits)  # fmt: skip
     except BaseException as exc:  # reported to the parent, which fails the cell
@@ -151,6 +161,43 @@ def wal_syncs(conninfo: str) -> int:
             last = now
             time.sleep(0.2)
     return last
+
+
+def count_syncs(log: str) -> int:
+    """Sync system calls in an strace log while any session of the process is in its window."""
+    inside = syncs = 0
+    for line in log.splitlines():
+        if MARK_BEGIN in line:
+            inside += 1
+        elif MARK_END in line:
+            inside -= 1
+        elif inside > 0 and any(f"{call}(" in line for call in SYNC_CALLS):
+            syncs += 1  # "<... fdatasync resumed>" lines have no "(" after the name
+    return syncs
+
+
+@contextmanager
+def under_strace(ctx: Any, scratch: Path, tag: str) -> Iterator[bool]:
+    """Processes started by ``ctx`` inside run under strace, logging to
+    ``scratch/strace-TAG.PID``; yields False (and traces nothing) without strace."""
+    strace = shutil.which("strace")
+    if strace is None:
+        yield False
+        return
+    wrapper = scratch / f"python-under-strace-{tag}"
+    calls = ",".join((*SYNC_CALLS, "access", "faccessat", "faccessat2"))
+    # $$: the shell's pid, which exec hands to strace: one log per worker process
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'exec {shlex.quote(strace)} -f -qq --seccomp-bpf -e trace={calls} '
+        f'-o "{scratch}/strace-{tag}.$$" {shlex.quote(sys.executable)} "$@"\n'
+    )  # fmt: skip
+    wrapper.chmod(0o755)
+    ctx.set_executable(str(wrapper))
+    try:
+        yield True
+    finally:  # the executable is global to multiprocessing: only these processes
+        ctx.set_executable(sys.executable)
 
 
 def verify(kind: str, where: str, sessions: list[Result], effect_files: list[Path]) -> list[str]:
@@ -203,14 +250,21 @@ def run_cell(kind: str, where: str, sessions: int, processes: int, window: float
                     args=(kind, where, mine, barrier, window, str(path), results, broken))
         for mine, path in zip(per, effect_files, strict=True)
     ]  # fmt: skip
-    for proc in procs:
-        proc.start()
+    with under_strace(ctx, scratch, tag) if conninfo is None else nullcontext(False) as traced:
+        for proc in procs:
+            proc.start()
     outs: list[Result] = []
     for _ in procs:
         outs += results.get(timeout=600)
     for proc in procs:
         proc.join(60)
-    syncs_after = wal_syncs(conninfo) if conninfo else None
+    if conninfo:
+        syncs_after = wal_syncs(conninfo)
+    elif traced:  # read once every worker (and so its strace) has exited
+        logs = sorted(scratch.glob(f"strace-{tag}.*"))
+        syncs_before, syncs_after = 0, sum(count_syncs(log.read_text()) for log in logs)
+    else:
+        syncs_after = None
     errors = [f"{o.get('sid')}: {o['error']}" for o in outs if "error" in o]
     problems = errors or verify(kind, where, outs, effect_files)
     calls = sum(o.get("calls", 0) for o in outs)
@@ -276,15 +330,15 @@ def run(smoke: bool = False, conninfo: str | None = None) -> Result:
 
     print(table(
         ("processes", "sessions", *(f"{k} calls/s" for k in STORES), "sqlite commits/call",
-         "postgres commits/call", "postgres WAL syncs/call", "ok"),
+         "postgres commits/call", "sqlite syncs/call", "postgres WAL flushes/call", "ok"),
         [(p_, s_, *(show(by[k], "calls_per_second") for k in STORES),
           show(by["sqlite"], "commits_per_call"), show(by["postgres"], "commits_per_call"),
-          show(by["postgres"], "syncs_per_call"),
+          show(by["sqlite"], "syncs_per_call"), show(by["postgres"], "syncs_per_call"),
           all(c.get("ok", True) for c in by.values()))
          for p_ in processes for s_ in sessions
          for by in [{c["store"]: c for c in cells
                      if c["processes"] == p_ and c["sessions"] == s_}]],
-        right=(0, 1, 2, 3, 4, 5, 6),
+        right=(0, 1, 2, 3, 4, 5, 6, 7),
     ))  # fmt: skip
     for c in cells:
         for problem in c.get("problems", []):
@@ -296,6 +350,7 @@ def run(smoke: bool = False, conninfo: str | None = None) -> Result:
         "window_seconds": window,
         "scratch_fs": fs,
         "cpus": os.cpu_count(),
+        "sqlite_syncs_counted_by": "strace -f --seccomp-bpf" if shutil.which("strace") else None,
         "cells": cells,
         "ok": all(c.get("ok", True) for c in cells),
     }

@@ -271,8 +271,10 @@ def _scale(sc: dict[str, Any]) -> list[str]:
            f"for {sc['window_seconds']:g} s per cell; SQLite (one file shared by the "
            f"processes, on {sc['scratch_fs']}) and PostgreSQL (throwaway server on loopback, "
            "`fsync` on) side by side, cells interleaved.  Commits counted by the stores; "
-           "PostgreSQL's WAL flushes by the server (`pg_stat_wal`).  One session cannot be "
-           "spread over several processes (n/a).", ""]
+           "PostgreSQL's WAL flushes by the server (`pg_stat_wal`); SQLite's sync system calls "
+           f"by `{sc.get('sqlite_syncs_counted_by') or 'nothing (no strace)'}` during the "
+           "sessions' windows.  One session cannot be spread over several processes (n/a).",
+           ""]
     cells = {(c["store"], c["processes"], c["sessions"]): c for c in sc["cells"]}
 
     def f(store: str, procs: int, sessions: int, key: str) -> str:
@@ -283,14 +285,16 @@ def _scale(sc: dict[str, Any]) -> list[str]:
 
     out.append(_md(
         ("processes", "sessions", "SQLite calls/s", "PostgreSQL calls/s",
-         "SQLite commits / call", "PostgreSQL commits / call", "PostgreSQL WAL flushes / call"),
+         "SQLite commits / call", "PostgreSQL commits / call", "SQLite syncs / call",
+         "PostgreSQL WAL flushes / call"),
         [(procs, sessions, f("sqlite", procs, sessions, "calls_per_second"),
           f("postgres", procs, sessions, "calls_per_second"),
           f("sqlite", procs, sessions, "commits_per_call"),
           f("postgres", procs, sessions, "commits_per_call"),
+          f("sqlite", procs, sessions, "syncs_per_call"),
           f("postgres", procs, sessions, "syncs_per_call"))
          for procs in sc["processes"] for sessions in sc["sessions"]],
-        right=(0, 1, 2, 3, 4, 5, 6)))  # fmt: skip
+        right=(0, 1, 2, 3, 4, 5, 6, 7)))  # fmt: skip
     done = [c for c in sc["cells"] if c.get("applicable")]
     out += ["", f"Afterwards, in all {len(done)} cells ({sum(c['calls'] for c in done):,} "
             "calls): every session's calls durable with their result, one `dispatch` audit "
