@@ -40,12 +40,24 @@ is flushed (``synchronous_commit`` on, checked on open).
 Connections
 -----------
 One object holds one connection (guarded by a lock), opened with a connect
-timeout and a ``statement_timeout``.  A server that cannot be reached raises
-:class:`StoreUnavailable` naming host, port and database.  If the connection
-drops inside a transaction the server rolls it back: nothing of it is
-written.  If it drops during ``COMMIT`` the outcome is unknown to the client,
-and the error says so: reload the session (``Ledger.reload()``), which reads
-what is durable; the store object is unusable afterwards (open a new one).
+timeout and a ``statement_timeout`` (also the ``lock_timeout``: a commit
+waiting for another worker's session lock gives up after it).  A server that
+cannot be reached raises :class:`StoreUnavailable` naming host, port and
+database, within ``connect_timeout``.  If the connection drops inside a
+transaction the server rolls it back: nothing of it is written.  If it drops
+during ``COMMIT`` the outcome is unknown to the client, and the error says
+so: reload the session (``Ledger.reload()``), which reads what is durable.
+
+The transaction that meets a lost connection always fails (closed, with
+:class:`StoreUnavailable`): it is never retried behind the caller's back.
+The NEXT transaction on the same object connects again (a server restart
+costs a worker one failed operation, not its store: a new Session on the
+same store works once the server is back; :attr:`PostgresStore.reconnects`
+counts them), and checks the schema again as opening does.  That is safe
+for an engine that did not reload: every commit is a compare-and-set on the
+durable state it was decided on, so a commit decided before the loss is
+refused (:class:`~toolledger._core.stores.StaleState`) if that state changed,
+by another worker or by the lost ``COMMIT`` itself.
 
 Schema (version :data:`SCHEMA_VERSION`, in the PostgreSQL schema ``schema``)
 --------------------------------------------------------------------------
@@ -67,6 +79,7 @@ same row lock, and a worker that lost the session gets
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -276,7 +289,10 @@ class PostgresStore:
     the schema holds none) and raises :class:`StoreUnavailable`,
     :class:`~toolledger._core.stores.StoreCorrupt` or
     :class:`~toolledger._core.stores.UnsupportedSchema` having written nothing.
-    ``connect_timeout`` and ``statement_timeout`` are in seconds.
+    ``connect_timeout`` and ``statement_timeout`` are in seconds (positive
+    numbers; the statement timeout is also the lock timeout).  After a lost
+    connection the next transaction connects again (:attr:`reconnects`
+    counts it; see "Connections" in the module doc).
     ``trace``, if set, is called with the text and parameters of every
     statement this object sends (for tests and diagnostics).
     """
@@ -295,9 +311,18 @@ class PostgresStore:
                 f"schema {schema!r} is not a plain lower-case SQL identifier "
                 "([a-z_][a-z0-9_]*, at most 63 characters): pass one"
             )
-        if connect_timeout <= 0 or statement_timeout <= 0:
-            raise InvalidInput("connect_timeout and statement_timeout must be positive seconds")
+        for name, value in (("connect_timeout", connect_timeout),
+                            ("statement_timeout", statement_timeout)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise InvalidInput(
+                    f"{name} must be a positive number of seconds, got {value!r}; nothing "
+                    "was connected"
+                )  # fmt: skip
         self._pg = _psycopg()
+        self._conninfo = conninfo
+        self.connect_timeout = float(connect_timeout)
+        self.statement_timeout = float(statement_timeout)
+        self.reconnects = 0
         self.schema = schema
         self.commits = 0
         self.ledger_commits = 0
@@ -311,19 +336,7 @@ class PostgresStore:
         self.dbname = str(info.get("dbname", info.get("user", "")))
         self.where = f"PostgreSQL {self.host}:{self.port}/{self.dbname} schema {schema}"
         self._rows = _Rows(self.where)
-        try:
-            conn = self._pg.connect(
-                conninfo,
-                autocommit=True,  # every transaction is an explicit BEGIN ... COMMIT
-                connect_timeout=max(1, round(connect_timeout)),
-                options=(
-                    f"-c statement_timeout={round(statement_timeout * 1000)} "
-                    f"-c search_path={schema} -c lock_timeout={round(statement_timeout * 1000)}"
-                ),
-            )
-        except self._pg.Error as exc:
-            raise self._unavailable(f"cannot connect ({exc})") from exc
-        self._conn = conn
+        self._conn = self._connect()
         try:
             self._open(create=_create)
         except BaseException:
@@ -350,10 +363,48 @@ class PostgresStore:
 
     # -- errors -----------------------------------------------------------------
 
-    def _unavailable(self, what: str) -> StoreUnavailable:
+    def _connect(self) -> psycopg.Connection[Any]:
+        """A new connection with the timeouts; :class:`StoreUnavailable` if none."""
+        ms = round(self.statement_timeout * 1000)
+        try:
+            conn: psycopg.Connection[Any] = self._pg.connect(
+                self._conninfo,
+                autocommit=True,  # every transaction is an explicit BEGIN ... COMMIT
+                # libpq takes whole seconds (and treats 1 as 2)
+                connect_timeout=max(1, round(self.connect_timeout)),
+                options=f"-c statement_timeout={ms} -c search_path={self.schema} "
+                f"-c lock_timeout={ms}",
+            )
+        except self._pg.Error as exc:
+            raise self._unavailable(
+                f"cannot connect (connect_timeout={self.connect_timeout:g} s): {exc}"
+            ) from exc
+        return conn
+
+    def _reconnect(self) -> None:
+        """Replace a lost connection (see "Connections" in the module doc)."""
+        old, lost = self._conn, self._broken
+        self._conn = None
+        if old is not None:
+            # the server rolls back whatever it still had open; a dead socket: nothing to do
+            with contextlib.suppress(Exception):
+                old.close()
+        try:
+            self._conn = self._connect()
+            self._broken = None
+            self._open(create=False, again=True)
+        except BaseException:
+            self._broken = lost or "a lost connection"
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = old  # closed: the next transaction tries again
+            raise
+        self.reconnects += 1
+
+    def _unavailable(self, what: str, *, written: str = "nothing was written") -> StoreUnavailable:
         return StoreUnavailable(
             f"PostgreSQL at {self.host}:{self.port}, database {self.dbname!r}: {what}. "
-            "Check that the server runs and is reachable, then retry; nothing was written",
+            f"Check that the server runs and is reachable, then retry; {written}",
             host=self.host,
             port=self.port,
             dbname=self.dbname,
@@ -389,7 +440,10 @@ class PostgresStore:
             )
         if isinstance(exc, pg.errors.QueryCanceled | pg.errors.LockNotAvailable):
             return StoreError(
-                f"{self.where}: {what} timed out ({exc}); nothing was written, try again"
+                f"{self.where}: {what} timed out after statement_timeout="
+                f"{self.statement_timeout:g} s (a statement ran, or waited for another "
+                f"worker's lock, that long: {exc}); nothing was written. Reload the session "
+                "and try again, or raise statement_timeout if such waits are expected"
             )
         if reading or state.startswith("XX"):  # XX001 data_corrupted, XX002 index_corrupted
             return self._corrupt(f"{what} failed: {exc}")
@@ -403,13 +457,12 @@ class PostgresStore:
         return conn.execute(sql, params)
 
     def _live(self) -> psycopg.Connection[Any]:
-        if self._broken is not None:
-            raise StoreError(
-                f"{self.where}: this store object is unusable after {self._broken}; open a new "
-                f"PostgresStore (what a restarted engine does) and {RELOAD}"
-            )
-        if self._conn is None:
+        if self._conn is None and self._broken is None:
             raise StoreError(f"{self.where}: this store is closed; open a new PostgresStore")
+        if self._broken is not None or self._conn is None or self._conn.broken:
+            # lost earlier (that transaction failed): connect again before this one
+            self._reconnect()
+        assert self._conn is not None
         return self._conn
 
     def _transaction(
@@ -433,8 +486,9 @@ class PostgresStore:
                         if conn.closed or conn.broken:
                             self._broken = f"a connection lost during COMMIT ({exc})"
                             raise self._unavailable(
-                                f"the connection was lost during COMMIT of {what} ({exc}): "
-                                f"whether it was committed is unknown; {RELOAD}"
+                                f"the connection was lost during COMMIT of {what} ({exc})",
+                                written="whether it was committed is unknown: once the "
+                                f"server is back, {RELOAD}",
                             ) from exc
                         raise
                 return value
@@ -459,7 +513,8 @@ class PostgresStore:
 
     # -- opening ---------------------------------------------------------------------
 
-    def _open(self, *, create: bool) -> None:
+    def _open(self, *, create: bool, again: bool = False) -> None:
+        """Check (or create) the schema; ``again``: a reconnect, which never creates."""
         conn = self._live()
         try:
             setting = self._exec(conn, "SHOW synchronous_commit").fetchone()[0]
@@ -486,6 +541,8 @@ class PostgresStore:
             if tables:
                 self._validate(conn, tables)
                 return
+            if again:  # the store this object used is gone: never start an empty one here
+                raise self._corrupt("its tables are gone since this object opened the store")
             self._exec(conn, f"CREATE SCHEMA IF NOT EXISTS {self.schema}")
             for statement in _SCHEMA:
                 self._exec(conn, statement)
@@ -570,7 +627,7 @@ class PostgresStore:
     def close(self) -> None:
         """Close the connection; idempotent.  Everything committed stays durable."""
         with self._lock:
-            conn, self._conn = self._conn, None
+            conn, self._conn, self._broken = self._conn, None, None
             if conn is not None:
                 conn.close()
 
