@@ -135,7 +135,10 @@ class PostgresStore(PgConnection):
     connection the next transaction connects again (:attr:`reconnects`
     counts it; see "Connections" in the module doc).
     ``trace``, if set, is called with the text and parameters of every
-    statement this object sends (for tests and diagnostics).
+    statement this object sends (for tests and diagnostics).  The connection,
+    its transactions and their errors are the base class's
+    (:class:`~toolledger._core.pg_connection.PgConnection`); what is read and
+    written in them is this class's.
     """
 
     def __init__(
@@ -249,6 +252,7 @@ class PostgresStore(PgConnection):
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.where!r})"
+
     # -- rows: every read verifies the checksum, every write sets it -----------------
 
     def _select(
