@@ -13,7 +13,13 @@ What it measures
    (JVMs, conformance workers), from ``getrusage(RUSAGE_CHILDREN)``.  The CPU
    time does not depend on how loaded the machine is; on 2 quiet cores the
    wall time cannot be less than half of it.
-3. The breakdown, from the rows of that check: per row its wall time; the
+3. What each speed-up buys, measured side by side: the fixed cost above
+   with and without class-data sharing (TLC's classes mapped from an archive
+   in the user's cache, see :func:`toolledger.check.tlc.run_tlc`), and the
+   conformance check of one model (``SameTurn``, in this process, one
+   worker, CPU seconds) with and without the memo of the core's answers and
+   of the spec images (:mod:`toolledger.check.memo`).
+4. The breakdown, from the rows of that check: per row its wall time; the
    number of TLC runs (JVM starts: rows that share one run, such as the
    witness probes of one model batched into one TLC run, name it in their
    ``tlc_run`` field and count once); ``runs x fixed cost`` (JVM start and
@@ -41,8 +47,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import ROOT, Result, cli, heading, machine_info, median, rounded, table
+from toolledger.check.conformance import check_graph
 from toolledger.check.manifest import ModelEntry, load_manifest
+from toolledger.check.stategraph import load_dot
+from toolledger.check.system import ModelConfig
 from toolledger.check.tlc import run_tlc
+from toolledger.cli import _TLC_JVM_ARGS
 
 GOAL_SECONDS = 90.0
 
@@ -60,13 +70,20 @@ def _toolledger() -> list[str]:
     return [sys.executable, "-c", "import sys; from toolledger.cli import main; sys.exit(main())"]
 
 
-def fixed_cost(entry: ModelEntry, search_dirs: list[Path], repeat: int) -> dict[str, Any]:
-    """Median wall and CPU seconds of one TLC run of a tiny model (see the module doc)."""
+def fixed_cost(entry: ModelEntry, search_dirs: list[Path], repeat: int,
+               class_data_sharing: bool = True) -> dict[str, Any]:
+    """Median wall and CPU seconds of one TLC run of a tiny model (see the
+    module doc), with the JVM flags ``toolledger check`` uses."""
+    if class_data_sharing:  # the first run may write the archive: not measured
+        run_tlc(entry.module, entry.cfg_path, search_dirs=search_dirs,
+                check_deadlock=entry.check_deadlock, workers=entry.workers,
+                jvm_args=_TLC_JVM_ARGS)
     walls, cpus = [], []
     for _ in range(repeat):
         cpu0, t0 = _children_cpu(), time.perf_counter()
         r = run_tlc(entry.module, entry.cfg_path, search_dirs=search_dirs,
-                    check_deadlock=entry.check_deadlock, workers=entry.workers)
+                    check_deadlock=entry.check_deadlock, workers=entry.workers,
+                    jvm_args=_TLC_JVM_ARGS, class_data_sharing=class_data_sharing)
         walls.append(time.perf_counter() - t0)
         cpus.append(_children_cpu() - cpu0)
         if r.distinct_states != entry.distinct_states:
@@ -74,7 +91,31 @@ def fixed_cost(entry: ModelEntry, search_dirs: list[Path], repeat: int) -> dict[
                                f"the manifest says {entry.distinct_states}")
     return {"model": entry.name, "distinct_states": entry.distinct_states,
             "wall_seconds": rounded(median(walls)), "cpu_seconds": rounded(median(cpus)),
-            "runs": repeat}
+            "runs": repeat, "class_data_sharing": class_data_sharing}
+
+
+def conformance_memo(entry: ModelEntry, search_dirs: list[Path]) -> dict[str, Any]:
+    """CPU seconds of the conformance check of ``entry``, in this process with
+    one worker, without and with the memo (the same verdict either way)."""
+    import tempfile
+
+    cfg = ModelConfig.from_mc_module(ROOT / "model" / f"{entry.module}.tla")
+    with tempfile.TemporaryDirectory(prefix="bench-check-") as tmp:
+        dot = Path(tmp) / f"{entry.name}.dot"
+        run_tlc(entry.module, entry.cfg_path, search_dirs=search_dirs,
+                check_deadlock=entry.check_deadlock, dump_dot=dot, jvm_args=_TLC_JVM_ARGS)
+        graph = load_dot(dot)
+    out: dict[str, Any] = {"model": entry.name, "states": len(graph.states),
+                           "edges": len(graph.edges)}
+    for memoise in (False, True):
+        t0 = time.process_time()
+        report = check_graph(cfg, graph, model=entry.name, workers=1, memoise=memoise)
+        out["memo" if memoise else "no_memo"] = {
+            "cpu_seconds": rounded(time.process_time() - t0),
+            "mismatches": report.mismatch_count, "reference_edges": report.reference_edges}
+    out["speedup"] = rounded(out["no_memo"]["cpu_seconds"] / max(out["memo"]["cpu_seconds"],
+                                                                 1e-9), 2)
+    return out
 
 
 def full_check(args: list[str]) -> dict[str, Any]:
@@ -104,6 +145,9 @@ def breakdown(rows: list[dict[str, Any]], fixed: float) -> dict[str, Any]:
     tlc_seconds = sum(runs.values())
     jvm_and_parse = min(tlc_seconds, fixed * len(runs))
     conformance = sum(float(r["wall_seconds"]) for r in rows if r.get("check") == "conformance")
+    # conformance rows report the CPU time of their process and its workers
+    conformance_cpu = sum(float(r.get("cpu_seconds") or 0.0) for r in rows
+                          if r.get("check") == "conformance")
     return {
         "row_count": len(rows),
         "tlc_runs": len(runs),
@@ -111,6 +155,7 @@ def breakdown(rows: list[dict[str, Any]], fixed: float) -> dict[str, Any]:
         "jvm_start_and_parse_seconds": rounded(jvm_and_parse),
         "search_seconds": rounded(tlc_seconds - jvm_and_parse),
         "conformance_seconds": rounded(conformance),
+        "conformance_cpu_seconds": rounded(conformance_cpu),
     }
 
 
@@ -123,6 +168,21 @@ def run(smoke: bool = False) -> Result:
     print(f"{tiny.name} ({fixed['distinct_states']} distinct states): "
           f"{fixed['wall_seconds']:.2f} s wall, {fixed['cpu_seconds']:.2f} s CPU "
           f"(median of {fixed['runs']})")
+
+    fixed_plain = fixed_cost(tiny, list(manifest.search_dirs), 1 if smoke else 3,
+                             class_data_sharing=False)
+    print(f"  without class-data sharing: {fixed_plain['wall_seconds']:.2f} s wall, "
+          f"{fixed_plain['cpu_seconds']:.2f} s CPU")
+
+    conf_models = [e for e in ci if e.conformance]
+    conf_entry = (min(conf_models, key=lambda e: e.distinct_states) if smoke
+                  else manifest.get("SameTurn"))
+    heading(f"conformance of {conf_entry.name}, one worker, without and with the memo")
+    memo = conformance_memo(conf_entry, list(manifest.search_dirs))
+    print(f"{memo['states']:,} states, {memo['edges']:,} edges: "
+          f"{memo['no_memo']['cpu_seconds']:.2f} s CPU without, "
+          f"{memo['memo']['cpu_seconds']:.2f} s with ({memo['speedup']:.2f}x); mismatches "
+          f"{memo['no_memo']['mismatches']} / {memo['memo']['mismatches']}")
 
     heading("toolledger check" + (f" --model {tiny.name}" if smoke else " (make check)"))
     check = full_check(["--model", tiny.name] if smoke else [])
@@ -146,6 +206,7 @@ def run(smoke: bool = False) -> Result:
              f"{parts['jvm_start_and_parse_seconds']:.1f}"),
             ("  of which search", f"{parts['search_seconds']:.1f}"),
             ("conformance (summed wall)", f"{parts['conformance_seconds']:.1f}"),
+            ("conformance (summed CPU)", f"{parts['conformance_cpu_seconds']:.1f}"),
             ("total wall", f"{total:.1f}"),
             ("total CPU (check + children)", f"{cpu:.1f}"),
             ("lower bound on 2 quiet cores (CPU / 2)", f"{cpu / 2:.1f}"),
@@ -157,14 +218,16 @@ def run(smoke: bool = False) -> Result:
     return {
         "machine": machine_info(),
         "fixed_cost": fixed,
+        "fixed_cost_without_cds": fixed_plain,
+        "conformance_memo": memo,
         "check": {
             "args": ["--model", tiny.name] if smoke else [],
             "exit_status": check["exit_status"],
             "wall_seconds": rounded(total),
             "cpu_seconds": rounded(cpu),
             "rows": [
-                {k: r.get(k) for k in ("model", "check", "tlc_run", "wall_seconds", "status",
-                                       "distinct_states")}
+                {k: r.get(k) for k in ("model", "check", "tlc_run", "wall_seconds", "cpu_seconds",
+                                       "status", "distinct_states")}
                 for r in rows
             ],
             **parts,

@@ -105,6 +105,7 @@ def render(doc: dict[str, Any]) -> str:
                 f"checking every state and edge {c['check_seconds']:.1f} s "
                 f"({c['conformance_workers']} processes): {c['ratio_vs_tlc']:.2f}x TLC's time "
                 f"({c['ratio_vs_tlc_with_dump']:.2f}x TLC-with-dump's)."]
+    out += _check(b.get("check") or {})
     s = b.get("sqlite") or {}
     if "commits" in s:
         out += ["", f"**SQLite durability** (`bench_sqlite.py`, WAL + `synchronous=FULL`, "
@@ -259,6 +260,31 @@ def render(doc: dict[str, Any]) -> str:
     if "cells" in sc:
         out += _scale(sc)
     return "\n".join(out)
+
+
+def _check(ck: dict[str, Any]) -> list[str]:
+    """Where the time of `make check` goes (bench_check.py)."""
+    c = ck.get("check")
+    if not c or c.get("args"):
+        return []
+    f, f0, m = ck["fixed_cost"], ck.get("fixed_cost_without_cds"), ck.get("conformance_memo")
+    text = (f"**`make check`** (`bench_check.py`): {c['row_count']} rows in {c['tlc_runs']} "
+            f"TLC runs, {c['wall_seconds']:.0f} s wall and {c['cpu_seconds']:.0f} s CPU "
+            f"(load average {ck['load_average']} at the end: the floor on 2 quiet cores is "
+            f"CPU / 2 = {c['cpu_seconds'] / 2:.0f} s). One JVM start (a 3-state model) costs "
+            f"{f['cpu_seconds']:.2f} s CPU with class-data sharing")
+    if f0:
+        text += f", {f0['cpu_seconds']:.2f} s without"
+    if m:
+        text += (f"; the conformance check of {m['model']} ({_n(m['states'])} states) "
+                 f"{m['memo']['cpu_seconds']:.1f} s CPU with the memo of the core's answers, "
+                 f"{m['no_memo']['cpu_seconds']:.1f} s without ({m['speedup']:.1f}x, "
+                 f"{m['memo']['mismatches']} and {m['no_memo']['mismatches']} mismatches)")
+    text += (f". Summed wall time of the overlapping parts: TLC {c['tlc_seconds']:.0f} s "
+             f"(JVM start and parse {c['jvm_start_and_parse_seconds']:.0f} s, search "
+             f"{c['search_seconds']:.0f} s), conformance {c['conformance_seconds']:.0f} s "
+             f"({c.get('conformance_cpu_seconds', 0):.0f} s CPU).")
+    return ["", text]
 
 
 def _scale(sc: dict[str, Any]) -> list[str]:

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import (
     bench_bugfinding,
+    bench_check,
     bench_conformance,
     bench_models,
     bench_peers,
@@ -58,6 +59,7 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "pg_faults": bench_pg_faults.run,
     "scale": bench_scale.run,
     "peers": bench_peers.run,
+    "check": bench_check.run,
 }
 
 
@@ -157,6 +159,14 @@ def goals(b: dict[str, Any]) -> list[dict[str, Any]]:
          None if sy is None or by is None else
          f"{sy['measured']:.2f} / {by['measured'] / 1024:.1f} KB",
          None if sy is None or by is None else sy["met"] and by["met"])
+    ck: Any = b.get("check")
+    cw, cc = _get(ck, "check", "wall_seconds"), _get(ck, "check", "cpu_seconds")
+    goal("`make check` (every CI model, twin, witness probe, conformance row), 2 cores",
+         f"<= {bench_check.GOAL_SECONDS:.0f} s",
+         None if cw is None else
+         f"{cw:.0f} s wall, {cc:.0f} s CPU (floor on 2 quiet cores: {cc / 2:.0f} s; "
+         f"load average {_get(ck, 'load_average')})",
+         None if cw is None else cw <= bench_check.GOAL_SECONDS)
     kills, zero = _get(k, "kills"), _get(k, "all_zero")
     goal("crash campaign: all counts zero, >= 200 SIGKILLs", "0 and >= 200",
          None if kills is None else f"{kills} kills, all zero: {'yes' if zero else 'no'}",

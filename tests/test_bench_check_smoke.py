@@ -42,3 +42,9 @@ def test_smoke_run_checks_one_model() -> None:
     assert check["tlc_runs"] == 1
     assert check["cpu_seconds"] > 0 and check["wall_seconds"] > 0
     assert result["fixed_cost"]["distinct_states"] == check["rows"][0]["distinct_states"]
+    assert result["fixed_cost"]["class_data_sharing"] is True
+    assert result["fixed_cost_without_cds"]["class_data_sharing"] is False
+    memo = result["conformance_memo"]
+    # the same verdict with and without the memo, on the whole graph
+    assert memo["memo"]["mismatches"] == memo["no_memo"]["mismatches"] == 0
+    assert memo["memo"]["reference_edges"] == memo["no_memo"]["reference_edges"] > 0

@@ -714,3 +714,55 @@ def test_checked_line_names_the_commit_and_uncommitted_changes(tmp_path: Path) -
     assert cli._git_state(root) == f"git {head[:12]}, with uncommitted changes"
     # a directory inside some other checkout is not that checkout
     assert cli._git_state(root / "spec") == "not a git checkout"
+
+
+def test_a_conformance_row_left_to_make_test_runs_with_all(tmp_path: Path) -> None:
+    """conformance_tier = "test": `toolledger check` runs the model with TLC
+    and says its conformance row is left to make test; --all runs the row;
+    --model NAME runs it too (asked for by name)."""
+    other = copy_repo(tmp_path / "other")
+    entry = next(t for t in (REPO / "model" / "manifest.toml").read_text().split("[[model]]")
+                 if 'name = "Renumbered"' in t)
+    assert "conformance = true" in entry
+    (other / "model" / "manifest.toml").write_text(
+        "[[model]]" + entry.replace("conformance = true",
+                                    'conformance = true\nconformance_tier = "test"'))
+    plain = run_cli("check", "--json", cwd=other)
+    assert plain.returncode == 0, plain.stderr
+    assert [(r["model"], r["check"]) for r in json.loads(plain.stdout)] == [
+        ("Renumbered", "tlc")]
+    assert "the conformance of Renumbered is left to make test" in plain.stderr
+    for args in (["--all"], ["--model", "Renumbered"]):
+        done = run_cli("check", "--json", *args, cwd=other)
+        assert done.returncode == 0, done.stderr
+        rows = json.loads(done.stdout)
+        assert [(r["model"], r["check"], r["status"]) for r in rows] == [
+            ("Renumbered", "tlc", "ok"), ("Renumbered", "conformance", "ok")]
+        assert "left to make test" not in done.stderr
+    both = run_cli("check", "--all", "--no-conformance", cwd=other)
+    assert both.returncode == 2
+    assert "--all and --no-conformance contradict each other" in both.stderr + both.stdout
+
+
+def test_conformance_tier_is_validated(tmp_path: Path) -> None:
+    other = copy_repo(tmp_path / "other")
+    manifest = other / "model" / "manifest.toml"
+    text = manifest.read_text()
+    manifest.write_text(text.replace('distinct_states = 1192\nconformance = true',
+                                     'distinct_states = 1192\nconformance = true\n'
+                                     'conformance_tier = "nightly"', 1))
+    done = run_cli("check", "--model", "Renumbered", cwd=other)
+    assert done.returncode == 2
+    assert "conformance_tier = 'nightly' must be one of 'check', 'test'" in (
+        done.stdout + done.stderr)
+
+
+def test_tlc_runs_c1_only_except_for_temporal_properties() -> None:
+    """C1 only (short runs: C2's compilations cost more than they save),
+    except where TLC checks temporal PROPERTIES on the whole graph."""
+    from toolledger.cli import _TLC_JVM_ARGS, _tlc_jvm_args
+
+    assert _TLC_JVM_ARGS == ("-XX:TieredStopAtLevel=1",)
+    assert _tlc_jvm_args(REPO / "model" / "TwoCalls.cfg") == _TLC_JVM_ARGS
+    for cfg in ("Liveness.cfg", "LivenessNoHumanFairness.cfg"):
+        assert _tlc_jvm_args(REPO / "model" / cfg) == ()

@@ -18,11 +18,13 @@ crash leaves a recovery_required call in ``resume``.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 
 from checker_support import BROKEN, ROOT, model_config
 from toolledger._core import protocol as p
-from toolledger.check import conformance
+from toolledger.check import conformance, memo
 from toolledger.check.manifest import load_manifest
 from toolledger.check.mapping import from_spec
 from toolledger.check.stategraph import StateGraph, load_dot
@@ -120,3 +122,35 @@ def test_the_transition_table_lists_every_stage_the_core_allows(graph: StateGrap
                     assert old.stage in row.from_stages, (action, old.stage)
                 checked += 1
     assert checked > 1000  # the loop saw the steps (5,252 on DeepManual)
+
+
+@pytest.mark.parametrize("variant", [None, "takes_late_answer", "resolves_before_recover"])
+def test_the_memo_changes_no_verdict(graph: StateGraph, variant: str | None) -> None:
+    """The conformance check memoises the core's answers per (session, event)
+    and the spec image per reference state (toolledger.check.memo); asking
+    every question afresh gives the same edges and the same mismatches, for
+    the real core and for each too-permissive one."""
+
+    def run(memoise: bool) -> conformance.ConformanceReport:
+        with BROKEN[variant]() if variant is not None else nullcontext():
+            return conformance.check_graph(model_config(MODEL), graph, model=MODEL,
+                                           max_mismatches=10_000, memoise=memoise)
+
+    fast, slow = run(True), run(False)
+    assert fast.mismatch_count == slow.mismatch_count
+    assert (variant is None) == (fast.mismatch_count == 0)
+    assert fast.reference_edges == slow.reference_edges
+    assert sorted((m.kind, m.node or 0, m.action or "") for m in fast.mismatches) == sorted(
+        (m.kind, m.node or 0, m.action or "") for m in slow.mismatches)
+    assert memo.active() is None  # dropped with its check: the next check asks its own core
+
+
+def test_the_memo_answers_repeated_questions_once(graph: StateGraph) -> None:
+    cfg = model_config(MODEL)
+    states = [from_spec(cfg, s) for s in graph.states.values()]
+    with memo.core_memo() as m:
+        with_memo = [sorted(str(a) for a, _ in successors(cfg, s)) for s in states]
+    without = [sorted(str(a) for a, _ in successors(cfg, s)) for s in states]
+    assert with_memo == without
+    # DeepManual: 5,708 states but a few hundred distinct sessions
+    assert m.computed * 10 < m.asked, (m.computed, m.asked)

@@ -93,3 +93,17 @@ def test_the_manifest_marks_a_big_conformance_model() -> None:
 def test_graph_file_missing_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(Exception, match=r"nope\.dot"):
         load_dot(tmp_path / "nope.dot")
+
+
+def test_the_rows_left_to_make_test_conform() -> None:
+    """The conformance rows `make check` leaves to `make test`
+    (conformance_tier = "test", except TwoCalls: checked above, with the
+    broken variants) run here, exhaustively, exactly as `toolledger check
+    --all` would run them."""
+    left = [m for m in load_manifest(ROOT).ci_models()
+            if m.conformance and m.conformance_tier == "test" and m.name != MODEL]
+    for entry in left:
+        report = conformance.run_conformance(ROOT, entry)
+        details = "\n".join(conformance.render_mismatch(report, m) for m in report.mismatches)
+        assert report.tlc is not None and report.tlc.distinct_states == entry.distinct_states
+        assert report.mismatch_count == 0 and report.states == entry.distinct_states, details

@@ -28,6 +28,7 @@ object, which names the package it checked (``package``).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import multiprocessing
 import os
@@ -35,13 +36,14 @@ import resource
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._core import protocol as p
 from .manifest import ModelEntry
 from .mapping import SPEC_VARIABLES, from_spec, spec_key, to_spec
+from .memo import CoreMemo, core_memo
 from .stategraph import StateGraph, load_dot
 from .system import ModelConfig, SystemState, initial_states, successors
 from .tlavalues import Value, pretty
@@ -104,29 +106,71 @@ class ConformanceReport:
 # --------------------------------------------------------------------------
 
 # Set by check_graph before forking workers (copy-on-write shared).
-_JOB: tuple[ModelConfig, StateGraph, dict[int, Key], SuccessorFn, int, bool] | None = None
+_JOB: tuple[ModelConfig, StateGraph, dict[int, Key], SuccessorFn, int, bool, bool] | None = None
 
 
 def _check_nodes(nodes: Sequence[int]) -> tuple[int, int, list[Mismatch]]:
     assert _JOB is not None
-    cfg, graph, keys, succ_fn, limit, fail_fast = _JOB
+    if not _JOB[-1]:  # memoise=False: every question asked afresh (a benchmark's baseline)
+        return _check_with(None, nodes)
+    gc_was_enabled = gc.isenabled()
+    # The memos keep ~10^5 acyclic objects alive; the cyclic GC's passes over
+    # them cost more than the check itself (measured on SameTurn: 1.5-2x).
+    gc.disable()
+    try:
+        with core_memo() as memo:
+            return _check_with(memo, nodes)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _check_with(memo: CoreMemo | None, nodes: Sequence[int]
+                ) -> tuple[int, int, list[Mismatch]]:
+    assert _JOB is not None
+    cfg, graph, keys, succ_fn, limit, fail_fast, _ = _JOB
     mismatches: list[Mismatch] = []
     count = 0
     ref_edges = 0
     index = graph._successor_index()
+    # Every spec state by its key; a reference state is named by the node it
+    # maps to (or by its spec key if the graph has no such state), so the two
+    # edge sets are compared as small tuples, not as whole states.
+    node_of: dict[Key, int] = {k: n for n, k in keys.items()}
+    # The spec image of each distinct reference state, by value (to_spec is a
+    # pure function of the state): a state reached from many nodes is mapped
+    # once.  Equal keys mean equal states (memo.value_key).  An image that is
+    # a state of the graph is kept as its node only (the graph has its values).
+    image: dict[Hashable, tuple[int | Key, dict[str, Value] | None]] = {}
+
+    def spec_of(state: SystemState) -> tuple[int | Key, dict[str, Value]]:
+        if memo is None:
+            st = to_spec(cfg, state)
+            k = spec_key(st)
+            return node_of.get(k, k), st
+        vk = memo.keys.state_key(state)
+        got = image.get(vk)
+        if got is None:
+            st = to_spec(cfg, state)
+            k = spec_key(st)
+            dst = node_of.get(k)
+            got = image[vk] = (k, st) if dst is None else (dst, None)
+        name, kept = got
+        return name, kept if kept is not None else graph.states[name]  # type: ignore[index]
+
     for node in nodes:
         if fail_fast and count:
             break
         spec_state = graph.states[node]
         try:
             ref = from_spec(cfg, spec_state)
-            back = to_spec(cfg, ref)
+            back_id, back = spec_of(ref)
         except Exception as exc:  # a state the mapping cannot express
             count += 1
             if len(mismatches) < limit:
                 mismatches.append(Mismatch("roundtrip", node, None, f"mapping failed: {exc!r}"))
             continue
-        if spec_key(back) != keys[node]:
+        if back_id != node_of[keys[node]]:
             count += 1
             if len(mismatches) < limit:
                 mismatches.append(
@@ -138,17 +182,17 @@ def _check_nodes(nodes: Sequence[int]) -> tuple[int, int, list[Mismatch]]:
                 )
             continue
         try:
-            mine: dict[tuple[str, Key], dict[str, Value]] = {}
+            mine: dict[tuple[str, int | Key], dict[str, Value]] = {}
             for action, nxt in succ_fn(cfg, ref):
-                st = to_spec(cfg, nxt)
-                mine[(str(action), spec_key(st))] = st
+                dst, st = spec_of(nxt)
+                mine[(str(action), dst)] = st
         except Exception as exc:
             count += 1
             if len(mismatches) < limit:
                 mismatches.append(Mismatch("error", node, None, f"reference raised {exc!r}"))
             continue
         ref_edges += len(mine)
-        theirs = {(label, keys[dst]): dst for dst, label in index.get(node, [])}
+        theirs = {(label, node_of[keys[dst]]): dst for dst, label in index.get(node, [])}
         for edge in mine.keys() - theirs.keys():
             count += 1
             if len(mismatches) < limit:
@@ -182,11 +226,14 @@ def check_graph(
     workers: int = 1,
     max_mismatches: int = 10,
     fail_fast: bool = False,
+    memoise: bool = True,
 ) -> ConformanceReport:
     """Compare the reference with every state and edge of ``graph``.
 
     ``fail_fast`` stops each worker at its first mismatch (for tests that
-    only need to know that a broken reference is caught)."""
+    only need to know that a broken reference is caught).  ``memoise=False``
+    asks the core and maps every state afresh, for every edge (the same
+    verdict, slower: see :mod:`toolledger.check.memo`)."""
     global _JOB
     started = time.perf_counter()
     report = ConformanceReport(model=model, states=len(graph.states), edges=len(graph.edges))
@@ -209,7 +256,7 @@ def check_graph(
         report.seconds = time.perf_counter() - started
         return report
     nodes = sorted(graph.states)
-    _JOB = (cfg, graph, keys, successors_fn, max_mismatches, fail_fast)
+    _JOB = (cfg, graph, keys, successors_fn, max_mismatches, fail_fast, memoise)
     graph._successor_index()  # build before forking, so workers share it
     try:
         if workers > 1 and "fork" in multiprocessing.get_all_start_methods():

@@ -12,6 +12,10 @@
     distinct_states = 105955          # expected; any drift is a failure
     question = "one line: what this model asks"
     conformance = false               # optional (default false)
+    conformance_tier = "check"        # optional, with conformance = true: "check"
+                                      # (`make check` runs the conformance row) or
+                                      # "test" (`make test` runs it; `toolledger
+                                      # check --all` runs every row)
     workers = 1                       # optional (default 1)
     witnesses = ["AtMostOnceEffect"]  # optional: a broken twin; the invariants
                                       # it shows can fail (expect is one of them)
@@ -78,12 +82,16 @@ _FIELDS: dict[str, tuple[type, bool]] = {
     "distinct_states": (int, True),
     "question": (str, True),
     "conformance": (bool, False),
+    "conformance_tier": (str, False),
     "workers": (int, False),
     "witnesses": (list, False),
     "antecedent_of": (list, False),
     "assumptions": (str, False),
 }
 WITNESS_PREFIX = "Witness_"
+# "check": `make check` (toolledger check) runs the conformance row; "test":
+# `make test` does (toolledger check --all runs every row)
+CONFORMANCE_TIERS = ("check", "test")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+\Z")
 _MODULE_RE = re.compile(r"[A-Za-z0-9_]+\Z")
 
@@ -111,6 +119,8 @@ class ModelEntry:
     witnesses: tuple[str, ...] = ()
     antecedent_of: tuple[str, ...] = ()
     assumptions: str = ""
+    # who runs the conformance row: "check" (`make check`) or "test" (`make test`)
+    conformance_tier: str = "check"
 
     @property
     def expected_violation(self) -> str | None:
@@ -352,6 +362,13 @@ def _validate(
         bad = [n for n in antecedents if n.startswith(WITNESS_PREFIX)]
         if bad:
             problems.append(f"{where}: antecedent_of lists safety invariants, not {bad}")
+    tier = table.get("conformance_tier", "check")
+    if tier not in CONFORMANCE_TIERS:
+        problems.append(f"{where}: conformance_tier = {tier!r} must be one of "
+                        f"{', '.join(repr(t) for t in CONFORMANCE_TIERS)}")
+    elif "conformance_tier" in table and not table.get("conformance", False):
+        problems.append(f"{where}: conformance_tier needs conformance = true: "
+                        "remove it or check the model's conformance")
     if len(problems) > before or outcome is None:
         return None
     return ModelEntry(
@@ -370,6 +387,7 @@ def _validate(
         witnesses=tuple(witnesses),
         antecedent_of=tuple(antecedents),
         assumptions=table.get("assumptions", "").strip(),
+        conformance_tier=tier,
     )
 
 
@@ -418,9 +436,11 @@ def markdown_table(manifest: Manifest) -> str:
     ]
     for m in manifest.models:
         expect = "pass" if m.expect == "pass" else f"violates `{m.expect}`"
+        conform = "" if not m.conformance else (
+            "yes" if m.conformance_tier == "check" else "in `make test`")
         lines.append(
             f"| `{m.name}` | {m.question} | {expect} | {m.distinct_states:,} | "
-            f"{'yes' if m.ci else 'no'} | {'yes' if m.conformance else ''} |"
+            f"{'yes' if m.ci else 'no'} | {conform} |"
         )
     return "\n".join(lines)
 
