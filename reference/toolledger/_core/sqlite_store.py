@@ -145,6 +145,7 @@ from .sqlite_schema import (
     _OBJECTS,
     _SCHEMA,
     APPLICATION_ID,
+    PAGE_SIZE,
     SCHEMA_VERSION,
     _check_file,
 )
@@ -247,6 +248,7 @@ class SqliteStore(RowDecoder):
         try:
             conn = sqlite3.connect(tmp, isolation_level=None)
             try:
+                conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # before WAL: fixed after
                 self._configure(conn)
                 self._create_schema(conn)
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
