@@ -118,6 +118,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+from .groupcommit import GroupCommitter
 from .protocol import (
     ApprovalState,
     CallPosition,
@@ -184,10 +185,28 @@ class SqliteStore(RowDecoder):
 
     ``commits`` counts the transactions made by :meth:`create_session` and
     :meth:`commit` (not the schema creation); ``ledger_commits`` the commits
-    that wrote a ledger record.
+    that wrote a ledger record; :attr:`syncs` the SQLite ``COMMIT`` statements
+    that made them durable (one fsync of the WAL each).
+
+    ``group_commit=True`` (opt-in): commits made at the same time by several
+    threads of this process (one session each, sharing this store object)
+    share one SQLite transaction and one fsync
+    (:class:`~toolledger._core.groupcommit.GroupCommitter`): each ``commit``
+    still returns only after the fsync that covers it, a stale writer is still
+    refused alone, and a failed shared transaction fails every commit in it
+    with nothing written.  Then ``syncs`` < ``commits``.  Without it (the
+    default) ``syncs == commits``.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout: float = 5.0,
+        group_commit: bool = False,
+    ) -> None:
+        if not isinstance(group_commit, bool):
+            raise InvalidInput(f"group_commit must be True or False, got {group_commit!r}")
         text = os.fspath(path)
         if not isinstance(text, str) or text in ("", ":memory:") or text.startswith("file:"):
             raise InvalidInput(
@@ -199,6 +218,18 @@ class SqliteStore(RowDecoder):
         self.ledger_commits = 0
         self.journal_mode = ""
         self._lock = threading.RLock()
+        self._counting = threading.Lock()  # commits of several threads (group commit)
+        self._syncs = 0
+        self._group = (
+            GroupCommitter(
+                connection=self._live,
+                lock=self._lock,
+                sql_error=self._sql_error,
+                rollback=self._rollback,
+            )
+            if group_commit
+            else None
+        )
         self._broken: str | None = None
         self._conn: sqlite3.Connection | None = None
         if not self.path.exists():
@@ -400,6 +431,17 @@ class SqliteStore(RowDecoder):
     # -- lifecycle ----------------------------------------------------------------
 
     @property
+    def syncs(self) -> int:
+        """The write transactions committed (each one fsync of the WAL): ``commits``
+        without group commit, fewer with it when commits of several threads overlap."""
+        return self._syncs + (self._group.groups if self._group is not None else 0)
+
+    @property
+    def group_commit(self) -> bool:
+        """Whether commits of concurrent threads share transactions (see the class doc)."""
+        return self._group is not None
+
+    @property
     def connection(self) -> sqlite3.Connection:
         """The underlying connection, for inspection (pragmas, tracing) only.
 
@@ -457,7 +499,15 @@ class SqliteStore(RowDecoder):
         return StoreError(f"{self.path}: {what} failed ({text}); nothing was written")
 
     def _write_transaction(self, what: str, body: Callable[[sqlite3.Connection], None]) -> None:
-        """Run ``body`` in ``BEGIN IMMEDIATE ... COMMIT``: all of it or nothing."""
+        """Run ``body`` in ``BEGIN IMMEDIATE ... COMMIT``: all of it or nothing.
+
+        With group commit, ``body`` runs in a transaction shared with other
+        threads' bodies (in its own savepoint); either way this returns only
+        after the ``COMMIT`` that made it durable.
+        """
+        if self._group is not None:
+            self._group.run(what, body)
+            return
         with self._lock:
             conn = self._live()
             try:
@@ -467,6 +517,7 @@ class SqliteStore(RowDecoder):
             try:
                 body(conn)
                 conn.execute("COMMIT")
+                self._syncs += 1
             except BaseException as exc:
                 self._rollback(conn, what)
                 if isinstance(exc, sqlite3.Error):
@@ -566,7 +617,8 @@ class SqliteStore(RowDecoder):
             )
 
         self._write_transaction(f"creating session {session_id!r}", body)
-        self.commits += 1
+        with self._counting:
+            self.commits += 1
 
     def _session_row(self, conn: sqlite3.Connection, session_id: str) -> tuple[int, int]:
         rows = self._select(conn, "sessions", "WHERE session_id = ?", (session_id,))
@@ -817,9 +869,10 @@ class SqliteStore(RowDecoder):
             )
 
         self._write_transaction(f"committing to session {session_id!r}", body)
-        self.commits += 1
-        if plan.writes_ledger:
-            self.ledger_commits += 1
+        with self._counting:
+            self.commits += 1
+            if plan.writes_ledger:
+                self.ledger_commits += 1
 
     # -- the writes of one commit (separate so tests can inject failures) ---------
 
