@@ -30,7 +30,7 @@ import pytest
 
 from toolledger import Session, SqliteStore, Tool
 from toolledger._core.groupcommit import GroupCommitter, _Job
-from toolledger._core.sqlite_store import verify_file
+from toolledger._core.sqlite_verify import verify_file
 from toolledger._core.stores import StaleState, StoreError
 
 TOOLS = {"send": Tool("idempotent", requires_approval=False)}

@@ -15,7 +15,7 @@ import pytest
 
 from toolledger import Session, SqliteStore, Tool
 from toolledger._core.sqlite_schema import PAGE_SIZE
-from toolledger._core.sqlite_store import verify_file
+from toolledger._core.sqlite_verify import verify_file
 
 
 def _page_size(path: Path) -> int:
