@@ -806,7 +806,10 @@ class SqliteStore(SqliteRows):
             except sqlite3.IntegrityError as exc:
                 raise stale from exc
             return
-        columns = _DATA["ledger"]
+        # The key columns are not SET: the WHERE fixes them (the old checksum
+        # covers session_id), and a SET that names an indexed column makes
+        # SQLite rewrite that index entry too (bench_bytes: pages per commit).
+        columns = tuple(c for c in _DATA["ledger"] if c not in ("execution_id", "session_id"))
         cursor = conn.execute(
             f"UPDATE ledger SET {', '.join(f'{c} = ?' for c in columns)}, row_checksum = ? "
             "WHERE execution_id = ? AND row_checksum = ?",
