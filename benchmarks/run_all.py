@@ -31,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import (
     bench_bugfinding,
+    bench_bytes,
     bench_conformance,
+    bench_group,
     bench_models,
     bench_peers,
     bench_pg_faults,
@@ -56,6 +58,8 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "races": bench_races.run,
     "pg_faults": bench_pg_faults.run,
     "peers": bench_peers.run,
+    "bytes": lambda smoke=False: bench_bytes.run(smoke=smoke, with_profile=True),
+    "group": bench_group.run,
 }
 
 
@@ -142,6 +146,12 @@ def goals(b: dict[str, Any]) -> list[dict[str, Any]]:
          None if sy is None or by is None else
          f"{sy['measured']:.2f} / {by['measured'] / 1024:.1f} KB",
          None if sy is None or by is None else sy["met"] and by["met"])
+    gr: Any = b.get("group")
+    sp = _get(gr, "speedup") or {}
+    gd = _get(gr, "goal_disk")
+    goal("group commit: 16 sessions / 1 session calls/s", f">= {bench_group.GOAL:g}x",
+         None if not sp else ", ".join(f"{d} {x:.2f}x" for d, x in sp.items())
+         + f" (goal on the {gd})", None if not sp else _get(gr, "goal_met"))
     kills, zero = _get(k, "kills"), _get(k, "all_zero")
     goal("crash campaign: all counts zero, >= 200 SIGKILLs", "0 and >= 200",
          None if kills is None else f"{kills} kills, all zero: {'yes' if zero else 'no'}",

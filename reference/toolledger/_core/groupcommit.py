@@ -13,8 +13,9 @@ a queue and waits.  The first waiter that finds no group running becomes the
 *leader*: it takes every queued job (at most ``max_group``), runs them on the
 store's one connection inside ONE ``BEGIN IMMEDIATE ... COMMIT``, each in its
 own ``SAVEPOINT``, and wakes every waiter of the group when the ``COMMIT`` has
-returned.  While it waits for that fsync, other sessions queue the next group.
-No thread of its own: the leader is always a thread that has a commit to make.
+returned, then hands the leader's role to the job at the head of the queue.
+While it waits for that fsync, other sessions queue the next group.  No
+thread of its own: the leader is always a thread that has a commit to make.
 
 What each waiter is told, and why it is safe
 --------------------------------------------
@@ -64,13 +65,17 @@ class _Job:
     waiter and the leader, written only by the leader under the condition's lock.
     """
 
-    __slots__ = ("body", "done", "error", "what")
+    __slots__ = ("body", "done", "error", "wake", "what")
 
     def __init__(self, what: str, body: Body) -> None:
         self.what = what
         self.body = body
         self.done = False
         self.error: BaseException | None = None
+        # Set when the job is done, or when it is handed the leader's role: each
+        # waiter sleeps on its own event, so a finished group wakes its own
+        # waiters and one next leader, not every thread (no thundering herd).
+        self.wake = threading.Event()
 
 
 class GroupCommitter:
@@ -99,7 +104,7 @@ class GroupCommitter:
         self._sql_error = sql_error
         self._rollback = rollback
         self.max_group = max_group
-        self._cond = threading.Condition()
+        self._mutex = threading.Lock()  # the queue and the leader's role
         self._queue: list[_Job] = []
         self._leading = False
         self.groups = 0
@@ -109,25 +114,33 @@ class GroupCommitter:
     def run(self, what: str, body: Body) -> None:
         """Run ``body`` in a shared transaction; return once it is durable, or raise."""
         job = _Job(what, body)
-        with self._cond:
+        with self._mutex:
             self._queue.append(job)
-            while not job.done:
-                if self._leading:
-                    self._cond.wait()
-                    continue
-                # Lead: take the queue (this job included, or it was already done).
-                self._leading = True
+            lead = not self._leading
+            self._leading = True
+        while True:
+            if not lead:
+                job.wake.wait()
+                job.wake.clear()
+                if job.done:
+                    break
+                # else: handed the leader's role (it is at the head of the queue)
+            with self._mutex:
                 group, self._queue = (
                     self._queue[: self.max_group],
                     self._queue[self.max_group :],
                 )
-                self._cond.release()
-                try:
-                    self._commit_group(group)
-                finally:
-                    self._cond.acquire()
-                    self._leading = False
-                    self._cond.notify_all()
+            try:
+                self._commit_group(group)
+            finally:
+                with self._mutex:
+                    if self._queue:
+                        self._queue[0].wake.set()  # the next group's leader
+                    else:
+                        self._leading = False
+            if job.done:
+                break
+            lead = False  # more than max_group were queued before it: wait for its turn
         if job.error is not None:
             raise job.error
 
@@ -144,9 +157,10 @@ class GroupCommitter:
                     )
             raise
         finally:
-            with self._cond:
+            with self._mutex:
                 for job in group:
                     job.done = True
+                    job.wake.set()
         if committed:
             self.groups += 1
             self.jobs += sum(1 for job in group if job.error is None)
