@@ -265,3 +265,58 @@ def test_group_commit_must_be_a_bool(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput, match="group_commit must be True or False"):
         SqliteStore(tmp_path / "x.db", group_commit="yes")  # type: ignore[arg-type]
     assert not (tmp_path / "x.db").exists()
+
+
+_CHILD = """
+import sys, threading
+from toolledger import Session, SqliteStore, Tool
+store = SqliteStore(sys.argv[1], group_commit=True)
+tools = {"send": Tool("idempotent", requires_approval=False)}
+lock = threading.Lock()
+
+def worker(i):
+    for t in range(10_000):
+        sid = f"w{i}-t{t}"
+        s = Session.open(store, sid, tools)
+        msg = [{"id": f"c{k}", "name": "send", "arguments": {"k": k}} for k in range(3)]
+        rec = s.record(1, msg)
+        s.execute_many([(r.call.key, lambda a: "sent") for r in rec])
+        with lock:  # acknowledged: every commit of this turn returned
+            print(sid, flush=True)
+
+for i in range(8):
+    threading.Thread(target=worker, args=(i,), daemon=True).start()
+threading.Event().wait()
+"""
+
+
+@pytest.mark.parametrize("after_turns", [3, 25])
+def test_a_sigkill_amid_group_commits_loses_no_acknowledged_commit(
+    tmp_path: Path, after_turns: int
+) -> None:
+    """A process killed while groups are being committed: every turn whose commits
+    had all returned is durable with its results, and the file verifies."""
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "killed.db"
+    SqliteStore(path).close()
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path)],
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    acknowledged: list[str] = []
+    try:
+        while len(acknowledged) < after_turns:
+            line = child.stdout.readline()
+            assert line, "the child ended before it was killed"
+            acknowledged.append(line.strip())
+    finally:
+        child.send_signal(signal.SIGKILL)
+        rest, _ = child.communicate(timeout=30)
+    acknowledged += rest.split()
+    assert verify_file(path).sessions >= len(acknowledged)
+    with SqliteStore(path) as store:
+        for sid in acknowledged:
+            state = store.load(sid)
+            assert len(state.calls) == 3 and all(c.result is not None for c in state.calls), sid
