@@ -109,17 +109,23 @@ def test_without_group_commit_every_commit_is_one_sync(tmp_path: Path) -> None:
         assert plain.syncs == plain.commits == 4 * 6
 
 
-def _hold_first_group_until(store: SqliteStore, queued: int, then: Callable[[int], None]) -> None:
+def _hold_first_group_until(
+    store: SqliteStore, queued: int, then: Callable[[int], None]
+) -> threading.Event:
     """Patch the committer's COMMIT: the first waits until ``queued`` jobs are queued
-    behind it (so they form the next group), each call n runs ``then(n)`` first."""
+    behind it (so they form the next group), each call n runs ``then(n)`` first.
+    The event returned is set once the first COMMIT is entered: the threads meant
+    for the second group wait for it, so the first group is the blocker's alone."""
     committer = store._group
     assert isinstance(committer, GroupCommitter)
     calls = [0]
     real = committer._commit
+    entered = threading.Event()
 
     def commit(conn: sqlite3.Connection) -> None:
         calls[0] += 1
         if calls[0] == 1:
+            entered.set()
             deadline = time.monotonic() + 30
             while len(committer._queue) < queued and time.monotonic() < deadline:
                 time.sleep(0.005)
@@ -128,6 +134,7 @@ def _hold_first_group_until(store: SqliteStore, queued: int, then: Callable[[int
         real(conn)
 
     committer._commit = commit  # type: ignore[method-assign]
+    return entered
 
 
 def test_a_failed_shared_commit_fails_every_waiter_and_writes_nothing(
@@ -137,11 +144,11 @@ def test_a_failed_shared_commit_fails_every_waiter_and_writes_nothing(
         if n == 2:
             raise sqlite3.OperationalError("disk I/O error")  # the second group's COMMIT
 
-    _hold_first_group_until(store, 3, then)
+    first = _hold_first_group_until(store, 3, then)
 
     def create(i: int) -> None:
         if i > 0:
-            time.sleep(0.05 * i)  # the blocker leads; the others queue behind it
+            assert first.wait(30)  # the blocker leads; the others queue behind it
         store.create_session(f"s{i}", marker=0, max_attempts=3)
 
     errors = _threads(4, create)
@@ -161,14 +168,14 @@ def test_a_failed_shared_commit_fails_every_waiter_and_writes_nothing(
 def test_a_stale_writer_in_the_same_group_is_refused_alone(store: SqliteStore) -> None:
     Session.open(store, "shared", TOOLS)
     a, b = Session.open(store, "shared", TOOLS), Session.open(store, "shared", TOOLS)
-    _hold_first_group_until(store, 2, lambda n: None)
+    first = _hold_first_group_until(store, 2, lambda n: None)
     message = [{"id": "c0", "name": "send", "arguments": {"i": 0}}]
 
     def work(i: int) -> None:
         if i == 0:
             store.create_session("blocker", marker=0, max_attempts=3)
         else:
-            time.sleep(0.05 * i)
+            assert first.wait(30)
             (a if i == 1 else b).record(1, message)
 
     errors = _threads(3, work)
@@ -193,16 +200,16 @@ def _body_that_writes_then_is_refused(i: int) -> Callable[[sqlite3.Connection], 
 
 def _refused_body_leaves_nothing(store: SqliteStore) -> tuple[list[Any], int]:
     store.create_session("s0", marker=0, max_attempts=3)
-    _hold_first_group_until(store, 2, lambda n: None)
+    first = _hold_first_group_until(store, 2, lambda n: None)
 
     def work(i: int) -> None:
         if i == 0:
             store.create_session("blocker", marker=0, max_attempts=3)
         elif i == 1:
-            time.sleep(0.05)
+            assert first.wait(30)
             store._write_transaction("refused", _body_that_writes_then_is_refused(i))
         else:
-            time.sleep(0.1)
+            assert first.wait(30)
             store.create_session("ok", marker=0, max_attempts=3)
 
     errors = _threads(3, work)
