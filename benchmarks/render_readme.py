@@ -316,7 +316,10 @@ def _bytes(by: dict[str, Any]) -> list[str]:
            f"commits, {m['wal_frames_per_call']:.2f} WAL frames "
            f"({m['wal_frames_per_commit']:.2f} per commit), "
            f"{m['wal_bytes_per_call'] / 1024:.1f} KB of WAL, "
-           f"{m['checkpoint_bytes_per_call'] / 1024:.1f} KB checkpointed; the kernel counted "
+           f"{m['checkpoint_bytes_per_call'] / 1024:.1f} KB checkpointed; the floor of this "
+           f"table layout (one page per table or index a commit touches) is "
+           f"{m['floor_frames_per_call']:.2f} frames, {m['floor_wal_bytes_per_call'] / 1024:.1f} "
+           "KB of WAL; the kernel counted "
            f"{m['write_bytes_per_call'] / 1024:.1f} KB `write_bytes` "
            f"({m['wchar_per_call'] / 1024:.1f} KB `wchar`) per call.", ""]
     out.append(_md(("table / index", "WAL frames / call"),
