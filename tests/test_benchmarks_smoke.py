@@ -182,6 +182,8 @@ def test_bytes_breakdown(smoke: dict[str, Any]) -> None:
     assert m["commits_per_call"] == 8 / 5
     assert m["wal_commit_frames_per_call"] == m["commits_per_call"]
     assert m["wal_frames_per_call"] >= m["commits_per_call"]
+    # the floor: one page per table or index a commit touches, at most every frame
+    assert m["commits_per_call"] <= m["floor_frames_per_call"] <= m["wal_frames_per_call"]
     frames = m["wal_frames_per_call_by_object"]
     assert {"ledger", "calls", "audit"} <= set(frames)
     assert abs(sum(frames.values()) - m["wal_frames_per_call"]) < 1e-9
