@@ -327,3 +327,22 @@ def test_a_sigkill_amid_group_commits_loses_no_acknowledged_commit(
         for sid in acknowledged:
             state = store.load(sid)
             assert len(state.calls) == 3 and all(c.result is not None for c in state.calls), sid
+
+
+def test_a_bounded_group_leaves_the_rest_to_the_next_leader(store: SqliteStore) -> None:
+    """max_group=2 and 6 commits queued behind a held group: every commit is done,
+    in groups of at most 2 (a leader whose own job did not fit waits its turn)."""
+    committer = store._group
+    assert isinstance(committer, GroupCommitter)
+    committer.max_group = 2
+    first = _hold_first_group_until(store, 6, lambda n: None)
+
+    def create(i: int) -> None:
+        if i > 0:
+            assert first.wait(30)
+        store.create_session(f"b{i}", marker=0, max_attempts=3)
+
+    assert _threads(7, create) == [None] * 7
+    assert sorted(store.sessions()) == sorted(f"b{i}" for i in range(7))
+    assert committer.largest_group == 2
+    assert committer.groups == 4 == store.syncs  # 1 + 6 / 2
