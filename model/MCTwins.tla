@@ -38,6 +38,7 @@ EngineResendAdapter(c) ==
     /\ UNCHANGED <<applied, humanApproved, humanRetries, crashes>>
     /\ UNCHANGED <<knownOutcome, decided>>
     /\ UNCHANGED positions
+    /\ UNCHANGED extVars
 ResendSpec == Init /\ [][Next \/ \E c \in Calls : EngineResendAdapter(c)]_vars
 
 (* ReinvokeAfterOutcome: "an idempotent call is safe to replay", so an    *)
@@ -98,4 +99,40 @@ AuditNextAttempt(e, d, n, i) ==
     LET row == IF d = "retry_same_id" THEN [i EXCEPT !.attempt = @ + 1] ELSE i IN
     audit' = IF HasRow(e, d, n) THEN audit
              ELSE [audit EXCEPT ![e] = @ \cup {<<d, n, row>>}]
+(* RetryAfterKeyExpiry: recovery retries an idempotent call with the same  *)
+(* id without asking whether the external system still holds its key (it  *)
+(* ignores keyRetained).  After the retention window the key may be gone:  *)
+(* the retry is applied anew.  Breaks AtMostOnceEffect.                    *)
+KeysExpireOn == TRUE
+DecideIgnoresKeyRetention(c) ==
+    Decide([DecisionInputs(c) EXCEPT !.keyRetained = TRUE])
+
+(* QueryThenFence: a reconcile connector that answers "not applied" first  *)
+(* and fences the attempts in a later step (two round trips instead of one *)
+(* atomic query-and-fence).  The late original lands in between, then the *)
+(* retry is applied too.  Breaks AtMostOnceEffect.  The query step leaves  *)
+(* the call in stage "fencing" (outside Stages: this twin checks only      *)
+(* AtMostOnceEffect); ConnectorFenceLater is the second round trip.        *)
+QueryNotAppliedOnly(c) ==
+    LET e == ExecId(c) IN
+    /\ stage[c] = "reconciling" /\ applied[e] = 0
+    /\ Rec(c).attempt < MaxAttempts
+    /\ Audited(e, "reconcile_not_applied", Rec(c).attempt)
+    /\ Decided(c, "reconcile_not_applied", Rec(c).attempt)
+    /\ stage' = [stage EXCEPT ![c] = "fencing"]
+    /\ UNCHANGED <<msg, args, result, approval, ledger, marker>>
+    /\ UNCHANGED <<inflight, fenced>>
+    /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
+                   sent, knownOutcome, sentAfterOutcome>>
+    /\ UNCHANGED positions
+    /\ UNCHANGED extVars
+ConnectorFenceLater(c) ==
+    LET e == ExecId(c) IN
+    /\ stage[c] = "fencing"
+    /\ fenced' = [fenced EXCEPT ![e] = Rec(c).attempt]
+    /\ stage' = [stage EXCEPT ![c] = "retry"]
+    /\ UNCHANGED durable /\ UNCHANGED inflight /\ UNCHANGED ghosts
+    /\ UNCHANGED positions
+    /\ UNCHANGED extVars
+QueryThenFenceSpec == Init /\ [][Next \/ \E c \in Calls : ConnectorFenceLater(c)]_vars
 =============================================================================

@@ -21,8 +21,7 @@
 (* What is deliberately left out: message contents (a result is a record   *)
 (* naming the execution and the arguments it was computed from), more     *)
 (* than one session, concurrent resumers of one session (the engine holds  *)
-(* the session; its lease is outside this spec), and key expiry at the     *)
-(* external system.                                                        *)
+(* the session; its lease is outside this spec).                          *)
 (*                                                                         *)
 (* Names of actions and invariants are the ones used by the Python         *)
 (* reference (reference/toolledger) and the docs, one to one.             *)
@@ -45,17 +44,26 @@
 (*  - volatile, the engine's memory (lost on every crash): stage;          *)
 (*  - external, the external system (survives engine crashes): inflight  *)
 (*    and fenced;                                                          *)
+(*  - environment, the clock: windowPassed (executions whose idempotency *)
+(*    key's retention window has passed; the engine computes it from the   *)
+(*    tool's declared window and the dispatch time in the record);         *)
+(*  - external, key memory: keyForgotten (executions whose key the         *)
+(*    external system forgot after the window: ExternalExpireKey);         *)
 (*  - environment bounds (no store): renumbers, repairs;                   *)
 (*  - ghost, history for the invariants (no implementation keeps it;      *)
 (*    keyed by the CALL, the real-world identity, unless said otherwise): *)
-(*    applied (by execution id: the effects, which only the invariants    *)
-(*    and the reconcile connector read), invocations, humanApproved,      *)
+(*    applied (by execution id: what the external system applied under   *)
+(*    the key, which the reconcile connector and deduplication read),     *)
+(*    invocations, humanApproved,                                          *)
 (*    humanRetries (by execution id),                                      *)
 (*    crashes, sent (requests per attempt), knownOutcome and              *)
 (*    sentAfterOutcome (NoReinvokeAfterKnownOutcome), decided (every      *)
-(*    decision taken, AuditComplete).  The ghosts sent, knownOutcome,     *)
-(*    sentAfterOutcome and decided are functions of the other variables   *)
-(*    in every must-pass model, so they add no states.                    *)
+(*    decision taken, AuditComplete), effects (effects[c]: how many times *)
+(*    the request of CALL c itself was applied; a request answered from   *)
+(*    another call's deduplicated key is not c's effect).  The ghosts     *)
+(*    sent, knownOutcome,                                                  *)
+(*    sentAfterOutcome, decided and effects are functions of the other   *)
+(*    variables in every must-pass model, so they add no states.          *)
 (*                                                                         *)
 (* The two durable stores disagree only through the conversation's         *)
 (* repairs, and the engine reconciles them in one place: a call is         *)
@@ -68,6 +76,28 @@
 (* call lost after its approval but BEFORE its first record leaves an      *)
 (* approval the different call at that position is dispatched on (the      *)
 (* approval would have to carry the digest; not modelled yet).             *)
+(*                                                                         *)
+(* ASSUMPTIONS behind AtMostOnceEffect (docs/protocol.md#assumptions),    *)
+(* each with the broken model that shows why it matters:                   *)
+(*  - an idempotent tool's external system deduplicates on the execution   *)
+(*    id for the tool's declared retention window at least; the engine    *)
+(*    retries only while the key is retained (keyRetained): twin           *)
+(*    RetryAfterKeyExpiry;                                                 *)
+(*  - a reconcile connector's "not applied" and the fence of the attempts  *)
+(*    made so far are ONE atomic step (query-and-fence): twin              *)
+(*    QueryThenFence; without the fence at all: UnfencedReconcile;         *)
+(*  - a return for an older attempt, or after a time-out or a crash, is   *)
+(*    discarded (EngineDiscardLateReturn), never taken as the current     *)
+(*    attempt's answer: probe Witness_LateReturnDiscarded;                 *)
+(*  - the execution id is not shared by two calls (it includes the         *)
+(*    position): ASSUME ExecutionIdUnique; twins KeyByToolCallId,          *)
+(*    KeyByToolCallIdIdempotent;                                           *)
+(*  - the id is read back from the ledger store, not re-derived from a     *)
+(*    position the conversation may renumber (UseStoredId): twin           *)
+(*    IdFromPosition;                                                      *)
+(*  - one engine process resumes a session at a time, or every commit is  *)
+(*    a compare-and-set on the state that process read                    *)
+(*    (spec/ConcurrentResumers.tla): twin ResumeWithoutCAS.               *)
 (***************************************************************************)
 EXTENDS Naturals, FiniteSets
 
@@ -166,7 +196,7 @@ AuditKinds == {"dispatch", "reconcile_applied", "reconcile_not_applied",
 NoInputs ==
     [status |-> "none", attempt |-> 0, digestMatches |-> TRUE, approval |-> "none",
      hasResult |-> FALSE, policy |-> "none", legacy |-> FALSE,
-     requiresApproval |-> FALSE]
+     requiresApproval |-> FALSE, keyRetained |-> TRUE]
 
 (***************************************************************************)
 (* Engine stages (volatile).  "resume" marks a call whose in-memory state  *)
@@ -190,7 +220,7 @@ VARIABLES
     inflight,     \* inflight[e]: attempts sent and not yet processed
     fenced,       \* fenced[e]: attempts <= fenced[e] are rejected
     \* --- ghosts (history, for the invariants) ----------------------------
-    applied,      \* applied[e]: how many times the effect was applied
+    applied,      \* applied[e]: times the external system applied a request of e
     invocations,  \* invocations[c]: set of <<exec id, attempt, authorization>>
     humanApproved,\* calls a human approved (by position)
     humanRetries, \* humanRetries[e]: retries a human authorized
@@ -203,7 +233,11 @@ VARIABLES
     turnOf,       \* turnOf[c]: the turn the engine reads for c (conversation)
     storedId,     \* storedId[c]: the id the ledger store keeps for c, or NoId
     renumbers,    \* ConversationRenumber steps so far (bound MaxRenumbers)
-    repairs       \* ConversationRepair steps so far (bound MaxRepairs)
+    repairs,      \* ConversationRepair steps so far (bound MaxRepairs)
+    \* --- added for the external-system assumptions ----------------------
+    effects,      \* ghost: effects[c]: times the request of CALL c was applied
+    windowPassed, \* environment: executions whose key-retention window passed
+    keyForgotten  \* external: executions whose idempotency key was forgotten
 
 durable  == <<msg, args, result, approval, ledger, audit, marker>>
 external == <<inflight, fenced>>
@@ -212,8 +246,12 @@ ghosts   == <<applied, invocations, humanApproved, humanRetries, crashes,
 vars == <<msg, args, result, approval, ledger, audit, marker, stage,
           inflight, fenced, applied, invocations, humanApproved,
           humanRetries, crashes, sent, knownOutcome, sentAfterOutcome, decided,
-          turnOf, storedId, renumbers, repairs>>
+          turnOf, storedId, renumbers, repairs,
+          effects, windowPassed, keyForgotten>>
 positions == <<turnOf, storedId, renumbers, repairs>>
+\* The variables of the external-system assumptions (the clock, the key
+\* memory, the per-call effects): most steps leave all three unchanged.
+extVars == <<effects, windowPassed, keyForgotten>>
 
 (***************************************************************************)
 (* The id the engine uses for call c: the one the ledger store keeps for   *)
@@ -238,7 +276,7 @@ Records == [status : Statuses, attempt : 0..MaxAttempts, args : Args \cup {"none
 Inputs == [status : Statuses, attempt : 0..MaxAttempts, digestMatches : BOOLEAN,
            approval : {"none", "pending", "approved", "rejected"},
            hasResult : BOOLEAN, policy : Policies \cup {"none"},
-           legacy : BOOLEAN, requiresApproval : BOOLEAN]
+           legacy : BOOLEAN, requiresApproval : BOOLEAN, keyRetained : BOOLEAN]
 TypeOK ==
     /\ msg \in [Calls -> {"absent", "volatile", "durable"}]
     /\ args \in [Calls -> Args \cup {"none"}]
@@ -264,6 +302,9 @@ TypeOK ==
     /\ storedId \in [Calls -> ExecIds \cup {NoId}]
     /\ renumbers \in 0..MaxRenumbers
     /\ repairs \in 0..MaxRepairs
+    /\ effects \in [Calls -> Nat]
+    /\ windowPassed \subseteq ExecIds
+    /\ keyForgotten \subseteq windowPassed
 
 (***************************************************************************)
 (* Init.  Calls of the protocol's turns are not emitted yet.  A legacy     *)
@@ -302,6 +343,10 @@ Init ==
     /\ knownOutcome = {}
     /\ sentAfterOutcome = [c \in Calls |-> 0]
     /\ decided = [c \in Calls |-> {}]
+    \* a legacy call's effect is its own: the old engine applied THIS call
+    /\ effects = [c \in Calls |-> IF IsLegacy(c) THEN applied[ExecId(c)] ELSE 0]
+    /\ windowPassed = {}
+    /\ keyForgotten = {}
 
 (***************************************************************************)
 (* Helpers.                                                                *)
@@ -327,14 +372,19 @@ OutcomeKnown(c) == knownOutcome' = knownOutcome \cup {c}
 (* from the row alone (AuditRecomputable).  A record whose argument digest *)
 (* disagrees with the call found at its position is a contradiction and    *)
 (* fails closed.  The engine applies the same function on resume and after *)
-(* a live time-out.                                                        *)
+(* a live time-out.  keyRetained: the idempotency key of the execution is  *)
+(* still within the tool's declared retention window (the engine knows it  *)
+(* from the dispatch time in the record and the clock); past it, the       *)
+(* external system may have forgotten the key, so a retry with the same    *)
+(* id is no longer deduplicated and the call halts instead.               *)
 (***************************************************************************)
 DecisionInputs(c) ==
     [status |-> Rec(c).status, attempt |-> Rec(c).attempt,
      digestMatches |-> Rec(c).args = args[c],
      approval |-> approval[ExecId(c)], hasResult |-> result[c] # NoResult,
      policy |-> Policy[c], legacy |-> IsLegacy(c),
-     requiresApproval |-> NeedsApproval[c]]
+     requiresApproval |-> NeedsApproval[c],
+     keyRetained |-> ExecId(c) \notin windowPassed]
 
 Decide(i) ==
     IF i.hasResult THEN "skip"
@@ -344,8 +394,8 @@ Decide(i) ==
     ELSE IF i.status = "recovery_required" THEN "recovery_required"
     ELSE IF i.status = "dispatched" THEN
             CASE i.policy = "idempotent" ->
-                   IF i.attempt < MaxAttempts THEN "retry_same_id"
-                                              ELSE "recovery_required"
+                   IF i.attempt < MaxAttempts /\ i.keyRetained
+                   THEN "retry_same_id" ELSE "recovery_required"
               [] i.policy = "reconcile" -> "reconcile"
               [] OTHER -> "recovery_required"
     \* no record from here on
@@ -369,6 +419,7 @@ ProviderEmitCall(c, a) ==
     /\ UNCHANGED <<result, approval, ledger, audit, marker, stage>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
     /\ UNCHANGED positions
+    /\ UNCHANGED extVars
 
 \* The assistant message holding c is checkpointed.  Nothing is dispatched
 \* before this: otherwise a crash could put another call at this position.
@@ -388,6 +439,7 @@ EnginePersistCall(c) ==
     /\ UNCHANGED external /\ UNCHANGED ghosts
     /\ StoreId(c)
     /\ UNCHANGED <<turnOf, renumbers, repairs>>
+    /\ UNCHANGED extVars
 
 \* The approval is parked in the inbox and persisted.
 EngineParkApproval(c) ==
@@ -396,6 +448,7 @@ EngineParkApproval(c) ==
     /\ UNCHANGED <<msg, args, result, ledger, audit, marker, stage>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
     /\ UNCHANGED positions
+    /\ UNCHANGED extVars
 
 HumanApprove(c) ==
     /\ msg[c] = "durable" /\ approval[ExecId(c)] = "pending"
@@ -406,6 +459,7 @@ HumanApprove(c) ==
     /\ UNCHANGED <<applied, invocations, humanRetries, crashes>>
     /\ UNCHANGED <<sent, knownOutcome, sentAfterOutcome, decided>>
     /\ UNCHANGED positions
+    /\ UNCHANGED extVars
 
 HumanReject(c) ==
     /\ msg[c] = "durable" /\ approval[ExecId(c)] = "pending"
@@ -413,6 +467,7 @@ HumanReject(c) ==
     /\ UNCHANGED <<msg, args, result, ledger, audit, marker, stage>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
     /\ UNCHANGED positions
+    /\ UNCHANGED extVars
 
 \* A rejected approval becomes a "denied" tool result.
 EngineRecordDenied(c) ==
@@ -422,6 +477,7 @@ EngineRecordDenied(c) ==
     /\ UNCHANGED <<msg, args, approval, ledger, audit, marker>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
     /\ UNCHANGED positions
+    /\ UNCHANGED extVars
 
 \* dispatched(attempt n) is made durable, with its audit row, BEFORE the
 \* adapter is invoked.  Attempt 1 is authorized by the approval (or needs
@@ -446,6 +502,7 @@ EnginePersistDispatched(c) ==
     /\ UNCHANGED <<msg, args, result, approval, marker>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
     /\ UNCHANGED positions
+    /\ UNCHANGED extVars
 
 \* The adapter is invoked with the execution id: the request is now out.
 EngineInvokeAdapter(c) ==
@@ -462,6 +519,7 @@ EngineInvokeAdapter(c) ==
     /\ UNCHANGED <<applied, humanApproved, humanRetries, crashes>>
     /\ UNCHANGED <<knownOutcome, decided>>
     /\ UNCHANGED positions
+    /\ UNCHANGED extVars
 
 \* A readonly tool bypasses the ledger: replaying it is safe.
 EngineInvokeReadonly(c) ==
@@ -469,6 +527,7 @@ EngineInvokeReadonly(c) ==
     /\ stage' = [stage EXCEPT ![c] = "got_ok"]
     /\ UNCHANGED durable /\ UNCHANGED external /\ UNCHANGED ghosts
     /\ UNCHANGED positions
+    /\ UNCHANGED extVars
 
 (***************************************************************************)
 (* The external system processes request n of execution e.  An answer     *)
@@ -477,31 +536,51 @@ EngineInvokeReadonly(c) ==
 Waiting(c, e, n) == ExecId(c) = e /\ stage[c] = "waiting" /\ Rec(c).attempt = n
 Answer(e, n, s) ==
     stage' = [c \in Calls |-> IF Waiting(c, e, n) THEN s ELSE stage[c]]
+\* Some engine still waits for attempt n of e: its answer is taken.
+Delivered(e, n) == \E c \in Calls : Waiting(c, e, n)
 Fenced(e, n) == n <= fenced[e]
 \* The external system's own property of the key: not what the engine reads.
 Dedups(e) == \E c \in Calls : Policy[c] = "idempotent" /\
                  \E t \in Renumberings(c) : IdAt(c, t) = e
-Apply(e) == applied' = [applied EXCEPT ![e] = IF Dedups(e) /\ @ >= 1 THEN @ ELSE @ + 1]
+\* The external system still holds e's idempotency key: it applied e and
+\* has not forgotten the key since (ExternalExpireKey).
+KeyRemembered(e) == Dedups(e) /\ applied[e] >= 1 /\ e \notin keyForgotten
+\* Call c sent attempt n of e (a ghost: the request carries only e and n;
+\* with ids keyed by tool_call_id alone two calls may send under one e).
+\* Read from the requests c sent, not from the id c uses now: with ids
+\* re-derived from a renumbered position (IdFromPosition) they differ.
+Sender(c, e, n) == \E a \in Auths : <<e, n, a>> \in invocations[c]
+\* The request of call c is applied, or deduplicated on the key: then it
+\* has no effect, and in particular none of c's own.  Applying stores the
+\* key (again).
+Apply(c, e) ==
+    IF KeyRemembered(e)
+    THEN UNCHANGED <<applied, effects, keyForgotten>>
+    ELSE /\ applied' = [applied EXCEPT ![e] = @ + 1]
+         /\ effects' = [effects EXCEPT ![c] = @ + 1]
+         /\ keyForgotten' = keyForgotten \ {e}
 
-\* Applied (or deduplicated on the execution id) and answered.
+\* Applied (or deduplicated on the execution id) and answered to the engine
+\* that waits for this attempt.
 ExternalApply(e) ==
-    \E n \in inflight[e] :
-      /\ ~Fenced(e, n)
+    \E n \in inflight[e], c \in Calls :
+      /\ Sender(c, e, n) /\ ~Fenced(e, n) /\ Delivered(e, n)
       /\ inflight' = [inflight EXCEPT ![e] = @ \ {n}]
-      /\ Apply(e)
+      /\ Apply(c, e)
       /\ Answer(e, n, "got_ok")
-      /\ UNCHANGED durable /\ UNCHANGED fenced
+      /\ UNCHANGED durable /\ UNCHANGED fenced /\ UNCHANGED windowPassed
       /\ UNCHANGED <<invocations, humanApproved, humanRetries, crashes>>
       /\ UNCHANGED <<sent, knownOutcome, sentAfterOutcome, decided>>
       /\ UNCHANGED positions
 
 \* Applied, but the answer is lost (time-out, connection reset).
 ExternalApplyLoseAnswer(e) ==
-    \E n \in inflight[e] :
-      /\ ~Fenced(e, n)
+    \E n \in inflight[e], c \in Calls :
+      /\ Sender(c, e, n) /\ ~Fenced(e, n)
       /\ inflight' = [inflight EXCEPT ![e] = @ \ {n}]
-      /\ Apply(e)
+      /\ Apply(c, e)
       /\ UNCHANGED durable /\ UNCHANGED stage /\ UNCHANGED fenced
+      /\ UNCHANGED windowPassed
       /\ UNCHANGED <<invocations, humanApproved, humanRetries, crashes>>
       /\ UNCHANGED <<sent, knownOutcome, sentAfterOutcome, decided>>
       /\ UNCHANGED positions
@@ -510,12 +589,13 @@ ExternalApplyLoseAnswer(e) ==
 \* An idempotent system that already applied e answers with that result.
 ExternalRejectDefinite(e) ==
     \E n \in inflight[e] :
-      /\ ~Fenced(e, n)
-      /\ ~(Dedups(e) /\ applied[e] >= 1)
+      /\ ~Fenced(e, n) /\ Delivered(e, n)
+      /\ ~KeyRemembered(e)
       /\ inflight' = [inflight EXCEPT ![e] = @ \ {n}]
       /\ Answer(e, n, "got_fail")
       /\ UNCHANGED durable /\ UNCHANGED fenced /\ UNCHANGED ghosts
       /\ UNCHANGED positions
+      /\ UNCHANGED extVars
 
 \* A late request of a fenced attempt is dropped without effect.
 ExternalDropFenced(e) ==
@@ -523,8 +603,67 @@ ExternalDropFenced(e) ==
       /\ Fenced(e, n)
       /\ inflight' = [inflight EXCEPT ![e] = @ \ {n}]
       /\ UNCHANGED durable /\ UNCHANGED stage /\ UNCHANGED fenced
-      /\ UNCHANGED ghosts
+      /\ UNCHANGED ghosts /\ UNCHANGED extVars
       /\ UNCHANGED positions
+
+(***************************************************************************)
+(* EngineDiscardLateReturn: the external system processes attempt n of e   *)
+(* (applies it, or rejects it definitely) and returns, but no engine waits *)
+(* for that attempt any more: it belongs to an older attempt (a retry was  *)
+(* sent since), or it comes after a time-out or a crash.  The engine      *)
+(* discards it: the return never becomes the current attempt's answer, so  *)
+(* no stage changes (the effect, if applied, is what Recover and the       *)
+(* invariants must account for).  ASSUMPTION: the adapter seam delivers a  *)
+(* return only to the attempt that sent it (the core refuses any other).   *)
+(***************************************************************************)
+EngineDiscardLateReturn(e) ==
+    \E n \in inflight[e], c \in Calls :
+      /\ Sender(c, e, n) /\ ~Fenced(e, n) /\ ~Delivered(e, n)
+      /\ inflight' = [inflight EXCEPT ![e] = @ \ {n}]
+      /\ \/ Apply(c, e)                      \* applied, the "ok" discarded
+         \/ /\ ~KeyRemembered(e)            \* rejected, the "error" discarded
+            /\ UNCHANGED <<applied, effects, keyForgotten>>
+      /\ UNCHANGED durable /\ UNCHANGED stage /\ UNCHANGED fenced
+      /\ UNCHANGED windowPassed
+      /\ UNCHANGED <<invocations, humanApproved, humanRetries, crashes>>
+      /\ UNCHANGED <<sent, knownOutcome, sentAfterOutcome, decided>>
+      /\ UNCHANGED positions
+
+(***************************************************************************)
+(* Key retention.  Time is abstract: RetentionWindowPasses(e) is the clock *)
+(* passing the end of the retention window the tool declared, counted from *)
+(* the execution's first dispatch (the earliest time its key can have     *)
+(* been stored: conservative for every later attempt).  From then on the   *)
+(* engine knows the key may be gone (DecisionInputs.keyRetained), and the  *)
+(* external system MAY forget it (ExternalExpireKey): a request with the   *)
+(* same id is then applied anew.  ASSUMPTION: the window the tool declares *)
+(* is shorter than the external system's retention by a margin that covers *)
+(* a retry's whole path: a retry the engine decided while the key was      *)
+(* retained is sent and reaches the external system (or is lost) before   *)
+(* the key is forgotten.  So the key is not forgotten while a request      *)
+(* under it is in flight or an engine holds a retry of it in memory        *)
+(* (without the margin a retry decided just in time could land after the   *)
+(* expiry).  KeysExpire is FALSE in every model but                        *)
+(* the key-retention ones (they override it in their .cfg): keys are then  *)
+(* kept forever and neither action is enabled.                             *)
+(***************************************************************************)
+KeysExpire == FALSE
+
+RetentionWindowPasses(e) ==
+    /\ KeysExpire /\ e \notin windowPassed /\ ledger[e].status # "none"
+    /\ \E c \in Calls : ExecId(c) = e /\ Policy[c] = "idempotent"
+    /\ windowPassed' = windowPassed \cup {e}
+    /\ UNCHANGED durable /\ UNCHANGED stage /\ UNCHANGED external
+    /\ UNCHANGED ghosts /\ UNCHANGED <<effects, keyForgotten>>
+    /\ UNCHANGED positions
+
+ExternalExpireKey(e) ==
+    /\ e \in windowPassed /\ KeyRemembered(e) /\ inflight[e] = {}
+    /\ \A c \in Calls : ExecId(c) = e => stage[c] \notin {"retry", "dispatched", "waiting"}
+    /\ keyForgotten' = keyForgotten \cup {e}
+    /\ UNCHANGED durable /\ UNCHANGED stage /\ UNCHANGED external
+    /\ UNCHANGED ghosts /\ UNCHANGED <<effects, windowPassed>>
+    /\ UNCHANGED positions
 
 \* succeeded(result) is made durable immediately after the adapter returns.
 EngineRecordSucceeded(c) ==
@@ -539,6 +678,7 @@ EngineRecordSucceeded(c) ==
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, sentAfterOutcome, decided>>
     /\ UNCHANGED positions
+    /\ UNCHANGED extVars
 
 \* failed(error) is made durable for a definite, known-not-applied failure.
 EngineRecordFailed(c) ==
@@ -553,6 +693,7 @@ EngineRecordFailed(c) ==
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, sentAfterOutcome, decided>>
     /\ UNCHANGED positions
+    /\ UNCHANGED extVars
 
 \* The role="tool" result is appended to the conversation and checkpointed:
 \* from the ledger record, or (readonly) from the answer in memory.
@@ -566,6 +707,7 @@ EngineAppendResult(c) ==
     /\ UNCHANGED <<msg, args, approval, ledger, audit, marker>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
     /\ UNCHANGED positions
+    /\ UNCHANGED extVars
 
 \* The live engine gives up waiting: the outcome is unknown, exactly as
 \* after a crash, so the same recovery decision applies.
@@ -574,6 +716,7 @@ EngineTimeout(c) ==
     /\ stage' = [stage EXCEPT ![c] = "resume"]
     /\ UNCHANGED durable /\ UNCHANGED external /\ UNCHANGED ghosts
     /\ UNCHANGED positions
+    /\ UNCHANGED extVars
 
 (***************************************************************************)
 (* Recover: apply the recovery decision to call c, and audit it with the  *)
@@ -624,12 +767,17 @@ Recover(c) ==
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, knownOutcome, sentAfterOutcome>>
     /\ UNCHANGED positions
+    /\ UNCHANGED extVars
 
 (***************************************************************************)
 (* Reconcile: ask the connector whether execution e was applied.  "Not    *)
 (* applied" is definite only because the connector fences the attempts    *)
 (* made so far (a late original must not land afterwards); the fence is   *)
 (* per attempt, so the retry (attempt n+1) is not rejected by it.         *)
+(* CONNECTOR OBLIGATION: the query and the fence are ONE atomic step at   *)
+(* the external system (EngineReconcileNotApplied reads applied[e] and     *)
+(* sets fenced[e] together).  A connector that answers first and fences    *)
+(* later lets a late original land in between: twin QueryThenFence.       *)
 (***************************************************************************)
 \* The connector's answer comes from the external system's own state.
 ConnectorSaysApplied(e) == applied[e] >= 1
@@ -648,6 +796,7 @@ EngineReconcileApplied(c) ==
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, sentAfterOutcome>>
     /\ UNCHANGED positions
+    /\ UNCHANGED extVars
 
 EngineReconcileNotApplied(c) ==
     LET e == ExecId(c) IN
@@ -663,6 +812,7 @@ EngineReconcileNotApplied(c) ==
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, knownOutcome, sentAfterOutcome>>
     /\ UNCHANGED positions
+    /\ UNCHANGED extVars
 
 \* The connector cannot tell (unreachable, or the retry budget is spent).
 EngineReconcileUnknown(c) ==
@@ -677,6 +827,7 @@ EngineReconcileUnknown(c) ==
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, knownOutcome, sentAfterOutcome>>
     /\ UNCHANGED positions
+    /\ UNCHANGED extVars
 
 (***************************************************************************)
 (* A human resolves a recovery_required item.  Resolving it resumes the    *)
@@ -697,6 +848,7 @@ HumanResolveApplied(c) ==
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, sentAfterOutcome>>
     /\ UNCHANGED positions
+    /\ UNCHANGED extVars
 
 HumanResolveRetry(c) ==
     LET e == ExecId(c)
@@ -717,6 +869,7 @@ HumanResolveRetry(c) ==
     /\ UNCHANGED <<applied, invocations, humanApproved, crashes,
                    sent, knownOutcome, sentAfterOutcome>>
     /\ UNCHANGED positions
+    /\ UNCHANGED extVars
 
 HumanResolveAbandon(c) ==
     LET e == ExecId(c) IN
@@ -732,6 +885,7 @@ HumanResolveAbandon(c) ==
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, knownOutcome, sentAfterOutcome>>
     /\ UNCHANGED positions
+    /\ UNCHANGED extVars
 
 (***************************************************************************)
 (* HumanCancel: a user's Stop after approval (or for a call that needs     *)
@@ -761,6 +915,7 @@ HumanCancel(c) ==
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, knownOutcome, sentAfterOutcome>>
     /\ UNCHANGED positions
+    /\ UNCHANGED extVars
 
 (***************************************************************************)
 (* Crash: the engine process dies and restarts.  Only volatile state is   *)
@@ -780,6 +935,7 @@ Crash ==
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries>>
     /\ UNCHANGED <<sent, knownOutcome, sentAfterOutcome, decided>>
     /\ UNCHANGED positions
+    /\ UNCHANGED extVars
 
 (***************************************************************************)
 (* The conversation's own rewrites (environment actions, no fairness).     *)
@@ -802,6 +958,7 @@ ConversationRepair(c) ==
     /\ UNCHANGED <<result, approval, ledger, audit, marker>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
     /\ UNCHANGED <<turnOf, storedId, renumbers>>
+    /\ UNCHANGED extVars
 
 \* Compaction or a repair changes the number of messages before an
 \* unanswered call, so the turn the engine derives from the conversation's
@@ -814,6 +971,7 @@ ConversationRenumber(c) ==
     /\ UNCHANGED durable /\ UNCHANGED stage
     /\ UNCHANGED external /\ UNCHANGED ghosts
     /\ UNCHANGED <<storedId, repairs>>
+    /\ UNCHANGED extVars
 
 Next ==
     \/ \E c \in Calls, a \in Args : ProviderEmitCall(c, a)
@@ -829,6 +987,9 @@ Next ==
     \/ \E e \in ExecIds : ExternalApplyLoseAnswer(e)
     \/ \E e \in ExecIds : ExternalRejectDefinite(e)
     \/ \E e \in ExecIds : ExternalDropFenced(e)
+    \/ \E e \in ExecIds : EngineDiscardLateReturn(e)
+    \/ \E e \in ExecIds : RetentionWindowPasses(e)
+    \/ \E e \in ExecIds : ExternalExpireKey(e)
     \/ \E c \in Calls : EngineRecordSucceeded(c)
     \/ \E c \in Calls : EngineRecordFailed(c)
     \/ \E c \in Calls : EngineAppendResult(c)
@@ -884,10 +1045,14 @@ EngineFairSpec ==
 Protected(c) == Policy[c] # "readonly"
 
 (* AtMostOnceEffect: the external effect of a non-readonly call is applied *)
-(* at most once, plus once per retry a human explicitly authorized.        *)
+(* at most once, plus once per retry a human explicitly authorized.  The  *)
+(* effects are counted per CALL (effects[c]: c's own requests applied),    *)
+(* not per execution id, so two calls that wrongly share an id are not     *)
+(* one call applied twice, and one call answered from the other's key has  *)
+(* no effect of its own.                                                   *)
 AtMostOnceEffect ==
     \A c \in Calls : Protected(c) =>
-        applied[ExecId(c)] <= 1 + humanRetries[ExecId(c)]
+        effects[c] <= 1 + humanRetries[ExecId(c)]
 
 (* NoReinvokeAfterKnownOutcome: once a succeeded or failed outcome of a   *)
 (* call was durable (at any time in the past: the ghost knownOutcome), the *)
@@ -918,8 +1083,9 @@ NoBlindReplay ==
 
 (* ResultFidelity: every tool result in the conversation belongs to THIS *)
 (* call's execution and arguments, and says what happened:                 *)
-(*  - ok: the external system returned it, so a protected call's effect   *)
-(*    was applied (never fabricated, never another call's);               *)
+(*  - ok: the external system returned it, so THIS protected call's own    *)
+(*    effect was applied (effects[c]: never fabricated, never an answer   *)
+(*    deduplicated from another call's request under a shared id);        *)
 (*  - denied, cancelled: the call was never sent;                          *)
 (*  - error: the LAST attempt definitely failed.  An effect may stand     *)
 (*    beside it only from an earlier attempt whose outcome was unknown:   *)
@@ -939,10 +1105,10 @@ ResultFidelity ==
     \A c \in Calls : result[c] # NoResult =>
         /\ result[c].exec = ExecId(c)
         /\ result[c].args = args[c]
-        /\ result[c].kind = "ok" /\ Protected(c) => applied[ExecId(c)] >= 1
+        /\ result[c].kind = "ok" /\ Protected(c) => effects[c] >= 1
         /\ result[c].kind \in {"denied", "cancelled"} => invocations[c] = {}
         /\ result[c].kind = "error" /\ Protected(c) =>
-              applied[ExecId(c)] <= humanRetries[ExecId(c)]
+              effects[c] <= humanRetries[ExecId(c)]
                                     + (IF Policy[c] = "idempotent" THEN 1 ELSE 0)
 
 (* ApprovalGate: no invocation of a call that needs approval unless a      *)
@@ -1019,12 +1185,12 @@ CancelledNeverInvoked ==
 \* An effect was applied and a later attempt of the same call was sent
 \* (AtMostOnceEffect, NoBlindReplay: the retry that could apply it twice).
 Witness_RetryAfterApplied ==
-    ~\E c \in Calls : Protected(c) /\ applied[ExecId(c)] >= 1
+    ~\E c \in Calls : Protected(c) /\ effects[c] >= 1
                       /\ \E n \in 2..MaxAttempts : sent[c][n] >= 1
 
 \* A crash left an applied, unanswered call to Recover (AtMostOnceEffect).
 Witness_RecoverAfterApplied ==
-    ~\E c \in Calls : Protected(c) /\ applied[ExecId(c)] >= 1 /\ crashes >= 1
+    ~\E c \in Calls : Protected(c) /\ effects[c] >= 1 /\ crashes >= 1
                       /\ stage[c] = "resume" /\ Rec(c).status = "dispatched"
 
 \* A call whose outcome is known is resumed (NoReinvokeAfterKnownOutcome).
@@ -1051,7 +1217,7 @@ Witness_OkAfterCrash ==
 \* error clause: a human retried, or an idempotent late original landed).
 Witness_ErrorBesideEffect ==
     ~\E c \in Calls : Protected(c) /\ result[c].kind = "error"
-                      /\ applied[ExecId(c)] >= 1
+                      /\ effects[c] >= 1
 
 \* A call that needs approval is invoked again after a crash
 \* (ApprovalGate, ApprovalSingleUse).
@@ -1104,6 +1270,24 @@ Witness_DigestMismatch ==
 Witness_RenumberedAfterInvoke ==
     ~\E c \in Calls : stage[c] = "resume" /\ turnOf[c] # Turn[c]
                       /\ invocations[c] # {}
+
+\* The return of an older attempt arrives while the engine waits for a
+\* newer attempt of the same execution: EngineDiscardLateReturn must drop it
+\* (ResultFidelity: taken as the current attempt's answer, an older
+\* attempt's "ok" or "error" would be recorded for the wrong attempt).
+Witness_LateReturnDiscarded ==
+    ~\E e \in ExecIds : \E n \in inflight[e] :
+        /\ ~Fenced(e, n) /\ ~Delivered(e, n)
+        /\ \E c \in Calls : ExecId(c) = e /\ stage[c] = "waiting"
+
+\* The external system forgot the key of an applied idempotent call that
+\* waits for Recover with its attempt dispatched: the retry with the same
+\* id would apply it again (AtMostOnceEffect: keyRetained must stop it).
+Witness_KeyForgottenBeforeRecover ==
+    ~\E c \in Calls :
+        /\ Policy[c] = "idempotent" /\ ExecId(c) \in keyForgotten
+        /\ effects[c] >= 1 /\ stage[c] = "resume"
+        /\ Rec(c).status = "dispatched"
 
 (***************************************************************************)
 (* LIVENESS.                                                               *)

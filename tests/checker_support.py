@@ -104,6 +104,22 @@ def keyed_by_tool_call_id() -> Iterator[None]:
 
 
 @contextmanager
+def ignores_key_retention() -> Iterator[None]:
+    """Broken: recovery retries an idempotent call with the same id whether or
+    not its key is still retained (the RetryAfterKeyExpiry twin)."""
+    original = p.decide_recovery
+
+    def broken(inputs: p.RecoveryInputs) -> p.RecoveryDecision:
+        return p.RecoveryDecision(original(replace(inputs, key_retained=True)).decision, inputs)
+
+    p.decide_recovery = broken
+    try:
+        yield
+    finally:
+        p.decide_recovery = original
+
+
+@contextmanager
 def takes_late_answer() -> Iterator[None]:
     """Broken: an answer is taken whatever attempt it belongs to, so a late
     answer of an older attempt passes for the current attempt's."""
@@ -159,6 +175,7 @@ BROKEN = {
     "keyed_by_tool_call_id": keyed_by_tool_call_id,
     "takes_late_answer": takes_late_answer,
     "resolves_before_recover": resolves_before_recover,
+    "ignores_key_retention": ignores_key_retention,
 }
 
 

@@ -14,17 +14,34 @@ connector developer writes theirs (``CONTRACT``): the reference connectors of
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
 
-from toolledger import Decision, Tool
-from toolledger.extra.pytest import OBLIGATIONS, obligations_for, obligations_table
+from toolledger import Tool
+from toolledger._core import ledger, protocol, session
+from toolledger._core.ledger import Ledger
+from toolledger._core.protocol import (
+    RecoveryDecision,
+    RecoveryInputs,
+    SessionState,
+    decide_recovery,
+)
+from toolledger.extra.pytest import (
+    OBLIGATIONS,
+    Connector,
+    Obligation,
+    obligations_for,
+    obligations_table,
+)
 
 pytest_plugins = ("pytester",)
 
@@ -255,9 +272,7 @@ def test_every_spec_external_action_has_obligations() -> None:
     with open(os.path.join(os.path.dirname(__file__), "..", "spec",
                            "DurableToolExecution.tla"), encoding="utf-8") as f:
         spec = f.read()
-    # every action named is the spec's (ExternalExpireKey: once the key-retention
-    # change is in the spec; until then the rest must be there)
-    for action in actions - {"ExternalExpireKey"}:
+    for action in actions:  # every action named is the spec's
         assert f"{action}(e) ==" in spec, action
     for invariant in {ob.invariant for ob in OBLIGATIONS}:
         assert f"\n{invariant} ==" in spec, invariant
@@ -329,25 +344,67 @@ def test_a_marked_test_without_obligation_is_a_usage_error(pytester: pytest.Pyte
     assert "takes no 'obligation' argument" in result.stdout.str() + result.stderr.str()
 
 
-def test_an_engine_that_retries_after_the_window_fails_external_expire_key(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _external_expire_key(db: Path) -> tuple[Obligation, Connector]:
     from toolledger.extra import pytest as kit
     from toolledger.kit.connectors import PaymentsClient, PaymentsFake
 
-    fake = PaymentsFake(tmp_path / "payments.sqlite3", retention_window=0.05)
+    fake = PaymentsFake(db, retention_window=0.05)
     connector = kit.Connector(call=PaymentsClient(fake).charge, sandbox=fake)
     [expire] = [ob.bind(Tool(policy="idempotent"), 0.05) for ob in OBLIGATIONS
                 if ob.action == "ExternalExpireKey"]
-    expire.check(connector)  # the engine halts: kept
-    # BROKEN: an engine that ignores the key's retention and retries anyway
-    monkeypatch.setattr(kit, "_decision_after_expiry", lambda d: Decision.RETRY_SAME_ID)
+    return expire, connector
+
+
+def _broken_decide(inputs: RecoveryInputs) -> RecoveryDecision:
+    # BROKEN core: recovery ignores whether the key is still retained
+    return RecoveryDecision(decide_recovery(replace(inputs, key_retained=True)).decision,
+                            inputs)
+
+
+def _passes_no_window(self: Ledger, state: SessionState) -> SessionState:
+    # BROKEN ledger: it never applies a passed retention window (RetentionWindowPasses)
+    return state
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        # Decide is called where the Session plans, the ledger audits and the
+        # Recover handler applies: broken in all three, as one core would be
+        [(protocol, "decide_recovery", _broken_decide), (ledger, "decide_recovery", _broken_decide),
+         (session, "decide_recovery", _broken_decide)],
+        [(ledger.Ledger, "_windows_passed", _passes_no_window)],
+    ],
+    ids=["decide_ignores_key_retained", "ledger_never_passes_the_window"],
+)
+def test_a_core_that_retries_after_the_window_fails_external_expire_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken: list[tuple[object, str, object]]
+) -> None:
+    """The obligation runs the core's own path (Tool(retention_window=...), the
+    ledger's dispatch time and clock, Recover's key_retained): the real core
+    halts, and a core broken in either half retries and fails it."""
+    expire, connector = _external_expire_key(tmp_path / "kept.sqlite3")
+    expire.check(connector)  # the real core halts for a human: kept
+    for target, name, value in broken:
+        monkeypatch.setattr(target, name, value)
+    expire, connector = _external_expire_key(tmp_path / "broken.sqlite3")
     with pytest.raises(pytest.fail.Exception) as failed:
         expire.check(connector)
     text = str(failed.value)
     assert "connector broke obligation ExternalExpireKey-retry_after_window_halts" in text
     assert "the recovery decision is retry_same_id" in text
     assert "depends on it: AtMostOnceEffect" in text
+
+
+def test_external_expire_key_moves_the_engine_clock_not_the_wall_clock(tmp_path: Path) -> None:
+    """With a sandbox that has advance(), the window passes for the engine's ledger
+    through the same advance: the obligation waits for nothing."""
+    expire, connector = _external_expire_key(tmp_path / "payments.sqlite3")
+    # a 30 s window: waiting it out (the engine on the wall clock) takes 33 s
+    expire = dataclasses.replace(expire, retention_window=30.0)
+    started = time.monotonic()
+    expire.check(connector)
+    assert time.monotonic() - started < 15
 
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")

@@ -17,6 +17,7 @@ from checker_support import model_config
 from toolledger._core import protocol as p
 from toolledger.check.invariants import (
     INVARIANTS,
+    AtMostOnceEffect,
     AttemptSentOnce,
     AuditComplete,
     AuditRecomputable,
@@ -107,7 +108,11 @@ def test_result_fidelity_covers_error_and_denied() -> None:
     assert s.session.calls[0].result is not None
     assert ResultFidelity(CFG, s) == []
     # a manual call's error beside an applied effect no human retry explains
-    applied = replace(s, external=replace(s.external, applied={e: 1}))
+    applied = replace(
+        s,
+        external=replace(s.external, applied={e: 1}),
+        ghosts=replace(s.ghosts, effects={"c1": 1}),
+    )
     assert ResultFidelity(CFG, applied) == [
         "c1: shows an error beside 1 applied effect(s), 0 explained by human retries and "
         "the policy"
@@ -120,6 +125,28 @@ def test_result_fidelity_covers_error_and_denied() -> None:
     denied = replace(c1, result=replace(c1.result, kind=p.ResultKind.DENIED))
     lying = replace(s, session=replace(s.session, calls=(denied, *s.session.calls[1:])))
     assert ResultFidelity(CFG, lying) == ["c1: shows denied, yet it was sent"]
+
+
+def test_result_fidelity_reads_the_calls_own_effect() -> None:
+    """Issue 11 item 3: an "ok" answered from another call's deduplicated
+    request (the key was applied, this call's own request never was) is caught:
+    the effects are keyed by the call, not by the execution id."""
+    s = walk(CFG, *SENT, A.ExternalApply, A.EngineRecordSucceeded, A.EngineAppendResult)
+    e = CFG.exec_ids["c1"]
+    assert s.external.applied == {e: 1} and s.ghosts.effects == {"c1": 1}
+    assert ResultFidelity(CFG, s) == [] and AtMostOnceEffect(CFG, s) == []
+    # the key holds an effect, but not this call's: another call's request
+    borrowed = replace(s, ghosts=replace(s.ghosts, effects={}))
+    assert ResultFidelity(CFG, borrowed) == [
+        "c1: shows a successful result that was never applied"
+    ]
+    # two effects of the key, one per call, are not one call applied twice
+    twice_key = replace(s, external=replace(s.external, applied={e: 2}))
+    assert AtMostOnceEffect(CFG, twice_key) == []
+    twice_call = replace(s, ghosts=replace(s.ghosts, effects={"c1": 2}))
+    assert AtMostOnceEffect(CFG, twice_call) == [
+        "c1: effect applied 2 times, at most 1 allowed"
+    ]
 
 
 def _rows(cfg: ModelConfig, s: SystemState) -> dict[str, FnValue]:

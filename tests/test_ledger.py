@@ -524,12 +524,16 @@ RESULT_EVENTS = frozenset(
 
 # Crashes are drawn separately; the external system's silent moves change
 # nothing the engine holds (test_silent_external_moves_commit_nothing).
-# The conversation's rewrites are not ledger steps (Ledger.step refuses them:
-# tests/test_lost_conversation.py); the checkers' closed world plays them.
-SKIPPED = frozenset({
-    A.ProviderEmitCall, A.Crash, A.ExternalApplyLoseAnswer, A.ExternalDropFenced,
-    A.ConversationRepair, A.ConversationRenumber,
-})
+# Engine-silent events change nothing a ledger holds (EngineDiscardLateReturn
+# too: the core only checks the return is late; tests/test_protocol.py), and
+# RetentionWindowPasses is the Ledger's own, from its clock and the records'
+# dispatch times (tests/test_key_retention.py), never a caller's event.  The
+# conversation's rewrites are not ledger steps either (Ledger.step refuses
+# them: tests/test_lost_conversation.py); the checkers' closed world plays them.
+SKIPPED = frozenset({A.ProviderEmitCall, A.Crash, A.ExternalApplyLoseAnswer, A.ExternalDropFenced,
+                     A.ExternalExpireKey, A.EngineDiscardLateReturn,
+                     A.RetentionWindowPasses,
+                     A.ConversationRepair, A.ConversationRenumber})  # fmt: skip
 
 
 def candidates(state: p.SessionState, emits: list[E]) -> list[E]:

@@ -196,3 +196,28 @@ def test_trace_validation_replays_the_rewrites(model: str) -> None:
     i = next(i for i, (a, _) in enumerate(w.steps) if a == rewrite.value)
     broken = tc.Trace((*w.steps[:i], (rewrite.value, w.steps[i - 1][1]), *w.steps[i + 1:]))
     assert not tc.validate_traces(ROOT, cfg, [broken]).ok
+
+
+def test_a_late_return_of_a_repaired_away_call_is_discarded() -> None:
+    # The spec's EngineDiscardLateReturn is enabled for a request still in
+    # flight when ConversationRepair dropped its call (nobody waits for it):
+    # the core must accept the discard and change nothing.  A core that
+    # refuses it (no call at that position) misses these spec edges: without
+    # the rule the LostConversation conformance reports 72 mismatches.
+    cfg = model_config("LostConversation")
+    discarded_gone = 0
+    for action, before, s in explore(cfg):
+        if action is not A.EngineDiscardLateReturn:
+            continue
+        if before.session.calls:
+            continue
+        discarded_gone += 1
+        assert s.session == before.session  # nothing the engine holds changes
+    assert discarded_gone
+    # the core's own rule, directly: a position the conversation no longer
+    # holds is late by definition; an event without the attempt is refused
+    empty = replace(initial_states(cfg)[0].session, calls=())
+    ev = p.Event(A.EngineDiscardLateReturn, (1, 0), attempt=1)
+    assert p.apply(empty, ev) == empty
+    with pytest.raises(p.ProtocolError):
+        p.apply(empty, p.Event(A.EngineDiscardLateReturn, (1, 0)))

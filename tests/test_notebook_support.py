@@ -153,7 +153,7 @@ def decide(status: p.LedgerStatus, policy: p.RecoveryPolicy, **kw: object) -> st
 def test_the_recovery_table_is_decide_recovery() -> None:
     table = {row[0]: row[1:] for row in ns.recovery_table(max_attempts=2)}
     policies = list(p.RecoveryPolicy)
-    assert len(table) == len(ns.RECOVERY_ROWS) + 2
+    assert len(table) == len(ns.RECOVERY_ROWS) + 3
     for label, status, legacy, approval in ns.RECOVERY_ROWS:
         for pol, cell in zip(policies, table[label], strict=True):
             first = decide(status, pol, legacy=legacy, approval=approval,
@@ -163,6 +163,10 @@ def test_the_recovery_table_is_decide_recovery() -> None:
     assert dispatched[policies.index(p.RecoveryPolicy.IDEMPOTENT)] == (
         "retry_same_id\n(at the last attempt: recovery_required)")
     assert set(table[ns.RESULT_ROW]) == {"skip"}
+    # past the key's retention window an idempotent call halts: the key may be gone
+    expired = table[ns.KEY_EXPIRED_ROW]
+    assert expired[policies.index(p.RecoveryPolicy.IDEMPOTENT)] == "recovery_required"
+    assert expired[policies.index(p.RecoveryPolicy.RECONCILE)] == "reconcile"
     html = ns.recovery_table_html()
     assert "<th" in html and "dispatched (outcome unknown)" in html
     tds = re.findall(r"<t[dh] style=\"([^\"]*)\"", html)
@@ -175,16 +179,18 @@ def test_the_input_space_covers_every_status_policy_and_attempt() -> None:
     assert {i.status for i in inputs} == set(p.LedgerStatus)
     assert {i.policy for i in inputs} == set(p.RecoveryPolicy)
     assert {i.attempt for i in inputs if i.status is not p.LedgerStatus.NONE} == {1, 2}
-    # 5 statuses with a record x 2 attempts x 2 digests, plus "none", for each of
-    # 4 policies x 4 approvals x 2 x 2 x 2 flags
-    assert len(inputs) == (5 * 2 * 2 + 1) * 4 * 4 * 8
+    assert {i.key_retained for i in inputs if i.status is p.LedgerStatus.DISPATCHED} == {
+        True, False}
+    # 5 statuses with a record x 2 attempts x 2 digests x 2 (key retained or not),
+    # plus "none", for each of 4 policies x 4 approvals x 2 x 2 x 2 flags
+    assert len(inputs) == (5 * 2 * 2 * 2 + 1) * 4 * 4 * 8
 
 
 @pytest.mark.slow
 def test_decide_through_tlc_agrees_with_python_on_the_real_spec() -> None:
     with ns.TLCWorkspace(ROOT) as ws:
         compared = ns.compare_decide_with_spec(ws, max_attempts=2)
-    assert compared.inputs == 21 * 4 * 4 * 8
+    assert compared.inputs == 41 * 4 * 4 * 8
     assert compared.disagreements == ()
     assert compared.run.result.outcome is Outcome.PASS
 
@@ -339,8 +345,13 @@ def test_models_of_spec_tells_the_two_specs_models_apart() -> None:
     manifest = load_manifest(ROOT)
     ours = {m.name for m in ns.models_of_spec(manifest)}
     legacy = {m.name for m in ns.models_of_spec(manifest, "LegacyResume")}
+    concurrent = {m.name for m in ns.models_of_spec(manifest, "ConcurrentResumers")}
+    # the Decide tie instantiates both specs and extends neither
+    tie = {m.name for m in manifest.models if m.module == "MCConcurrentDecideTie"}
     assert "TwoCalls" in ours and "LegacyResume" in legacy
-    assert not ours & legacy and ours | legacy == set(manifest.names())
+    assert "ConcurrentReconcile" in concurrent and "ConcurrentDecideTie" in tie
+    groups = (ours, legacy, concurrent, tie)
+    assert sum(map(len, groups)) == len(set().union(*groups)) == len(manifest.names())
 
 
 def test_the_matrix_claims_hold_and_each_refuses_a_matrix_that_breaks_it() -> None:

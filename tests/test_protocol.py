@@ -17,17 +17,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _all_inputs() -> list[p.RecoveryInputs]:
     return [
-        p.RecoveryInputs(status, attempt, match, appr, has, pol, legacy, needs, 3)
-        for status, attempt, match, appr, has, pol, legacy, needs in itertools.product(
+        p.RecoveryInputs(status, attempt, match, appr, has, pol, legacy, needs, 3, kept)
+        for status, attempt, match, appr, has, pol, legacy, needs, kept in itertools.product(
             p.LedgerStatus, range(4), (True, False), p.ApprovalState, (True, False),
-            p.RecoveryPolicy, (True, False), (True, False),
+            p.RecoveryPolicy, (True, False), (True, False), (True, False),
         )
     ]  # fmt: skip
 
 
 def test_decide_recovery_is_total_and_deterministic() -> None:
     inputs = _all_inputs()
-    assert len(inputs) == 6 * 4 * 2 * 4 * 2 * 4 * 2 * 2
+    assert len(inputs) == 6 * 4 * 2 * 4 * 2 * 4 * 2 * 2 * 2
     for i in inputs:
         d = p.decide_recovery(i)
         assert isinstance(d.decision, p.Decision)
@@ -173,3 +173,92 @@ def test_unknown_policy_is_refused_with_the_valid_ones() -> None:
     assert p.ToolProfile("t", "idempotent").policy is p.RecoveryPolicy.IDEMPOTENT  # type: ignore[arg-type]
     with pytest.raises(p.InvalidInput, match="not JSON-serializable"):
         p.args_digest("t", {"x": object()})
+
+
+def test_an_idempotent_retry_needs_the_key_retained() -> None:
+    """Row 6' of the recovery table: past the key's retention window the
+    external system may have forgotten the key, so no retry with the same id."""
+    kept = p.RecoveryInputs(
+        p.LedgerStatus.DISPATCHED, 1, True, p.ApprovalState.APPROVED, False,
+        p.RecoveryPolicy.IDEMPOTENT, False, True, 3,
+    )  # fmt: skip
+    assert kept.key_retained  # the default: keys are kept forever
+    assert p.decide_recovery(kept).decision is p.Decision.RETRY_SAME_ID
+    expired = replace(kept, key_retained=False)
+    assert p.decide_recovery(expired).decision is p.Decision.RECOVERY_REQUIRED
+    assert expired.as_dict()["key_retained"] is False
+    # keyRetained matters for nothing but an idempotent retry
+    for status, policy in [(p.LedgerStatus.SUCCEEDED, p.RecoveryPolicy.IDEMPOTENT),
+                           (p.LedgerStatus.DISPATCHED, p.RecoveryPolicy.RECONCILE)]:
+        i = replace(kept, status=status, policy=policy)
+        assert p.decide_recovery(i).decision is p.decide_recovery(
+            replace(i, key_retained=False)).decision  # fmt: skip
+
+
+def _waiting(policy: p.RecoveryPolicy) -> p.SessionState:
+    s = _session_with_call(policy)
+    for a in (p.Action.EngineParkApproval, p.Action.HumanApprove,
+              p.Action.EnginePersistDispatched, p.Action.EngineInvokeAdapter):  # fmt: skip
+        s = p.apply(s, p.Event(a, (1, 0), at=1000.0))
+    return s
+
+
+def test_a_late_return_is_refused_as_an_answer_and_discarded() -> None:
+    """A return for an older attempt, or after a time-out, is discarded: the
+    core refuses to take it as the current attempt's answer, and refuses to
+    discard the answer of the attempt the call waits for."""
+    s = _waiting(p.RecoveryPolicy.IDEMPOTENT)
+    with pytest.raises(p.ProtocolError, match="deliver it instead of discarding it"):
+        p.apply(s, p.Event(p.Action.EngineDiscardLateReturn, (1, 0), attempt=1))
+    # time-out, retry_same_id: attempt 2 is sent while attempt 1 may still land
+    for a in (p.Action.EngineTimeout, p.Action.Recover, p.Action.EnginePersistDispatched,
+              p.Action.EngineInvokeAdapter):  # fmt: skip
+        s = p.apply(s, p.Event(a, (1, 0)))
+    call = s.call((1, 0))
+    assert call is not None and s.record(call.execution_id).attempt == 2
+    for answer in (p.Action.ExternalApply, p.Action.ExternalRejectDefinite):
+        with pytest.raises(p.ProtocolError, match="for attempt 1, the engine waits for 2"):
+            p.apply(s, p.Event(answer, (1, 0), attempt=1))
+    assert p.apply(s, p.Event(p.Action.EngineDiscardLateReturn, (1, 0), attempt=1)) == s
+    # after a time-out nothing waits: any return is late
+    timed_out = p.apply(s, p.Event(p.Action.EngineTimeout, (1, 0)))
+    with pytest.raises(p.ProtocolError, match="expected waiting"):
+        p.apply(timed_out, p.Event(p.Action.ExternalApply, (1, 0), attempt=2))
+    assert p.apply(
+        timed_out, p.Event(p.Action.EngineDiscardLateReturn, (1, 0), attempt=2)
+    ) == timed_out
+
+
+def test_the_first_dispatch_time_is_kept_and_the_window_passes_once() -> None:
+    s = _waiting(p.RecoveryPolicy.IDEMPOTENT)
+    call = s.call((1, 0))
+    assert call is not None
+    eid = call.execution_id
+    assert s.record(eid).dispatched_at == 1000.0
+    s = p.apply(s, p.Event(p.Action.EngineTimeout, (1, 0)))
+    s = p.apply(s, p.Event(p.Action.Recover, (1, 0)))
+    s = p.apply(s, p.Event(p.Action.EnginePersistDispatched, (1, 0), at=2000.0))
+    assert s.record(eid).attempt == 2 and s.record(eid).dispatched_at == 1000.0
+    passed = p.apply(s, p.Event(p.Action.RetentionWindowPasses, (1, 0)))
+    assert passed.retention_passed == {eid}
+    with pytest.raises(p.ProtocolError, match="already passed"):
+        p.apply(passed, p.Event(p.Action.RetentionWindowPasses, (1, 0)))
+    # the clock survives a crash; the restarted engine halts instead of retrying
+    crashed = p.apply(passed, p.Event(p.Action.Crash))
+    assert not p.recovery_inputs(crashed, crashed.calls[0]).key_retained
+    halted = p.apply(crashed, p.Event(p.Action.Recover, (1, 0)))
+    assert halted.record(eid).status is p.LedgerStatus.RECOVERY_REQUIRED
+    # a manual call has no key, an undispatched call no window
+    manual = _waiting(p.RecoveryPolicy.MANUAL)
+    with pytest.raises(p.ProtocolError, match="only an idempotent tool's key"):
+        p.apply(manual, p.Event(p.Action.RetentionWindowPasses, (1, 0)))
+    fresh = _session_with_call(p.RecoveryPolicy.IDEMPOTENT)
+    with pytest.raises(p.ProtocolError, match="never dispatched"):
+        p.apply(fresh, p.Event(p.Action.RetentionWindowPasses, (1, 0)))
+
+
+@pytest.mark.parametrize("window", [0, -5, True, "1h"])
+def test_a_bad_retention_window_is_refused(window: object) -> None:
+    with pytest.raises(p.InvalidInput, match="retention_window of 'mail' must be a positive"):
+        p.ToolProfile("mail", p.RecoveryPolicy.IDEMPOTENT, True, window)  # type: ignore[arg-type]
+    assert p.ToolProfile("mail", p.RecoveryPolicy.IDEMPOTENT, True, 86400).retention_window == 86400

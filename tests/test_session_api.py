@@ -347,6 +347,27 @@ def test_the_dispatch_block_hands_the_adapter_its_identity() -> None:
     assert calls[0].key.startswith("tlx1-") and calls[0].key != calls[1].key
 
 
+def test_the_lease_epoch_travels_with_the_execution_id() -> None:
+    """Session.open(take_session=True): the tool gets the owner's epoch beside the
+    execution id and the attempt; without a lease it gets None."""
+    store = MemoryStore()
+    Session.open(store, SID, {"pay": "idempotent"})
+    s = Session.open(store, SID, {"pay": "idempotent"}, take_session=True)
+    assert s.ledger.epoch == 1 == store.lease_epoch(SID)
+    [status] = s.record(3, [{"id": "c", "name": "pay", "arguments": {"n": 1}}],
+                        requires_approval=[False])
+    with s.dispatch(status.key) as a:
+        seen = (a.execution_id, a.attempt, a.epoch)
+        a.done("ok")
+    assert seen == (status.key, 1, 1)
+    plain = session_with({"pay": "idempotent"})
+    [other] = plain.record(3, [{"id": "c", "name": "pay", "arguments": {"n": 1}}],
+                           requires_approval=[False])
+    with plain.dispatch(other.key) as b:
+        assert b.epoch is None
+        b.done("ok")
+
+
 def test_a_readonly_tool_error_is_its_result() -> None:
     s, status = run("readonly", raising(OSError("disk"), after_send=False))
     assert status.next is Next.RESULT and status.result is not None

@@ -34,18 +34,20 @@ import psycopg
 import pytest
 
 from pg_cluster import PgCluster
-from toolledger._core import postgres_store, sqlite_store
+from toolledger._core import postgres_store, sqlite_store, stores
 from toolledger._core import protocol as p
 from toolledger._core.ledger import Ledger
 from toolledger._core.postgres_store import PostgresStore, StoreExists
 from toolledger._core.sqlite_store import SqliteStore
 from toolledger._core.stores import (
     CommitPlan,
+    LeaseLost,
     MemoryStore,
     SessionExists,
     StaleState,
     Store,
     StoreCorrupt,
+    UnknownSession,
     UnsupportedSchema,
     durable_projection,
 )
@@ -521,7 +523,7 @@ def test_a_read_error_fails_closed(durable: Backend) -> None:
         store.load(SID)
 
 
-@pytest.mark.parametrize("version", [0, 1, 2, 3, 4, 99])
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 4, 5, 99])
 def test_an_older_or_newer_schema_is_refused(durable: Backend, version: int) -> None:
     settled(durable)
     own = (sqlite_store if durable.name == "sqlite" else postgres_store).SCHEMA_VERSION
@@ -574,3 +576,71 @@ def test_without_the_guards_the_record_writer_still_refuses_a_second_dispatch(
         loser.step(E(A.EnginePersistDispatched, POS))
     dispatches = Counter(r.attempt for r in store.audit(SID) if r.kind == "dispatch")
     assert dispatches == {1: 1, 2: 1}
+
+
+# --------------------------------------------------------------------------
+# Session ownership: the lease and its fencing epoch (spec/ConcurrentResumers.tla)
+# --------------------------------------------------------------------------
+
+
+def test_taking_the_session_bumps_its_epoch_durably(store_factory: Backend) -> None:
+    store = store_factory.new()
+    store.create_session(SID, marker=0, max_attempts=3)
+    commits = store.commits
+    assert store.lease_epoch(SID) == 0
+    assert store.take_session(SID) == 1
+    other = store_factory.new()
+    assert other.lease_epoch(SID) == 1  # durable: another handle sees it
+    assert other.take_session(SID) == 2 and store.lease_epoch(SID) == 2
+    assert store.commits == commits  # no protocol state written, not counted
+    with pytest.raises(UnknownSession):
+        store.take_session("nope")
+
+
+def stale_and_owner(backend: Backend) -> tuple[Store, Ledger, Ledger]:
+    """A worker that took the session, then lost it to another (declared dead)."""
+    store = backend.new()
+    dispatched_before_a_crash(store)
+    stale = Ledger(backend.new(), SID, take_session=True)
+    owner = Ledger(backend.new(), SID, take_session=True)
+    assert (stale.epoch, owner.epoch) == (1, 2)
+    return store, stale, owner
+
+
+def test_a_worker_that_lost_the_session_is_refused_before_it_writes(
+    store_factory: Backend,
+) -> None:
+    store, stale, owner = stale_and_owner(store_factory)
+    rows, kept = audit_keys(store), stale.state
+    # Nobody committed since the stale worker read: the compare-and-set alone
+    # would accept this commit; the epoch refuses it.
+    with pytest.raises(LeaseLost, match="lease epoch 2, this worker holds epoch 1") as info:
+        stale.step(E(A.Recover, POS))
+    assert isinstance(info.value, StaleState)  # a stale-state error, as the engine expects
+    assert audit_keys(store) == rows and stale.state is kept
+    assert stale.reload().call(POS) is not None  # reloading does not restore the lease
+    with pytest.raises(LeaseLost):
+        stale.step(E(A.Recover, POS))
+    owner.step(E(A.Recover, POS))
+    owner.step(E(A.EnginePersistDispatched, POS))
+    assert audit_keys(store) == [("dispatch", 1), ("retry_same_id", 1), ("dispatch", 2)]
+
+
+def test_control_without_the_epoch_check_the_stale_worker_commits(
+    store_factory: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broken variant the test above catches (the StaleWorkerCommits twin)."""
+    for module in (stores, sqlite_store, postgres_store):
+        monkeypatch.setattr(module, "check_lease", lambda *args: None)
+    store, stale, _owner = stale_and_owner(store_factory)
+    stale.step(E(A.Recover, POS))  # accepted: a worker that lost the session commits
+    assert ("retry_same_id", 1) in audit_keys(store)
+
+
+def test_without_a_lease_only_the_compare_and_set_applies(store_factory: Backend) -> None:
+    store = store_factory.new()
+    dispatched_before_a_crash(store)
+    plain = Ledger(store_factory.new(), SID)
+    Ledger(store_factory.new(), SID, take_session=True)
+    assert plain.epoch is None
+    plain.step(E(A.Recover, POS))  # holds no lease: nothing to lose

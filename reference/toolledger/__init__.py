@@ -56,7 +56,7 @@ from ._core.protocol import (
 )
 from ._core.session import Session
 from ._core.sqlite_store import SqliteStore
-from ._core.stores import MemoryStore, StoreError
+from ._core.stores import LeaseLost, MemoryStore, StoreError
 from ._core.tools import CannotTell, NotAppliedFenced, WasApplied
 
 __version__ = "0.1.0"
@@ -69,6 +69,7 @@ __all__ = [
     "CannotTell",
     "Decision",
     "InvalidInput",
+    "LeaseLost",
     "MemoryStore",
     "Next",
     "NotApplied",

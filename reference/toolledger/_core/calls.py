@@ -110,13 +110,20 @@ class Tool:
     external system) or ``readonly`` (no side effect: bypasses the ledger).
     ``requires_approval``: default True unless ``readonly``; a call may
     override it (:meth:`Session.record`).  ``marks_send`` and ``classify``:
-    see the module's "Outcome classification".
+    see the module's "Outcome classification".  ``retention_window``: for an
+    ``idempotent`` tool, how many seconds its external system keeps an
+    idempotency key, minus a margin for a retry's whole path (``None``, the
+    default: it deduplicates forever).  Once that long has passed since the
+    execution's first dispatch, recovery halts the call in
+    ``recovery_required`` instead of retrying with the same key
+    (``RecoveryInputs.key_retained``; docs/protocol.md#assumptions).
     """
 
     policy: RecoveryPolicy | str = RecoveryPolicy.MANUAL
     requires_approval: bool | None = None
     marks_send: bool = False
     classify: Classifier | None = field(default=None, compare=False)
+    retention_window: float | None = None
 
     def __post_init__(self) -> None:
         policy: object = self.policy
@@ -137,6 +144,14 @@ class Tool:
             raise InvalidInput(f"requires_approval must be a bool or None, got {approval!r}")
         if not isinstance(self.marks_send, bool):
             raise InvalidInput(f"marks_send must be a bool, got {self.marks_send!r}")
+        window: object = self.retention_window
+        if window is not None and (
+            isinstance(window, bool) or not isinstance(window, (int, float)) or not window > 0
+        ):
+            raise InvalidInput(
+                f"retention_window must be a positive number of seconds, or None when the "
+                f"external system deduplicates forever; got {window!r}"
+            )
         if self.classify is not None and not callable(self.classify):
             raise InvalidInput(f"classify must be callable (exc, sent) -> Outcome | None, got "
                                f"{self.classify!r}")
@@ -145,7 +160,7 @@ class Tool:
         """The core's profile of one call of this tool."""
         approval = self.requires_approval if requires_approval is None else requires_approval
         assert isinstance(self.policy, RecoveryPolicy) and isinstance(approval, bool)
-        return ToolProfile(name, self.policy, approval)
+        return ToolProfile(name, self.policy, approval, self.retention_window)
 
 
 _UNDECLARED: Final = Tool()  # a tool nobody declared: manual, approval required
@@ -220,15 +235,26 @@ class Attempt:
     ``idempotency_key`` is the same id for ``idempotent`` tools (send it as
     the external system's deduplication key, e.g. an ``Idempotency-Key``
     header) and ``None`` otherwise; ``attempt`` numbers the attempts (1, 2,
-    ...; a reconcile connector fences per attempt).  ``arguments`` are the
+    ...; a reconcile connector fences per attempt).  ``epoch`` is the lease
+    epoch of the session's owner (``Session.open(..., take_session=True)``;
+    ``None`` without a lease): send it beside the execution id to a
+    connector that can refuse a request of an older epoch than one it has
+    seen (a worker declared dead that still runs).  ``arguments`` are the
     model's, read-only.
     """
 
-    def __init__(self, call: CallRef, attempt: int, idempotency_key: str | None) -> None:
+    def __init__(
+        self,
+        call: CallRef,
+        attempt: int,
+        idempotency_key: str | None,
+        epoch: int | None = None,
+    ) -> None:
         self.call = call
         self.execution_id = call.key
         self.idempotency_key = idempotency_key
         self.attempt = attempt
+        self.epoch = epoch
         self.arguments: Mapping[str, Any] = frozen_arguments(dict(call.arguments))
         self.sent = False
         self.status: CallStatus | None = None  # set when the with block ends

@@ -61,7 +61,8 @@ A Ledger is not thread-safe: one per session per engine task.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Final
 
@@ -73,6 +74,7 @@ from .protocol import (
     Decision,
     Event,
     InvalidInput,
+    LedgerStatus,
     MessageState,
     ProtocolError,
     SessionState,
@@ -86,6 +88,9 @@ from .protocol import (
 from .stores import AuditRow, Store, arguments_json, last_durable_turn, working_set
 
 __all__ = ["RESOLUTIONS", "Ledger"]
+
+# The events that send an attempt: the record keeps the first one's time.
+_DISPATCHES: Final = frozenset({Action.EnginePersistDispatched, Action.HumanResolveRetry})
 
 RESOLUTIONS: Final[Mapping[str, Action]] = {
     "applied": Action.HumanResolveApplied,
@@ -126,11 +131,32 @@ class Ledger:
     ``Ledger(store, session_id)`` loads the session (raises
     :class:`~toolledger._core.stores.UnknownSession` if it does not exist; use
     :meth:`create` for a new one).
+
+    ``take_session=True`` makes this ledger the session's owner first: it
+    takes the session's lease (:meth:`~toolledger._core.stores.Store.take_session`
+    bumps the durable epoch, before the load), and every commit carries that
+    epoch, so once another worker takes the session every commit of this one
+    raises :class:`~toolledger._core.stores.LeaseLost` before it writes
+    (docs/protocol.md#concurrent-resumers).  Without it only the stores'
+    compare-and-set on what was read protects the session.
     """
 
-    def __init__(self, store: Store, session_id: str) -> None:
+    def __init__(
+        self,
+        store: Store,
+        session_id: str,
+        *,
+        take_session: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._store = store
         self._session_id = session_id
+        # Taken before the load: what this ledger reads is at least as new as
+        # its lease, so no commit of an older holder can slip in unseen.
+        self._epoch: int | None = store.take_session(session_id) if take_session else None
+        # Seconds since the epoch: the dispatch time kept in each record, and
+        # the "now" that decides whether an idempotency key is still retained.
+        self._clock = clock
         self._state = store.load_working_set(session_id)
         # Volatile, like the stages: lost by crash().
         self._arguments: dict[CallPosition, str] = {}
@@ -138,11 +164,17 @@ class Ledger:
 
     @classmethod
     def create(
-        cls, store: Store, session_id: str, *, marker: int = 0, max_attempts: int = 3
+        cls,
+        store: Store,
+        session_id: str,
+        *,
+        marker: int = 0,
+        max_attempts: int = 3,
+        clock: Callable[[], float] = time.time,
     ) -> Ledger:
         """Create the session in ``store`` (durably) and return its ledger."""
         store.create_session(session_id, marker=marker, max_attempts=max_attempts)
-        return cls(store, session_id)
+        return cls(store, session_id, clock=clock)
 
     def __repr__(self) -> str:
         return f"Ledger({self._store!r}, {self._session_id!r})"
@@ -151,6 +183,16 @@ class Ledger:
     def store(self) -> Store:
         """The store this ledger commits to."""
         return self._store
+
+    @property
+    def epoch(self) -> int | None:
+        """The lease epoch this ledger holds (``None``: it did not take the session).
+
+        It travels to the tool beside the execution id and the attempt
+        (``Attempt.epoch``), so that a connector that supports it can refuse a
+        request of an older epoch than one it has already seen.
+        """
+        return self._epoch
 
     @property
     def session_id(self) -> str:
@@ -163,8 +205,11 @@ class Ledger:
 
         Every call without a result and every call of the last durable turn;
         settled calls of earlier turns are in the store only (see
-        :meth:`full_state`).
+        :meth:`full_state`).  Key-retention windows that have passed by the
+        clock are applied first (``RetentionWindowPasses``), so a decision
+        computed from this state is the one ``Recover`` will take.
         """
+        self._state = self._windows_passed(self._state)
         return self._state
 
     def full_state(self) -> SessionState:
@@ -189,6 +234,7 @@ class Ledger:
             approvals={**stored.approvals, **self._state.approvals},
             ledger={**stored.ledger, **self._state.ledger},
             audit=stored.audit | self._state.audit,
+            retention_passed=self._state.retention_passed,
         )
 
     # -- transitions ------------------------------------------------------------
@@ -396,13 +442,15 @@ class Ledger:
                     "them with the call's ProviderEmitCall"
                 )
 
-        start = state = self._state
+        start = state = self._windows_passed(self._state)
         rows: list[AuditRow] = []
         pending = dict(self._arguments)
         decisions = dict(self._decisions)
         unused = dict(contents)
         last_turn = last_durable_turn(start)
         for ev in events:
+            if ev.action in _DISPATCHES and ev.at is None:
+                ev = replace(ev, at=self._clock())  # kept in the record as its first dispatch
             before = state
             if (
                 ev.action is Action.ProviderEmitCall
@@ -462,7 +510,12 @@ class Ledger:
                 and c.position not in was_durable
                 and c.position in pending
             }
-            self._store.commit(self._session_id, start, state, rows, arguments=new_args)
+            if self._epoch is None:
+                self._store.commit(self._session_id, start, state, rows, arguments=new_args)
+            else:
+                self._store.commit(
+                    self._session_id, start, state, rows, arguments=new_args, epoch=self._epoch
+                )
         kept = working_set(state)
         if kept is not state:
             positions = {c.position for c in kept.calls}
@@ -472,6 +525,29 @@ class Ledger:
         self._arguments = pending
         self._decisions = decisions
         return kept
+
+    def _windows_passed(self, state: SessionState) -> SessionState:
+        """The protocol's ``RetentionWindowPasses`` for every idempotent call
+        whose key's retention window (the tool's ``retention_window``, from the
+        record's first dispatch time) has passed by the clock: from then on its
+        recovery inputs say ``key_retained = False``.  In memory only: the
+        durable facts (dispatch time, window) are stored, the clock is read."""
+        now: float | None = None
+        for c in state.calls:
+            window = c.tool.retention_window
+            rec = state.record(c.execution_id)
+            if (
+                window is None
+                or rec.dispatched_at is None
+                or rec.status is LedgerStatus.NONE
+                or c.execution_id in state.retention_passed
+            ):
+                continue
+            if now is None:
+                now = self._clock()
+            if now - rec.dispatched_at >= window:
+                state = apply(state, Event(Action.RetentionWindowPasses, c.position))
+        return state
 
     @staticmethod
     def _checked_arguments(ev: Event, given: Mapping[str, Any]) -> str:

@@ -58,9 +58,11 @@ DELETE on ``audit``.  Opening a schema with no tables creates them (under an
 advisory lock: concurrent openers create it once); :meth:`PostgresStore.create`
 refuses an existing store.
 
-Session ownership (a lease with a fencing epoch) is not part of this store
-yet: a worker that lost a session is refused by the compare-and-set of its
-next commit, not before.
+Session ownership: ``sessions.epoch`` is the session's lease epoch.
+:meth:`PostgresStore.take_session` bumps it (one transaction, under the
+session's row lock); a commit carrying an epoch checks it first, under the
+same row lock, and a worker that lost the session gets
+:class:`~toolledger._core.stores.LeaseLost` before anything is written.
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ from .stores import (
     UnknownSession,
     UnsupportedSchema,
     _check_session_values,
+    check_lease,
     plan_commit,
 )
 
@@ -116,8 +119,15 @@ if TYPE_CHECKING:
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore", "StoreExists", "StoreUnavailable"]
 
-SCHEMA_VERSION: Final = 1
-"""The PostgreSQL schema version this version writes and reads."""
+SCHEMA_VERSION: Final = 3
+"""The PostgreSQL schema version this version writes and reads.
+
+Version 3 (from 1): ``sessions.epoch``, the session's lease epoch
+(:meth:`PostgresStore.take_session`), ``calls.retention_window`` and
+``ledger.dispatched_at``, as in the SQLite store's version 5 (a restarted
+engine computes keyRetained from them).  Version 2 was two development
+schemas, each with only part of these columns.  A schema of version 1 or 2
+is refused at open with a message naming its version and this one."""
 
 APPLICATION: Final = "toolledger"
 
@@ -142,6 +152,7 @@ _SCHEMA: Final[tuple[str, ...]] = (
         session_id TEXT PRIMARY KEY,
         marker INTEGER NOT NULL CHECK (marker >= 0),
         max_attempts INTEGER NOT NULL CHECK (max_attempts >= 1),
+        epoch BIGINT NOT NULL CHECK (epoch >= 0),
         row_checksum TEXT NOT NULL)""",
     f"""CREATE TABLE calls (
         session_id TEXT NOT NULL REFERENCES sessions (session_id),
@@ -156,6 +167,8 @@ _SCHEMA: Final[tuple[str, ...]] = (
         arguments TEXT,
         message_state TEXT NOT NULL CHECK (message_state = 'durable'),
         {_RESULT_DDL},
+        retention_window DOUBLE PRECISION
+            CHECK (retention_window IS NULL OR retention_window > 0),
         row_checksum TEXT NOT NULL,
         PRIMARY KEY (session_id, turn, slot))""",
     f"""CREATE TABLE approvals (
@@ -173,6 +186,7 @@ _SCHEMA: Final[tuple[str, ...]] = (
         {_RESULT_DDL},
         turn INTEGER,
         slot INTEGER,
+        dispatched_at DOUBLE PRECISION,
         row_checksum TEXT NOT NULL)""",
     """CREATE TABLE audit (
         id BIGSERIAL PRIMARY KEY,
@@ -650,7 +664,12 @@ class PostgresStore:
         _check_session_values(session_id, marker, max_attempts)
 
         def body(conn: psycopg.Connection[Any]) -> None:
-            row = {"session_id": session_id, "marker": marker, "max_attempts": max_attempts}
+            row = {
+                "session_id": session_id,
+                "marker": marker,
+                "max_attempts": max_attempts,
+                "epoch": 0,
+            }
             if self._insert(conn, "sessions", row).rowcount != 1:
                 raise SessionExists(
                     f"session {session_id!r} already exists in {self.where}: open it with "
@@ -659,6 +678,33 @@ class PostgresStore:
 
         self._write(f"creating session {session_id!r}", body)
         self.commits += 1
+
+    def _epoch_row(
+        self, conn: psycopg.Connection[Any], session_id: str, *, lock: bool = False
+    ) -> tuple[Row, int]:
+        rows = self._select(conn, "sessions", "WHERE session_id = %s", (session_id,), lock=lock)
+        if not rows:
+            raise UnknownSession(
+                f"no session {session_id!r} in {self.where}: create it with create_session() "
+                "first, or check the session id"
+            )
+        return rows[0], _int(rows[0]["epoch"], f"sessions[{session_id!r}].epoch", self._rows)
+
+    def take_session(self, session_id: str) -> int:
+        """Bump the session's lease epoch durably (one transaction) and return it."""
+        taken: list[int] = []
+
+        def body(conn: psycopg.Connection[Any]) -> None:
+            row, epoch = self._epoch_row(conn, session_id, lock=True)
+            self._update(conn, "sessions", row, {"epoch": epoch + 1})
+            taken.append(epoch + 1)
+
+        self._write(f"taking session {session_id!r}", body)
+        return taken[0]
+
+    def lease_epoch(self, session_id: str) -> int:
+        """The session's current lease epoch."""
+        return self._read(lambda conn: self._epoch_row(conn, session_id)[1])
 
     def _session_row(
         self, conn: psycopg.Connection[Any], session_id: str, *, lock: bool = False
@@ -852,10 +898,13 @@ class PostgresStore:
         audit_rows: Sequence[AuditRow],
         *,
         arguments: Mapping[CallPosition, Mapping[str, Any]] | None = None,
+        epoch: int | None = None,
     ) -> None:
         """Make the transition ``before -> after`` durable in one transaction.
 
-        Takes the session's row lock, checks that what the commit was decided
+        Takes the session's row lock, checks the lease epoch if ``epoch`` is
+        given (:class:`~toolledger._core.stores.LeaseLost` when another worker
+        took the session since, nothing written), checks that what the commit was decided
         on is still stored (else :class:`~toolledger._core.stores.StaleState`,
         nothing written), writes, and returns after ``COMMIT``.
         """
@@ -864,6 +913,12 @@ class PostgresStore:
             return
 
         def body(conn: psycopg.Connection[Any]) -> None:
+            if epoch is not None:
+                check_lease(
+                    session_id,
+                    self._epoch_row(conn, session_id, lock=self.LOCK_SESSION)[1],
+                    epoch,
+                )
             plan.check_session(
                 session_id,
                 self._session_row(conn, session_id, lock=self.LOCK_SESSION),
@@ -903,6 +958,7 @@ class PostgresStore:
             "arguments": arguments,
             "message_state": MessageState.DURABLE.value,
             **_result_values(call.result),
+            "retention_window": call.tool.retention_window,
         }
         if self._insert(conn, "calls", row).rowcount != 1:
             raise StaleState(

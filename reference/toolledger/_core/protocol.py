@@ -146,6 +146,10 @@ class Event:
     tool: ToolProfile | None = None
     args_digest: str | None = None
     attempt: int | None = None
+    # EnginePersistDispatched, HumanResolveRetry: the time of the dispatch
+    # (seconds since the epoch), kept in the record as its first dispatch
+    # time; None where time is abstract (the closed-world model).
+    at: float | None = None
 
     def __post_init__(self) -> None:
         # A list (e.g. a position read back from JSON) would be unhashable and
@@ -239,6 +243,12 @@ TRANSITIONS: Final[Mapping[Action, TransitionSpec]] = {
              "(the ledger keeps its record and approval)"),
         _row(Action.ConversationRenumber, Actor.ENVIRONMENT, (S.RESUME,), S.RESUME, "-",
              "compaction or repair moves an unanswered call's turn (its id stays)"),
+        _row(Action.EngineDiscardLateReturn, Actor.ENGINE, (), None, "-",
+             "a return for an older attempt, or after a time-out or a crash, is discarded"),
+        _row(Action.RetentionWindowPasses, Actor.ENVIRONMENT, (), None, "-",
+             "the clock passes the end of the key's retention window: keyRetained is false"),
+        _row(Action.ExternalExpireKey, Actor.EXTERNAL, (), None, "-",
+             "the external system forgets an idempotency key after its window"),
     )
 }
 del S
@@ -388,7 +398,8 @@ def _dispatch(state: SessionState, ev: Event) -> SessionState:
     n = rec.attempt + 1
     _require(n <= state.max_attempts, ev, f"attempt {n} exceeds max_attempts")
     new_rec = ExecutionRecord(
-        c.execution_id, LedgerStatus.DISPATCHED, n, c.args_digest, auth, None, c.position
+        c.execution_id, LedgerStatus.DISPATCHED, n, c.args_digest, auth, None, c.position,
+        _first_dispatch(rec, ev),
     )
     return (
         state._with_record(new_rec)
@@ -572,6 +583,7 @@ def _human_retry(state: SessionState, ev: Event) -> SessionState:
         Authorization.HUMAN,
         None,
         c.position,
+        _first_dispatch(rec, ev),
     )
     return (
         state._with_record(new_rec)
@@ -614,6 +626,49 @@ def _cancel(state: SessionState, ev: Event) -> SessionState:
     return state._with_audit((c.execution_id, "human_cancel", rec.attempt))._with_call(
         replace(c, result=res, stage=Stage.RESUME)
     )
+
+
+def _first_dispatch(rec: ExecutionRecord, ev: Event) -> float | None:
+    """The execution's first dispatch time: kept from the earlier attempts."""
+    return rec.dispatched_at if rec.dispatched_at is not None else ev.at
+
+
+@_handles(Action.EngineDiscardLateReturn)
+def _discard_late_return(state: SessionState, ev: Event) -> SessionState:
+    """An adapter's return for ``ev.attempt`` that no engine waits for is
+    dropped: nothing changes.  The core REFUSES to discard the answer of the
+    attempt the call waits for (deliver it: ExternalApply or
+    ExternalRejectDefinite), so a return can never be both taken and dropped.
+    A return for a call the conversation no longer holds (ConversationRepair
+    removed it) is late by definition: no engine can wait for it."""
+    _require(ev.attempt is not None, ev, "a return names the attempt that sent it")
+    if ev.position is not None and state.call(ev.position) is None:
+        return state
+    c = _call(state, ev)
+    rec = state.record(c.execution_id)
+    _require(
+        not (c.stage is Stage.WAITING and rec.attempt == ev.attempt),
+        ev,
+        f"the engine waits for attempt {ev.attempt}: its return is the current answer, "
+        "deliver it instead of discarding it",
+    )
+    return state
+
+
+@_handles(Action.RetentionWindowPasses)
+def _window_passes(state: SessionState, ev: Event) -> SessionState:
+    c = _call(state, ev)
+    rec = state.record(c.execution_id)
+    _require(
+        c.tool.policy is RecoveryPolicy.IDEMPOTENT,
+        ev,
+        "only an idempotent tool's key has a retention window",
+    )
+    _require(rec.status is not LedgerStatus.NONE, ev, "the execution was never dispatched")
+    _require(
+        c.execution_id not in state.retention_passed, ev, "the window has already passed"
+    )
+    return replace(state, retention_passed=state.retention_passed | {c.execution_id})
 
 
 @_handles(Action.Crash)
@@ -661,7 +716,9 @@ def _renumber(state: SessionState, ev: Event) -> SessionState:
 
 # Actions with no effect on the engine's state: the external system's own
 # moves (an answer that is lost, a fenced request dropped).
-_ENGINE_SILENT: Final = frozenset({Action.ExternalApplyLoseAnswer, Action.ExternalDropFenced})
+_ENGINE_SILENT: Final = frozenset(
+    {Action.ExternalApplyLoseAnswer, Action.ExternalDropFenced, Action.ExternalExpireKey}
+)
 
 
 def apply(state: SessionState, event: Event) -> SessionState:

@@ -49,6 +49,9 @@ class RecoveryInputs:
     legacy: bool
     requires_approval: bool
     max_attempts: int
+    # the execution's idempotency key is still within the tool's declared
+    # retention window (the spec's keyRetained); past it, no retry_same_id
+    key_retained: bool = True
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -61,6 +64,7 @@ class RecoveryInputs:
             "legacy": self.legacy,
             "requires_approval": self.requires_approval,
             "max_attempts": self.max_attempts,
+            "key_retained": self.key_retained,
         }
 
 
@@ -100,7 +104,7 @@ def decide_recovery(inputs: RecoveryInputs) -> RecoveryDecision:
         if i.policy is RecoveryPolicy.IDEMPOTENT:
             d = (
                 Decision.RETRY_SAME_ID
-                if i.attempt < i.max_attempts
+                if i.attempt < i.max_attempts and i.key_retained
                 else Decision.RECOVERY_REQUIRED
             )
         elif i.policy is RecoveryPolicy.RECONCILE:
@@ -126,4 +130,5 @@ def recovery_inputs(state: SessionState, call: CallState) -> RecoveryInputs:
         legacy=state.is_legacy(call.position),
         requires_approval=call.tool.requires_approval,
         max_attempts=state.max_attempts,
+        key_retained=call.execution_id not in state.retention_passed,
     )

@@ -53,16 +53,16 @@ _RESULT: Final = ("result_kind", "result_content", "result_execution_id", "resul
 
 # The checksummed columns of each table, in order (``row_checksum`` follows).
 _DATA: Final[Mapping[str, tuple[str, ...]]] = {
-    "sessions": ("session_id", "marker", "max_attempts"),
+    "sessions": ("session_id", "marker", "max_attempts", "epoch"),
     "calls": (
         "session_id", "turn", "slot", "tool_call_id", "tool_name", "policy",
         "requires_approval", "execution_id", "args_digest", "arguments", "message_state",
-        *_RESULT,
+        *_RESULT, "retention_window",
     ),
     "approvals": ("execution_id", "session_id", "state"),
     "ledger": (
         "execution_id", "session_id", "status", "attempt", "args_digest", "authorization",
-        *_RESULT, "turn", "slot",
+        *_RESULT, "turn", "slot", "dispatched_at",
     ),
     "audit": (
         "session_id", "execution_id", "tool_call_id", "turn", "slot", "kind", "attempt",
@@ -123,6 +123,7 @@ def _record_values(session_id: str, rec: ExecutionRecord) -> Row:
         **_result_values(rec.result),
         "turn": turn,
         "slot": slot,
+        "dispatched_at": rec.dispatched_at,
     }
 
 
@@ -143,6 +144,7 @@ class RowDecoder:
                 _text(r["tool_name"], f"{where}.tool_name", self),
                 _enum(RecoveryPolicy, r["policy"], f"{where}.policy", self),
                 bool(r["requires_approval"]),
+                _seconds(r["retention_window"], f"{where}.retention_window", self),
             )
         except InvalidInput as exc:
             raise self._corrupt(f"{where}: {exc}") from exc
@@ -180,6 +182,7 @@ class RowDecoder:
             _enum(Authorization, r["authorization"], f"{where}.authorization", self),
             _decode_result(r, where, self),
             position,
+            _seconds(r["dispatched_at"], f"{where}.dispatched_at", self),
         )
 
     def _decode_audit(self, session_id: str, r: Row) -> AuditRow:
@@ -205,6 +208,14 @@ def _text(value: object, where: str, store: RowDecoder, *, empty: bool = False) 
     if not isinstance(value, str) or (not value and not empty):
         raise store._corrupt(f"{where} is {value!r}, not a {'' if empty else 'non-empty '}string")
     return value
+
+
+def _seconds(value: object, where: str, store: RowDecoder) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise store._corrupt(f"{where} is {value!r}, not a number of seconds")
+    return float(value)
 
 
 def _int(value: object, where: str, store: RowDecoder, *, minimum: int = 0) -> int:

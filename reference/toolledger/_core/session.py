@@ -92,6 +92,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -221,20 +222,28 @@ class Session:
         max_attempts: int = 3,
         legacy_messages: Sequence[Mapping[str, Any]] | None = None,
         legacy_approvals: Mapping[str, str] | None = None,
+        take_session: bool = False,
+        clock: Callable[[], float] = time.time,
     ) -> Session:
         """The session ``session_id`` of ``store``, created if it does not exist.
 
         With ``legacy_messages`` (the conversation so far, of a session that
         ran without the ledger), a new session is adopted (:meth:`adopt`).
+        ``take_session=True`` (an existing session) takes the session's lease
+        (:class:`~toolledger._core.ledger.Ledger`): a worker that lost the
+        session since cannot commit, and tools get the epoch (``Attempt.epoch``).
+        ``clock`` (seconds since the epoch) is what the ledger records as a
+        call's first dispatch and compares with a tool's ``retention_window``:
+        a test moves it instead of waiting the window out.
         """
         declared = _tools(tools)
         try:
-            ledger = Ledger(store, session_id)
+            ledger = Ledger(store, session_id, take_session=take_session, clock=clock)
         except UnknownSession:
             if legacy_messages:
                 return cls.adopt(store, session_id, legacy_messages, tools,
                                  approvals=legacy_approvals, max_attempts=max_attempts)
-            ledger = Ledger.create(store, session_id, max_attempts=max_attempts)
+            ledger = Ledger.create(store, session_id, max_attempts=max_attempts, clock=clock)
         else:
             marker = ledger.state.marker
             if legacy_messages and marker > 0 and not ledger.state.calls:
@@ -245,7 +254,7 @@ class Session:
                                        legacy_approvals or {})
                 if legacy:
                     _write_legacy(ledger, legacy)
-                    ledger = Ledger(store, session_id)
+                    ledger = Ledger(store, session_id, clock=clock)
         return cls(ledger, declared)
 
     @classmethod
@@ -626,7 +635,7 @@ class Session:
             # Everything that can fail is done before the dispatch commits: after
             # it, only the tool body and the outcome's record may happen.
             if not c.tool.protected:
-                attempt = Attempt(ref, 1, None)
+                attempt = Attempt(ref, 1, None, self._ledger.epoch)
                 self._step(Event(Action.EngineInvokeReadonly, pos))  # volatile
                 self._running.add(key)
                 return attempt, True
@@ -635,7 +644,9 @@ class Session:
             if not dispatch and c.stage is not Stage.DISPATCHED:
                 raise InvalidInput(f"call {key} cannot run now (stage {c.stage.value})")
             key_ = c.execution_id if c.tool.policy is RecoveryPolicy.IDEMPOTENT else None
-            attempt = Attempt(ref, rec.attempt + 1 if dispatch else rec.attempt, key_)
+            attempt = Attempt(
+                ref, rec.attempt + 1 if dispatch else rec.attempt, key_, self._ledger.epoch
+            )
             if dispatch:  # DISPATCHED: a human's retry, already durable
                 self._step_many([Event(Action.EnginePersistDispatched, pos)])  # commit 1
             assert self._ledger.state.record(c.execution_id).attempt == attempt.attempt

@@ -33,8 +33,21 @@ from .stores import (
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 5
 """The schema this version writes and reads; a file with another one is refused.
+
+Version 5 (from 3): ``sessions.epoch``, the session's lease epoch
+(:meth:`~toolledger._core.sqlite_store.SqliteStore.take_session`; a commit
+carrying an older one is refused with
+:class:`~toolledger._core.stores.LeaseLost`); ``calls.retention_window`` (how
+long the tool's external system keeps an idempotency key, ``NULL``: forever)
+and ``ledger.dispatched_at`` (the execution's first dispatch time), from which
+a restarted engine computes ``keyRetained``.  A version-3 file has none of
+these columns (and its rows' checksums cover none): its records would read as
+"no dispatch time", and a retry after the key's window would look safe.
+Version 4 was two development schemas, each with only part of these columns.
+Files of version 3 or 4 are refused at open, with a message naming both
+versions, like every other version.
 
 Version 3 (from 2): ``result_kind`` may be ``'cancelled'`` (``HumanCancel``,
 a user's Stop before dispatch).  Only a CHECK list grew, but a version-2 file
@@ -81,6 +94,7 @@ _SCHEMA: Final[tuple[str, ...]] = (
         session_id TEXT PRIMARY KEY,
         marker INTEGER NOT NULL CHECK (marker >= 0),
         max_attempts INTEGER NOT NULL CHECK (max_attempts >= 1),
+        epoch INTEGER NOT NULL CHECK (epoch >= 0),
         row_checksum TEXT NOT NULL)""",
     f"""CREATE TABLE calls (
         session_id TEXT NOT NULL REFERENCES sessions (session_id),
@@ -95,6 +109,7 @@ _SCHEMA: Final[tuple[str, ...]] = (
         arguments TEXT,
         message_state TEXT NOT NULL CHECK (message_state = 'durable'),
         {_RESULT_DDL},
+        retention_window REAL CHECK (retention_window IS NULL OR retention_window > 0),
         row_checksum TEXT NOT NULL,
         PRIMARY KEY (session_id, turn, slot))""",
     f"""CREATE TABLE approvals (
@@ -112,6 +127,7 @@ _SCHEMA: Final[tuple[str, ...]] = (
         {_RESULT_DDL},
         turn INTEGER,
         slot INTEGER,
+        dispatched_at REAL,
         row_checksum TEXT NOT NULL) WITHOUT ROWID""",
     """CREATE TABLE audit (
         id INTEGER PRIMARY KEY,

@@ -41,16 +41,16 @@ Schema (version :data:`SCHEMA_VERSION`)
 table       columns (every table but ``meta`` ends with ``row_checksum``)
 ==========  ===============================================================
 meta        singleton (=1), schema_version, created
-sessions    session_id PK, marker, max_attempts
+sessions    session_id PK, marker, max_attempts, epoch (the lease epoch)
 calls       session_id, turn, slot (PK together), tool_call_id, tool_name,
             policy, requires_approval, execution_id UNIQUE, args_digest,
             arguments, message_state, result_kind, result_content,
-            result_execution_id, result_args_digest
+            result_execution_id, result_args_digest, retention_window
 approvals   execution_id PK, session_id, state (WITHOUT ROWID)
 ledger      execution_id PK, session_id, status, attempt, args_digest,
             authorization, result_kind, result_content,
-            result_execution_id, result_args_digest, turn, slot
-            (WITHOUT ROWID)
+            result_execution_id, result_args_digest, turn, slot,
+            dispatched_at (WITHOUT ROWID)
 audit       id (rowid: increasing, rows are never deleted), session_id,
             execution_id, tool_call_id, turn, slot, kind, attempt,
             authorization, recovery_decision, inputs (JSON), note,
@@ -159,6 +159,7 @@ from .stores import (
     UnknownSession,
     UnsupportedSchema,
     _check_session_values,
+    check_lease,
     plan_commit,
 )
 
@@ -566,12 +567,42 @@ class SqliteStore(SqliteRows):
             self._insert(
                 conn,
                 "sessions",
-                {"session_id": session_id, "marker": marker, "max_attempts": max_attempts},
+                {
+                    "session_id": session_id,
+                    "marker": marker,
+                    "max_attempts": max_attempts,
+                    "epoch": 0,
+                },
             )
 
         self._write_transaction(f"creating session {session_id!r}", body)
         with self._counting:
             self.commits += 1
+
+    def _epoch_row(self, conn: sqlite3.Connection, session_id: str) -> tuple[Row, int]:
+        rows = self._select(conn, "sessions", "WHERE session_id = ?", (session_id,))
+        if not rows:
+            raise UnknownSession(
+                f"no session {session_id!r} in {self.path}: create it with create_session() "
+                "first, or check the session id"
+            )
+        return rows[0], _int(rows[0]["epoch"], f"sessions[{session_id!r}].epoch", self)
+
+    def take_session(self, session_id: str) -> int:
+        """Bump the session's lease epoch durably (one transaction) and return it."""
+        taken: list[int] = []
+
+        def body(conn: sqlite3.Connection) -> None:
+            row, epoch = self._epoch_row(conn, session_id)
+            self._update(conn, "sessions", row, {"epoch": epoch + 1})
+            taken.append(epoch + 1)
+
+        self._write_transaction(f"taking session {session_id!r}", body)
+        return taken[0]
+
+    def lease_epoch(self, session_id: str) -> int:
+        """The session's current lease epoch."""
+        return self._read(lambda conn: self._epoch_row(conn, session_id)[1])
 
     def _session_row(self, conn: sqlite3.Connection, session_id: str) -> tuple[int, int]:
         rows = self._select(conn, "sessions", "WHERE session_id = ?", (session_id,))
@@ -680,9 +711,13 @@ class SqliteStore(SqliteRows):
         audit_rows: Sequence[AuditRow],
         *,
         arguments: Mapping[CallPosition, Mapping[str, Any]] | None = None,
+        epoch: int | None = None,
     ) -> None:
         """Make the transition ``before -> after`` durable in one transaction.
 
+        First, inside the transaction, the lease: with ``epoch`` given, a
+        session taken since by another worker raises
+        :class:`~toolledger._core.stores.LeaseLost` before anything is written.
         Writes ``durable_changes(before, after)`` and ``audit_rows`` (see
         :func:`~toolledger._core.stores.plan_commit` for the checks), each row only
         if what is stored is still what ``before`` says (else
@@ -694,6 +729,8 @@ class SqliteStore(SqliteRows):
             return
 
         def body(conn: sqlite3.Connection) -> None:
+            if epoch is not None:
+                check_lease(session_id, self._epoch_row(conn, session_id)[1], epoch)
             plan.check_session(
                 session_id,
                 self._session_row(conn, session_id),
@@ -734,6 +771,7 @@ class SqliteStore(SqliteRows):
             "arguments": arguments,
             "message_state": MessageState.DURABLE.value,
             **_result_values(call.result),
+            "retention_window": call.tool.retention_window,
         }
         try:
             self._insert(conn, "calls", row)

@@ -165,6 +165,10 @@ class Action(StrEnum):
     Crash = "Crash"
     ConversationRepair = "ConversationRepair"
     ConversationRenumber = "ConversationRenumber"
+    # the external-system assumptions (docs/protocol.md#assumptions)
+    EngineDiscardLateReturn = "EngineDiscardLateReturn"
+    RetentionWindowPasses = "RetentionWindowPasses"
+    ExternalExpireKey = "ExternalExpireKey"
 
 
 # --------------------------------------------------------------------------
@@ -276,9 +280,21 @@ class ToolProfile:
     name: str
     policy: RecoveryPolicy = RecoveryPolicy.MANUAL
     requires_approval: bool = True
+    # How long (seconds) the external system keeps an idempotency key, minus
+    # a margin for a retry's whole path; None: it deduplicates forever.  Past
+    # it, recovery halts instead of retrying with the same id (keyRetained).
+    retention_window: float | None = None
 
     def __post_init__(self) -> None:
         name: object = self.name
+        window: object = self.retention_window
+        if window is not None and (
+            isinstance(window, bool) or not isinstance(window, (int, float)) or not window > 0
+        ):
+            raise InvalidInput(
+                f"retention_window of {name!r} must be a positive number of seconds "
+                f"or None (the external system deduplicates forever), got {window!r}"
+            )
         policy: object = self.policy
         if not isinstance(name, str) or not name:
             raise InvalidInput(f"tool name must be a non-empty string, got {name!r}")
@@ -324,6 +340,11 @@ class ExecutionRecord:
     authorization: Authorization = Authorization.NONE
     result: ToolResult | None = None
     position: CallPosition | None = None
+    # When the execution was first dispatched (seconds since the epoch), the
+    # earliest time its idempotency key can have been stored: a restarted
+    # engine computes keyRetained from it and the tool's retention_window.
+    # Not part of the spec's record (time is abstract there).
+    dispatched_at: float | None = None
 
 
 AuditKey = tuple[str, str, int]
@@ -361,6 +382,10 @@ class SessionState:
     approvals: Mapping[str, ApprovalState] = field(default_factory=dict)
     ledger: Mapping[str, ExecutionRecord] = field(default_factory=dict)
     audit: frozenset[AuditKey] = frozenset()
+    # The spec's windowPassed: executions whose key-retention window has
+    # passed (RetentionWindowPasses).  Derived from the clock and the
+    # records' dispatch times, never stored: recomputed after a restart.
+    retention_passed: frozenset[str] = frozenset()
 
     # -- lookups ----------------------------------------------------------
 

@@ -88,6 +88,7 @@ __all__ = [
     "AuditRow",
     "CallView",
     "CommitPlan",
+    "LeaseLost",
     "MemoryStore",
     "SessionExists",
     "StaleState",
@@ -98,6 +99,7 @@ __all__ = [
     "UnsupportedSchema",
     "arguments_json",
     "call_view",
+    "check_lease",
     "durable_projection",
     "plan_commit",
     "working_set",
@@ -139,6 +141,35 @@ class StaleState(StoreError):
     was written; reload the session with
     :meth:`~toolledger._core.ledger.Ledger.reload` and decide again.
     """
+
+
+class LeaseLost(StaleState):
+    """The commit's lease epoch is no longer the session's.
+
+    Another worker took the session (:meth:`Store.take_session` bumped its
+    epoch) after this one did: this worker was declared dead, or a second
+    resume path took over.  Checked inside the commit's transaction before
+    any write, so nothing was written.  Stop working on the session; take it
+    again (a new :class:`~toolledger._core.ledger.Ledger`) only if this worker
+    is meant to own it now.
+    """
+
+
+def check_lease(session_id: str, stored: int, epoch: int | None) -> None:
+    """Raise :class:`LeaseLost` unless ``epoch`` (if given) is the stored epoch.
+
+    Every store calls it first inside a commit's transaction: a worker that
+    lost the session cannot commit (spec/ConcurrentResumers.tla,
+    StaleWorkerNeverCommits).  ``None``: the caller holds no lease, only the
+    compare-and-set applies.
+    """
+    if epoch is not None and stored != epoch:
+        raise LeaseLost(
+            f"session {session_id!r} is held under lease epoch {stored}, this worker "
+            f"holds epoch {epoch}: another worker took the session since; nothing was "
+            "written; stop working on it (take the session again only if this worker "
+            "is to own it)"
+        )
 
 
 class StoreCorrupt(StoreError):
@@ -330,6 +361,20 @@ class Store(Protocol):
         """Whether a durable call is at ``position`` (settled or not)."""
         ...
 
+    def take_session(self, session_id: str) -> int:
+        """Take the session's lease: bump its epoch durably and return the new one.
+
+        Unconditional (the previous holder may be declared dead while it still
+        runs); from now on a commit carrying an older epoch raises
+        :class:`LeaseLost`.  Not counted in ``commits`` (it writes no protocol
+        state).  Raises :class:`UnknownSession` if there is no such session.
+        """
+        ...
+
+    def lease_epoch(self, session_id: str) -> int:
+        """The session's current lease epoch (0: never taken)."""
+        ...
+
     def commit(
         self,
         session_id: str,
@@ -338,14 +383,18 @@ class Store(Protocol):
         audit_rows: Sequence[AuditRow],
         *,
         arguments: Mapping[CallPosition, Mapping[str, Any]] | None = None,
+        epoch: int | None = None,
     ) -> None:
         """Make ``durable_changes(before, after)`` and ``audit_rows`` durable atomically.
 
         ``arguments`` optionally gives the JSON arguments of calls that become
-        durable in this commit (checked against their digest).  A commit with
-        nothing to write writes nothing and is not counted.  Raises
-        :class:`StaleState` if ``before`` is not what is durable now,
-        ``InvalidInput`` if the audit rows do not match the new audit keys.
+        durable in this commit (checked against their digest).  ``epoch``: the
+        lease epoch the caller took (:meth:`take_session`); if given, the
+        commit is refused with :class:`LeaseLost` unless it is still the
+        session's.  A commit with nothing to write writes nothing and is not
+        counted.  Raises :class:`StaleState` if ``before`` is not what is
+        durable now, ``InvalidInput`` if the audit rows do not match the new
+        audit keys.
         """
         ...
 
@@ -378,9 +427,12 @@ def durable_projection(state: SessionState) -> SessionState:
 
     This is the core's own ``Crash`` transition: volatile calls vanish,
     every durable call without a result is at ``RESUME``, the others at
-    ``NONE``; approvals, ledger, audit keys and marker stay.
+    ``NONE``; approvals, ledger, audit keys and marker stay.  Which key
+    retention windows have passed is the clock's, not the store's: a ledger
+    recomputes it from the records' dispatch times (``retention_passed`` is
+    empty here).
     """
-    return apply(state, _CRASH)
+    return replace(apply(state, _CRASH), retention_passed=frozenset())
 
 
 def last_durable_turn(state: SessionState) -> int | None:
@@ -746,6 +798,7 @@ class _MemorySession:
     audit: list[AuditRow] = field(default_factory=list)
     # the same rows by execution id: a commit's stale check reads one call's keys
     audit_of: dict[str, tuple[AuditRow, ...]] = field(default_factory=dict)
+    epoch: int = 0  # the session's lease epoch
 
     def copy(self) -> _MemorySession:
         return _MemorySession(
@@ -757,6 +810,7 @@ class _MemorySession:
             dict(self.ledger),
             list(self.audit),
             dict(self.audit_of),
+            self.epoch,
         )
 
 
@@ -865,6 +919,16 @@ class MemoryStore:
         """Whether a durable call is at ``position``."""
         return (position[0], position[1]) in self._session(session_id).calls
 
+    def take_session(self, session_id: str) -> int:
+        """Bump the session's lease epoch and return it."""
+        s = self._session(session_id)
+        s.epoch += 1
+        return s.epoch
+
+    def lease_epoch(self, session_id: str) -> int:
+        """The session's current lease epoch."""
+        return self._session(session_id).epoch
+
     def commit(
         self,
         session_id: str,
@@ -873,12 +937,14 @@ class MemoryStore:
         audit_rows: Sequence[AuditRow],
         *,
         arguments: Mapping[CallPosition, Mapping[str, Any]] | None = None,
+        epoch: int | None = None,
     ) -> None:
         """Make the transition ``before -> after`` durable, all or nothing."""
         s = self._session(session_id)
         plan = plan_commit(session_id, before, after, audit_rows, arguments)
         if plan.empty:
             return
+        check_lease(session_id, s.epoch, epoch)
         plan.check_session(
             session_id,
             (s.marker, s.max_attempts),

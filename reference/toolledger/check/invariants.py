@@ -61,12 +61,14 @@ def TypeOK(cfg: ModelConfig, s: SystemState) -> list[str]:
 
 
 def AtMostOnceEffect(cfg: ModelConfig, s: SystemState) -> list[str]:
+    """The call's OWN effects (the effects ghost, keyed by the call) are at
+    most one plus one per human retry."""
     out = []
     for c in cfg.calls:
         if not c.tool.protected:
             continue
         e = cfg.exec_ids[c.name]
-        n, allowed = s.external.count(e), 1 + s.ghosts.human_retries.get(e, 0)
+        n, allowed = s.ghosts.effects.get(c.name, 0), 1 + s.ghosts.human_retries.get(e, 0)
         if n > allowed:
             out.append(f"{c.name}: effect applied {n} times, at most {allowed} allowed")
     return out
@@ -128,7 +130,9 @@ def ResultFidelity(cfg: ModelConfig, s: SystemState) -> list[str]:
             out.append(f"{name}: shows the result of execution {r.execution_id}")
         if r.args_digest != c.args_digest:
             out.append(f"{name}: shows a result computed from other arguments")
-        applied = s.external.count(c.execution_id)
+        # the call's own effects, not the key's: an "ok" deduplicated from
+        # another call's request under a shared id is not this call's
+        applied = s.ghosts.effects.get(name, 0)
         if r.kind is p.ResultKind.OK and c.tool.protected and applied < 1:
             out.append(f"{name}: shows a successful result that was never applied")
         if r.kind is p.ResultKind.DENIED and s.ghosts.invoked(name):

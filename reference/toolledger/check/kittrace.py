@@ -149,8 +149,10 @@ class KitRecorder:
         self._saved = {"__init__": init, "_advance": advance, "crash": crash}
         entries = self.entries
 
-        def recording_init(ledger: Ledger, store: Any, session_id: str) -> None:
-            init(ledger, store, session_id)
+        def recording_init(
+            ledger: Ledger, store: Any, session_id: str, **kwargs: Any
+        ) -> None:
+            init(ledger, store, session_id, **kwargs)
             entries.append(Logged(session_id, (), ledger.full_state(), ledger.state))
 
         def recording_advance(
@@ -253,7 +255,8 @@ def kit_config(
 
 
 def _no_contents(state: p.SessionState) -> p.SessionState:
-    """``state`` without result texts (the closed world does not have them)."""
+    """``state`` without result texts and dispatch times (the closed world has
+    neither: its time is abstract)."""
 
     def bare(r: p.ToolResult | None) -> p.ToolResult | None:
         return None if r is None else replace(r, content="")
@@ -261,7 +264,10 @@ def _no_contents(state: p.SessionState) -> p.SessionState:
     return replace(
         state,
         calls=tuple(replace(c, result=bare(c.result)) for c in state.calls),
-        ledger={e: replace(r, result=bare(r.result)) for e, r in state.ledger.items()},
+        ledger={
+            e: replace(r, result=bare(r.result), dispatched_at=None)
+            for e, r in state.ledger.items()
+        },
     )
 
 

@@ -30,6 +30,7 @@ SPEC_VARIABLES: Final = (
     "inflight", "fenced", "applied", "invocations", "humanApproved",
     "humanRetries", "crashes", "sent", "knownOutcome", "sentAfterOutcome",
     "decided", "turnOf", "storedId", "renumbers", "repairs",
+    "effects", "windowPassed", "keyForgotten",
 )  # fmt: skip
 
 NONE: Final = "none"
@@ -40,6 +41,7 @@ _NO_INPUTS: Final = FnValue(
     {
         "status": NONE, "attempt": 0, "digestMatches": True, "approval": NONE,
         "hasResult": False, "policy": NONE, "legacy": False, "requiresApproval": False,
+        "keyRetained": True,
     }
 )  # fmt: skip
 
@@ -54,6 +56,7 @@ def _inputs(i: p.RecoveryInputs | None) -> FnValue:
             "status": i.status.value, "attempt": i.attempt, "digestMatches": i.digest_matches,
             "approval": i.approval.value, "hasResult": i.has_result, "policy": i.policy.value,
             "legacy": i.legacy, "requiresApproval": i.requires_approval,
+            "keyRetained": i.key_retained,
         }
     )  # fmt: skip
 
@@ -73,6 +76,7 @@ def _inputs_back(v: Value, max_attempts: int) -> p.RecoveryInputs | None:
         legacy=bool(v["legacy"]),
         requires_approval=bool(v["requiresApproval"]),
         max_attempts=max_attempts,
+        key_retained=bool(v["keyRetained"]),
     )
 
 
@@ -240,6 +244,9 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
         "storedId": FnValue(stored_id),
         "renumbers": s.renumbers,
         "repairs": s.repairs,
+        "effects": FnValue({cc.name: gh.effects.get(cc.name, 0) for cc in cfg.calls}),
+        "windowPassed": frozenset(t.spec_eid[e] for e in session.retention_passed),
+        "keyForgotten": frozenset(t.spec_eid[e] for e in ext.key_forgotten),
     }
 
 
@@ -371,10 +378,17 @@ def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
         approvals=approvals,
         ledger=ledger,
         audit=frozenset(audit),
+        retention_passed=frozenset(_eid(t, se) for se in _set(state["windowPassed"])),
     )
+    effects = {str(name): _int(k) for name, k in _fn(state, "effects").items() if _int(k)}
     return SystemState(
         session,
-        ExternalState(inflight=inflight, fenced=numbers["fenced"], applied=numbers["applied"]),
+        ExternalState(
+            inflight=inflight,
+            fenced=numbers["fenced"],
+            applied=numbers["applied"],
+            key_forgotten=frozenset(_eid(t, se) for se in _set(state["keyForgotten"])),
+        ),
         Ghosts(
             invocations=invocations,
             human_approved=frozenset(str(c) for c in _set(state["humanApproved"])),
@@ -384,6 +398,7 @@ def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
             known_outcome=frozenset(str(c) for c in _set(state["knownOutcome"])),
             sent_after_outcome=after_outcome,
             decided=decided,
+            effects=effects,
         ),
         audit_inputs,
         turn_shift={

@@ -85,6 +85,9 @@ class ModelConfig:
     # MaxRenumbers; 0 unless the model overrides them)
     max_repairs: int = 0
     max_renumbers: int = 0
+    # the spec's KeysExpire: the key-retention window may pass and the
+    # external system may forget keys (RetentionWindowPasses, ExternalExpireKey)
+    keys_expire: bool = False
     # derived tables
     by_name: Mapping[str, CallConfig] = field(init=False)
     by_position: Mapping[p.CallPosition, CallConfig] = field(init=False)
@@ -194,6 +197,7 @@ class ModelConfig:
             decision_rows_with_inputs=bool(defs.get("DecisionRowsWithInputs", True)),
             max_repairs=num("MaxRepairs") if "MaxRepairs" in defs else 0,
             max_renumbers=num("MaxRenumbers") if "MaxRenumbers" in defs else 0,
+            keys_expire=bool(defs.get("KeysExpire", False)),
         )
 
 
@@ -212,6 +216,8 @@ class ExternalState:
     inflight: Mapping[str, frozenset[int]] = field(default_factory=dict)
     fenced: Mapping[str, int] = field(default_factory=dict)
     applied: Mapping[str, int] = field(default_factory=dict)
+    # executions whose idempotency key the system forgot (ExternalExpireKey)
+    key_forgotten: frozenset[str] = frozenset()
 
     def requests(self, execution_id: str) -> frozenset[int]:
         return self.inflight.get(execution_id, frozenset())
@@ -221,6 +227,14 @@ class ExternalState:
 
     def count(self, execution_id: str) -> int:
         return self.applied.get(execution_id, 0)
+
+    def remembers(self, cfg: ModelConfig, execution_id: str) -> bool:
+        """The spec's KeyRemembered: a request with this key is deduplicated."""
+        return (
+            cfg.dedups(execution_id)
+            and self.count(execution_id) >= 1
+            and execution_id not in self.key_forgotten
+        )
 
 
 @dataclass(frozen=True)
@@ -244,6 +258,9 @@ class Ghosts:
     sent_after_outcome: Mapping[str, int] = field(default_factory=dict)
     # call -> (kind, attempt) of every decision taken on it (AuditComplete)
     decided: Mapping[str, frozenset[tuple[str, int]]] = field(default_factory=dict)
+    # call -> how many times the call's OWN request was applied (a request
+    # deduplicated on another call's key is not the call's effect)
+    effects: Mapping[str, int] = field(default_factory=dict)
 
     def invoked(self, call: str) -> frozenset[Invocation]:
         return self.invocations.get(call, frozenset())
@@ -324,7 +341,16 @@ def initial_states(cfg: ModelConfig) -> list[SystemState]:
     out = []
     for mask in range(2 ** len(maybe_applied)):
         applied = {e: 1 for i, e in enumerate(maybe_applied) if mask >> i & 1}
-        out.append(SystemState(session, ExternalState(applied=applied), ghosts, stored=stored))
+        # the old engine applied the legacy call's OWN request
+        effects = {
+            c.name: 1
+            for c in cfg.calls
+            if cfg.is_legacy(c) and applied.get(cfg.exec_ids[c.name], 0)
+        }
+        out.append(
+            SystemState(session, ExternalState(applied=applied), replace(ghosts, effects=effects),
+                        stored=stored)
+        )
     return out
 
 
@@ -470,28 +496,39 @@ _OUTCOME_KNOWN: Final = frozenset({
 })
 
 
-def _deliver(cfg: ModelConfig, session: p.SessionState, eid: str, n: int,
-             action: p.Action) -> p.SessionState:
+def _deliver(session: p.SessionState, eid: str, n: int,
+             action: p.Action) -> p.SessionState | None:
     """Offer the answer for attempt n of eid to every call of that execution id.
 
     Whatever the call's stage and attempt: the core takes the answer only if
     the call waits for exactly that attempt, and refuses (``ProtocolError``)
     a late answer of an older attempt, one after a time-out or a crash, or one
-    for a call that never sent it.  A refused answer is discarded, as the
-    spec's ``Answer`` leaves such a call's stage unchanged.  Routing by the
-    execution id is the adapter's (an answer comes back on the invocation
-    that sent it); nothing else of the core's guard is repeated here.
+    for a call that never sent it.  Routing by the execution id is the
+    adapter's (an answer comes back on the invocation that sent it); nothing
+    else of the core's guard is repeated here.  None: no call took it, the
+    return is late (the spec's ``~Delivered``), and the engine must discard
+    it (``EngineDiscardLateReturn``).
     """
+    taken = False
     for c in session.calls:
-        if c.execution_id == eid:
-            nxt = _try(session, _event(action, c.position, n))
-            if nxt is not None:
-                session = nxt
-    return session
+        if c.execution_id != eid:
+            continue
+        nxt = _try(session, _event(action, c.position, n))
+        if nxt is not None:
+            session, taken = nxt, True
+    return session if taken else None
+
+
+def _discard(cfg: ModelConfig, s: SystemState, sender: CallConfig, n: int,
+             after: SystemState) -> Iterator[Successor]:
+    """The engine discards a late return: the core must agree it is late."""
+    nxt = _try(s.session, _event(p.Action.EngineDiscardLateReturn, sender.position, n))
+    if nxt is not None:
+        yield p.Action.EngineDiscardLateReturn, replace(after, session=nxt)
 
 
 def _external(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:
-    ext = s.external
+    ext, gh = s.external, s.ghosts
     for eid in sorted(set(cfg.exec_ids.values())):
         for n in sorted(ext.requests(eid)):
             rest = _upd(ext.inflight, eid, ext.requests(eid) - {n})
@@ -501,20 +538,66 @@ def _external(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:
                     s, external=replace(ext, inflight=rest)  # type: ignore[arg-type]
                 )
                 continue
-            dedup = cfg.dedups(eid) and ext.count(eid) >= 1
-            applied = _upd(ext.applied, eid, ext.count(eid) + (0 if dedup else 1))
-            after = replace(ext, inflight=rest, applied=applied)  # type: ignore[arg-type]
-            yield p.Action.ExternalApply, replace(
-                s, session=_deliver(cfg, s.session, eid, n, p.Action.ExternalApply),
-                external=after,
+            remembered = ext.remembers(cfg, eid)
+            # which call sent this attempt (a ghost: the request carries only
+            # the execution id and the attempt)
+            senders = [
+                c for c in cfg.calls
+                if cfg.exec_ids[c.name] == eid and gh.sent_count(c.name, n) >= 1
+            ]
+            for sender in senders:
+                if remembered:  # deduplicated: no effect, none of the sender's own
+                    after_ext = replace(ext, inflight=rest)  # type: ignore[arg-type]
+                    after_gh = gh
+                else:
+                    applied = _upd(ext.applied, eid, ext.count(eid) + 1)
+                    after_ext = replace(
+                        ext, inflight=rest, applied=applied,  # type: ignore[arg-type]
+                        key_forgotten=ext.key_forgotten - {eid},
+                    )
+                    effects = _upd(gh.effects, sender.name, gh.effects.get(sender.name, 0) + 1)
+                    after_gh = replace(gh, effects=effects)  # type: ignore[arg-type]
+                after = replace(s, external=after_ext, ghosts=after_gh)
+                delivered = _deliver(s.session, eid, n, p.Action.ExternalApply)
+                if delivered is not None:
+                    yield p.Action.ExternalApply, replace(after, session=delivered)
+                else:
+                    yield from _discard(cfg, s, sender, n, after)
+                yield p.Action.ExternalApplyLoseAnswer, after
+                if not remembered:
+                    rejected = replace(
+                        s, external=replace(ext, inflight=rest)  # type: ignore[arg-type]
+                    )
+                    delivered = _deliver(s.session, eid, n, p.Action.ExternalRejectDefinite)
+                    if delivered is not None:
+                        yield p.Action.ExternalRejectDefinite, replace(rejected, session=delivered)
+                    else:
+                        yield from _discard(cfg, s, sender, n, rejected)
+    if cfg.keys_expire:
+        yield from _key_retention(cfg, s)
+
+
+def _key_retention(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:
+    """The clock passes a key's retention window (the core records it, and
+    refuses it for a call that has no key), and the external system forgets
+    a key whose window passed, if nothing under it is in flight or held for
+    a retry (the margin the declared window leaves: docs/protocol.md)."""
+    for c in s.session.calls:
+        nxt = _try(s.session, _event(p.Action.RetentionWindowPasses, c.position))
+        if nxt is not None:
+            yield p.Action.RetentionWindowPasses, replace(s, session=nxt)
+    ext = s.external
+    busy = (p.Stage.RETRY, p.Stage.DISPATCHED, p.Stage.WAITING)
+    for eid in sorted(s.session.retention_passed):
+        if (
+            ext.remembers(cfg, eid)
+            and not ext.requests(eid)
+            and not any(c.execution_id == eid and c.stage in busy for c in s.session.calls)
+        ):
+            nxt = p.apply(s.session, p.Event(p.Action.ExternalExpireKey))
+            yield p.Action.ExternalExpireKey, replace(
+                s, session=nxt, external=replace(ext, key_forgotten=ext.key_forgotten | {eid})
             )
-            yield p.Action.ExternalApplyLoseAnswer, replace(s, external=after)
-            if not dedup:
-                yield p.Action.ExternalRejectDefinite, replace(
-                    s,
-                    session=_deliver(cfg, s.session, eid, n, p.Action.ExternalRejectDefinite),
-                    external=replace(ext, inflight=rest),  # type: ignore[arg-type]
-                )
 
 
 def successors(cfg: ModelConfig, s: SystemState) -> list[Successor]:

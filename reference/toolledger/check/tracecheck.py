@@ -50,6 +50,9 @@ _STEP: dict[str, str] = {
             p.Action.ExternalApplyLoseAnswer,
             p.Action.ExternalRejectDefinite,
             p.Action.ExternalDropFenced,
+            p.Action.EngineDiscardLateReturn,
+            p.Action.RetentionWindowPasses,
+            p.Action.ExternalExpireKey,
         )
     },
     "Crash": "Crash",
@@ -150,6 +153,7 @@ def config_module(cfg: ModelConfig, name: str) -> str:
         f"MCFenceOnReconcile == {serialize(cfg.fence_on_reconcile)}",
         f"MCMaxRepairs == {cfg.max_repairs}",
         f"MCMaxRenumbers == {cfg.max_renumbers}",
+        f"MCKeysExpire == {serialize(cfg.keys_expire)}",
         "====",
     ]
     return "\n".join(lines) + "\n"
@@ -224,6 +228,8 @@ def _trace_cfg(cfg: ModelConfig) -> str:
         subs += "\n    MaxRepairs <- MCMaxRepairs"
     if cfg.max_renumbers:
         subs += "\n    MaxRenumbers <- MCMaxRenumbers"
+    if cfg.keys_expire:  # KeysExpire is a definition, FALSE unless overridden
+        subs += "\n    KeysExpire <- MCKeysExpire"
     return f"CONSTANTS\n{subs}\nINIT TraceInit\nNEXT TraceStep\nINVARIANT TraceStartsInInit\n"
 
 

@@ -279,6 +279,10 @@ class _Run:
         self.tool = _no_approval(tool)
         self.policy = RecoveryPolicy(tool.policy)
         self.window = window
+        # The engine's clock: the wall clock plus every advance() of the
+        # sandbox's, so a window that passes for the external system passes
+        # for the engine's ledger too, without waiting it out.
+        self._advanced = 0.0
 
     # -- failing ------------------------------------------------------------
 
@@ -297,9 +301,13 @@ class _Run:
 
     # -- the engine side: a real Session ------------------------------------
 
+    def now(self) -> float:
+        return time.time() + self._advanced
+
     def session(self, store: MemoryStore | None = None, sid: str | None = None) -> Session:
         return Session.open(MemoryStore() if store is None else store,
-                            sid or f"contract-{next(_sessions)}", {self.c.name: self.tool})
+                            sid or f"contract-{next(_sessions)}", {self.c.name: self.tool},
+                            clock=self.now)
 
     def record(self, s: Session, arguments: Mapping[str, Any] | None = None) -> str:
         call = {"id": "call_0", "name": self.c.name,
@@ -332,8 +340,9 @@ class _Run:
         fn = getattr(self.c.sandbox, "advance", None)
         if callable(fn):
             fn(seconds)
+            self._advanced += seconds
         else:
-            time.sleep(seconds)  # a sandbox on real time: wait for its window
+            time.sleep(seconds)  # a sandbox on real time: both clocks are the wall clock
 
 
 def _no_approval(tool: Tool) -> Tool:
@@ -522,28 +531,13 @@ def _dedup_within_window(r: _Run) -> None:
     r.expect(second == first, f"the duplicate answered {second!r}, the original {first!r}")
 
 
-_TOOL_TAKES_WINDOW: Final = "retention_window" in {f.name for f in dataclasses.fields(Tool)}
-
-
-def _decision_after_expiry(decision: Decision | None) -> Decision | None:
-    """The engine's recovery decision for a call whose key's window has passed.
-
-    With a core whose ``Tool`` takes ``retention_window`` (and whose recovery
-    reads ``RecoveryInputs.key_retained``) it is the Session's own.  Before
-    that, the kit applies the protocol's rule itself: ``retry_same_id`` only
-    while the key is retained, so an expired key halts.
-    """
-    if not _TOOL_TAKES_WINDOW and decision is Decision.RETRY_SAME_ID:
-        return Decision.RECOVERY_REQUIRED
-    return decision
-
-
 def _retry_after_window_halts(r: _Run) -> None:
     assert r.window is not None
     store = MemoryStore()
-    if _TOOL_TAKES_WINDOW:
-        window: dict[str, Any] = {"retention_window": r.window}
-        r.tool = dataclasses.replace(r.tool, **window)
+    # The engine's side is the core's own: the tool declares the window, the
+    # ledger records the first dispatch, and Recover's decision reads
+    # key_retained (the protocol's RetentionWindowPasses and Decide).
+    r.tool = dataclasses.replace(r.tool, retention_window=r.window)
     s = r.session(store, "expire")
     key = r.record(s)
     r.inject(Fault.RESET_AFTER_APPLY)
@@ -551,10 +545,8 @@ def _retry_after_window_halts(r: _Run) -> None:
     r.expect(st.outcome is Outcome.UNKNOWN, f"a lost answer ended {_outcome(st.outcome)}")
     # ExternalExpireKey: the window passes for the system and for the engine.
     r.advance(r.window * 1.5)
-    if _TOOL_TAKES_WINDOW:
-        time.sleep(r.window * 1.1)  # the engine's clock is the wall clock
     [todo] = r.session(store, "expire").recover()
-    decision = _decision_after_expiry(todo.decision)
+    decision = todo.decision
     r.expect(decision is Decision.RECOVERY_REQUIRED,
              f"after the key's retention window ({r.window:g} s) the recovery decision is "
              f"{decision.value if decision else None}: a retry now is not deduplicated "

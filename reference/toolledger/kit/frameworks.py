@@ -315,8 +315,9 @@ class _Child:
 
         class KillingStore(SqliteStore):
             def commit(self, session_id: str, before: Any, after: Any, audit_rows: Any, *,
-                       arguments: Any = None) -> None:
-                super().commit(session_id, before, after, audit_rows, arguments=arguments)
+                       arguments: Any = None, epoch: int | None = None) -> None:
+                super().commit(session_id, before, after, audit_rows, arguments=arguments,
+                               epoch=epoch)
                 for where in _points_of(before, after):
                     child.die(where)
                 child.die("commit")

@@ -345,26 +345,33 @@ RECOVERY_ROWS: Final[tuple[tuple[str, p.LedgerStatus, bool, p.ApprovalState], ..
 #: for other arguments than the call now at its position.
 RESULT_ROW: Final = "any record, and a result is already in the conversation"
 MISMATCH_ROW: Final = "a record for other arguments than the call at its position"
+#: The dispatched row once the idempotency key's retention window has passed
+#: (keyRetained false): the key may be gone, so no retry with it.
+KEY_EXPIRED_ROW: Final = "dispatched, past the key's retention window"
 
 
 def _inputs(status: p.LedgerStatus, policy: p.RecoveryPolicy, *, attempt: int = 1,
             max_attempts: int = 2, legacy: bool = False,
             approval: p.ApprovalState = p.ApprovalState.APPROVED, has_result: bool = False,
-            digest_matches: bool = True, requires_approval: bool = True) -> p.RecoveryInputs:
+            digest_matches: bool = True, requires_approval: bool = True,
+            key_retained: bool = True) -> p.RecoveryInputs:
     return p.RecoveryInputs(
         status=status, attempt=0 if status is p.LedgerStatus.NONE else attempt,
         digest_matches=digest_matches, approval=approval, has_result=has_result, policy=policy,
-        legacy=legacy, requires_approval=requires_approval, max_attempts=max_attempts)
+        legacy=legacy, requires_approval=requires_approval, max_attempts=max_attempts,
+        key_retained=key_retained)
 
 
 def _cell(status: p.LedgerStatus, policy: p.RecoveryPolicy, max_attempts: int, *,
           legacy: bool = False, approval: p.ApprovalState = p.ApprovalState.APPROVED,
-          has_result: bool = False, digest_matches: bool = True) -> str:
+          has_result: bool = False, digest_matches: bool = True,
+          key_retained: bool = True) -> str:
     # The decision at every attempt the budget allows; two when the budget matters.
     by_attempt = {
         a: p.decide_recovery(_inputs(
             status, policy, attempt=a, max_attempts=max_attempts, legacy=legacy,
             approval=approval, has_result=has_result, digest_matches=digest_matches,
+            key_retained=key_retained,
         )).decision.value
         for a in range(1, max_attempts + 1)
     }
@@ -378,7 +385,8 @@ def recovery_table(max_attempts: int = 2) -> list[list[str]]:
     """The recovery table computed by :func:`toolledger._core.protocol.decide_recovery`.
 
     One row per durable state recovery can find (:data:`RECOVERY_ROWS`, then
-    :data:`RESULT_ROW` and :data:`MISMATCH_ROW`), one column per policy; each cell
+    :data:`RESULT_ROW`, :data:`MISMATCH_ROW` and :data:`KEY_EXPIRED_ROW`), one column
+    per policy; each cell
     is the decision, with the last-attempt decision where the retry budget matters.
     """
     rows: list[list[str]] = []
@@ -389,6 +397,8 @@ def recovery_table(max_attempts: int = 2) -> list[list[str]]:
                                      has_result=True) for pol in p.RecoveryPolicy)])
     rows.append([MISMATCH_ROW, *(_cell(p.LedgerStatus.DISPATCHED, pol, max_attempts,
                                        digest_matches=False) for pol in p.RecoveryPolicy)])
+    rows.append([KEY_EXPIRED_ROW, *(_cell(p.LedgerStatus.DISPATCHED, pol, max_attempts,
+                                          key_retained=False) for pol in p.RecoveryPolicy)])
     return rows
 
 
@@ -412,10 +422,10 @@ def recovery_inputs_space(max_attempts: int = 2) -> Iterator[p.RecoveryInputs]:
                               approval=approval, has_result=has_result,
                               requires_approval=needs)
             continue
-        for attempt in range(1, max_attempts + 1):
+        for attempt, kept in itertools.product(range(1, max_attempts + 1), (True, False)):
             yield _inputs(status, policy, attempt=attempt, max_attempts=max_attempts,
                           legacy=legacy, approval=approval, has_result=has_result,
-                          digest_matches=matches, requires_approval=needs)
+                          digest_matches=matches, requires_approval=needs, key_retained=kept)
 
 
 def _tla_bool(b: bool) -> str:
@@ -429,7 +439,8 @@ def _decide_call(i: p.RecoveryInputs) -> str:
             f"digestMatches |-> {_tla_bool(i.digest_matches)}, "
             f'approval |-> "{i.approval.value}", hasResult |-> {_tla_bool(i.has_result)}, '
             f'policy |-> "{i.policy.value}", legacy |-> {_tla_bool(i.legacy)}, '
-            f"requiresApproval |-> {_tla_bool(i.requires_approval)}])")
+            f"requiresApproval |-> {_tla_bool(i.requires_approval)}, "
+            f"keyRetained |-> {_tla_bool(i.key_retained)}])")
 
 
 # ----------------------------------------------------------------------------
