@@ -133,6 +133,7 @@ from .protocol import (
 )
 from .rows import (
     _DATA,
+    Row,
     _checksum,
     _int,
     _json_object,
