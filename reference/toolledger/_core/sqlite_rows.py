@@ -100,7 +100,7 @@ class SqliteRows(RowDecoder):
             "(SELECT row_checksum FROM ledger WHERE execution_id = c.execution_id), "
             "(SELECT state FROM approvals WHERE execution_id = c.execution_id), "
             "(SELECT group_concat(kind || ' ' || attempt, ',') FROM audit "
-            "WHERE execution_id = c.execution_id) "
+            "WHERE session_id = c.session_id AND execution_id = c.execution_id) "
             "FROM calls AS c WHERE c.session_id = ? AND c.turn = ? AND c.slot = ?",
             (session_id, *seen.position),
         ).fetchone()
@@ -187,9 +187,14 @@ class SqliteRows(RowDecoder):
         rows: list[Row] = []
         for i in range(0, len(eids), _IN_CHUNK):
             chunk = eids[i : i + _IN_CHUNK]
-            rows += self._select(
-                conn, table, f"WHERE execution_id IN ({', '.join('?' * len(chunk))})", chunk
-            )
+            marks = ", ".join("?" * len(chunk))
+            if table == "audit":  # its one index is (session_id, execution_id)
+                rows += self._select(
+                    conn, table, f"WHERE session_id = ? AND execution_id IN ({marks})",
+                    (session_id, *chunk),
+                )
+            else:
+                rows += self._select(conn, table, f"WHERE execution_id IN ({marks})", chunk)
         for r in rows:
             if r["session_id"] != session_id:
                 raise self._corrupt(

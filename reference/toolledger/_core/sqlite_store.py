@@ -43,27 +43,27 @@ table       columns (every table but ``meta`` ends with ``row_checksum``)
 meta        singleton (=1), schema_version, created
 sessions    session_id PK, marker, max_attempts, epoch (the lease epoch)
 calls       session_id, turn, slot (PK together), tool_call_id, tool_name,
-            policy, requires_approval, execution_id UNIQUE, args_digest,
+            policy, requires_approval, execution_id, args_digest,
             arguments, message_state, result_kind, result_content,
             result_execution_id, result_args_digest, retention_window
 approvals   execution_id PK, session_id, state (WITHOUT ROWID)
-ledger      execution_id PK, session_id, status, attempt, args_digest,
+ledger      execution_id UNIQUE, session_id, status, attempt, args_digest,
             authorization, result_kind, result_content,
             result_execution_id, result_args_digest, turn, slot,
-            dispatched_at (WITHOUT ROWID)
+            dispatched_at
 audit       id (rowid: increasing, rows are never deleted), session_id,
             execution_id, tool_call_id, turn, slot, kind, attempt,
             authorization, recovery_decision, inputs (JSON), note,
             recorded_at; append-only (triggers refuse UPDATE and DELETE)
 ==========  ===============================================================
 
-Indexes: ``calls_open`` (the calls without a result, partial), ``audit_by_session``
-and ``audit_by_execution``.  They are what keeps a recovery independent of
+Indexes: ``calls_open`` (the calls without a result, partial) and
+``audit_by_session`` (session_id, execution_id).  They are what keeps a recovery independent of
 the history: :meth:`SqliteStore.load_working_set` reads the open calls and
 the last turn through them, and the approvals, records and audit keys of
 those calls by execution id.  A protected call's two commits touch a handful
-of pages (ledger row; audit row and its two index entries; the call's row and
-its ``calls_open`` entry), which is what each fsync carries.
+of pages (ledger row and its execution id; audit row and its index entry; the
+call's row and its ``calls_open`` entry), which is what each fsync carries.
 
 ``calls.arguments`` keeps the JSON arguments the model emitted (NULL if the
 engine did not give them): only their digest is protocol-relevant, but a
