@@ -261,7 +261,52 @@ def render(doc: dict[str, Any]) -> str:
                 f"a host that never answers in {u['never_answers']['seconds']:.2f} s "
                 f"(`connect_timeout={u['never_answers']['connect_timeout']:g}`), both "
                 f"`{u['never_answers']['error']}` naming host, port and database."]
+    sc = b.get("scale") or {}
+    if "cells" in sc:
+        out += _scale(sc)
     return "\n".join(out)
+
+
+def _scale(sc: dict[str, Any]) -> list[str]:
+    """The scale table: one row per (processes, sessions), the stores side by side."""
+    out = ["", f"**Scale** (`bench_scale.py`): protected calls/s with "
+           f"{', '.join(map(str, sc['sessions']))} concurrent sessions spread evenly over "
+           f"{', '.join(map(str, sc['processes']))} worker processes on {sc['cpus']} cores, "
+           "every session a real `Session` in its own thread with its own store connection, "
+           f"{sc['calls_per_turn']}-call turns of an `idempotent` tool with a trivial effect "
+           f"for {sc['window_seconds']:g} s per cell; SQLite (one file shared by the "
+           f"processes, on {sc['scratch_fs']}) and PostgreSQL (throwaway server on loopback, "
+           "`fsync` on) side by side, cells interleaved.  Commits counted by the stores; "
+           "PostgreSQL's WAL flushes by the server (`pg_stat_wal`); SQLite's sync system calls "
+           f"by `{sc.get('sqlite_syncs_counted_by') or 'nothing (no strace)'}` during the "
+           "sessions' windows.  One session cannot be spread over several processes (n/a).",
+           ""]
+    cells = {(c["store"], c["processes"], c["sessions"]): c for c in sc["cells"]}
+
+    def f(store: str, procs: int, sessions: int, key: str) -> str:
+        c = cells.get((store, procs, sessions))
+        if c is None or not c.get("applicable"):
+            return "n/a"
+        return "-" if c.get(key) is None else f"{c[key]:g}"
+
+    out.append(_md(
+        ("processes", "sessions", "SQLite calls/s", "PostgreSQL calls/s",
+         "SQLite commits / call", "PostgreSQL commits / call", "SQLite syncs / call",
+         "PostgreSQL WAL flushes / call"),
+        [(procs, sessions, f("sqlite", procs, sessions, "calls_per_second"),
+          f("postgres", procs, sessions, "calls_per_second"),
+          f("sqlite", procs, sessions, "commits_per_call"),
+          f("postgres", procs, sessions, "commits_per_call"),
+          f("sqlite", procs, sessions, "syncs_per_call"),
+          f("postgres", procs, sessions, "syncs_per_call"))
+         for procs in sc["processes"] for sessions in sc["sessions"]],
+        right=(0, 1, 2, 3, 4, 5, 6, 7)))  # fmt: skip
+    done = [c for c in sc["cells"] if c.get("applicable")]
+    out += ["", f"Afterwards, in all {len(done)} cells ({sum(c['calls'] for c in done):,} "
+            "calls): every session's calls durable with their result, one `dispatch` audit "
+            "row per call, and every effect applied exactly once at the external system: "
+            f"{'yes' if sc['ok'] else '**no**'}."]
+    return out
 
 
 def _peers(pe: dict[str, Any]) -> list[str]:

@@ -39,6 +39,7 @@ from benchmarks import (
     bench_pg_faults,
     bench_races,
     bench_recovery,
+    bench_scale,
     bench_sqlite,
     crash_campaign,
     render_readme,
@@ -57,6 +58,7 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "crash_campaign": crash_campaign.run,
     "races": bench_races.run,
     "pg_faults": bench_pg_faults.run,
+    "scale": bench_scale.run,
     "peers": bench_peers.run,
     "bytes": lambda smoke=False: bench_bytes.run(smoke=smoke, with_profile=True),
     "group": bench_group.run,
@@ -131,6 +133,19 @@ def goals(b: dict[str, Any]) -> list[dict[str, Any]]:
          f"{f['runs']} runs: {ft['duplicates']} duplicates, {ft['lost']} lost, "
          f"{f['server_fault_runs_failed_closed']}/{f['server_fault_runs']} failed closed",
          _get(f, "ok"))
+    sc: Any = b.get("scale")
+    cells = [c for c in (_get(sc, "cells") or []) if c.get("applicable")]
+    if cells:
+        def best(kind: str) -> str:
+            rate = max(c["calls_per_second"] or 0 for c in cells if c["store"] == kind)
+            return f"{kind} up to {rate:.0f} calls/s"
+
+        measured = (f"{len(cells)} cells, {', '.join(best(k) for k in bench_scale.STORES)}; "
+                    f"every call applied once: {'yes' if sc['ok'] else 'no'}")
+    else:
+        measured = None
+    goal("scale: 1/8/32 sessions over 1/2/4 processes, SQLite and PostgreSQL side by side",
+         "every call applied exactly once", measured, None if not cells else sc["ok"])
     pg = _get(b.get("peers"), "goals") or {}
     for peer, name in (("langgraph", "LangGraph durability=sync"), ("dbos-wal", "DBOS on WAL")):
         x = pg.get(peer)

@@ -39,24 +39,19 @@ is flushed (``synchronous_commit`` on, checked on open).
 
 Connections
 -----------
-One object holds one connection (guarded by a lock), opened with a connect
-timeout and a ``statement_timeout``.  A server that cannot be reached raises
-:class:`StoreUnavailable` naming host, port and database.  If the connection
-drops inside a transaction the server rolls it back: nothing of it is
-written.  If it drops during ``COMMIT`` the outcome is unknown to the client,
-and the error says so: reload the session (``Ledger.reload()``), which reads
-what is durable; the store object is unusable afterwards (open a new one).
+One connection per object, with a connect timeout and a statement (and
+lock) timeout; a lost connection fails its transaction with
+:class:`StoreUnavailable` (a ``COMMIT``'s outcome unknown: reload) and the
+next transaction connects again (:attr:`PostgresStore.reconnects`).  The
+details, and the translation of psycopg's errors, are in
+:mod:`toolledger._core.pg_connection`.
 
-Schema (version :data:`SCHEMA_VERSION`, in the PostgreSQL schema ``schema``)
---------------------------------------------------------------------------
-The tables and checksummed columns of ``SqliteStore`` (``sessions``,
-``calls``, ``approvals``, ``ledger``, ``audit``) plus ``meta`` (singleton,
-application, schema_version, created).  Indexes ``calls_open`` (partial: the
-calls without a result), ``audit_by_session`` and ``audit_by_execution``
-keep a restart independent of the history; a trigger refuses UPDATE and
-DELETE on ``audit``.  Opening a schema with no tables creates them (under an
-advisory lock: concurrent openers create it once); :meth:`PostgresStore.create`
-refuses an existing store.
+Schema (version :data:`SCHEMA_VERSION`)
+---------------------------------------
+The tables, indexes and trigger, and the checks that open an existing store,
+are in :mod:`toolledger._core.pg_schema`.  Opening a schema with no tables
+creates them (under an advisory lock: concurrent openers create it once);
+:meth:`PostgresStore.create` refuses an existing store.
 
 Session ownership: ``sessions.epoch`` is the session's lease epoch.
 :meth:`PostgresStore.take_session` bumps it (one transaction, under the
@@ -67,35 +62,29 @@ same row lock, and a worker that lost the session gets
 
 from __future__ import annotations
 
-import re
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
+from .pg_connection import PgConnection, StoreUnavailable
+from .pg_schema import _COLUMNS, _SCHEMA, APPLICATION, SCHEMA_VERSION, _check_tables
 from .protocol import (
     ApprovalState,
     CallPosition,
     CallState,
     ExecutionRecord,
-    InvalidInput,
-    LedgerStatus,
     MessageState,
-    RecoveryPolicy,
     SessionState,
 )
 from .rows import (
     _DATA,
     _KEY,
     _RESULT,
-    _RESULT_DDL,
     Row,
-    RowDecoder,
     _checksum,
     _enum,
     _int,
     _json_object,
-    _one_of,
     _record_values,
     _result_values,
 )
@@ -105,10 +94,8 @@ from .stores import (
     CallView,
     SessionExists,
     StaleState,
-    StoreCorrupt,
     StoreError,
     UnknownSession,
-    UnsupportedSchema,
     _check_session_values,
     check_lease,
     plan_commit,
@@ -119,98 +106,8 @@ if TYPE_CHECKING:
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore", "StoreExists", "StoreUnavailable"]
 
-SCHEMA_VERSION: Final = 3
-"""The PostgreSQL schema version this version writes and reads.
-
-Version 3 (from 1): ``sessions.epoch``, the session's lease epoch
-(:meth:`PostgresStore.take_session`), ``calls.retention_window`` and
-``ledger.dispatched_at``, as in the SQLite store's version 5 (a restarted
-engine computes keyRetained from them).  Version 2 was two development
-schemas, each with only part of these columns.  A schema of version 1 or 2
-is refused at open with a message naming its version and this one."""
-
-APPLICATION: Final = "toolledger"
-
-_T = TypeVar("_T")
 _IN_CHUNK: Final = 500
 
-_COLUMNS: Final[Mapping[str, tuple[str, ...]]] = {
-    "meta": ("singleton", "application", "schema_version", "created"),
-    **{
-        t: (("id",) if t == "audit" else ()) + cols + ("row_checksum",)
-        for t, cols in _DATA.items()
-    },
-}
-
-_SCHEMA: Final[tuple[str, ...]] = (
-    """CREATE TABLE meta (
-        singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
-        application TEXT NOT NULL,
-        schema_version INTEGER NOT NULL,
-        created TEXT NOT NULL)""",
-    """CREATE TABLE sessions (
-        session_id TEXT PRIMARY KEY,
-        marker INTEGER NOT NULL CHECK (marker >= 0),
-        max_attempts INTEGER NOT NULL CHECK (max_attempts >= 1),
-        epoch BIGINT NOT NULL CHECK (epoch >= 0),
-        row_checksum TEXT NOT NULL)""",
-    f"""CREATE TABLE calls (
-        session_id TEXT NOT NULL REFERENCES sessions (session_id),
-        turn INTEGER NOT NULL CHECK (turn >= 0),
-        slot INTEGER NOT NULL CHECK (slot >= 0),
-        tool_call_id TEXT NOT NULL,
-        tool_name TEXT NOT NULL,
-        policy TEXT NOT NULL CHECK (policy IN ({_one_of(RecoveryPolicy)})),
-        requires_approval INTEGER NOT NULL CHECK (requires_approval IN (0, 1)),
-        execution_id TEXT NOT NULL UNIQUE,
-        args_digest TEXT NOT NULL,
-        arguments TEXT,
-        message_state TEXT NOT NULL CHECK (message_state = 'durable'),
-        {_RESULT_DDL},
-        retention_window DOUBLE PRECISION
-            CHECK (retention_window IS NULL OR retention_window > 0),
-        row_checksum TEXT NOT NULL,
-        PRIMARY KEY (session_id, turn, slot))""",
-    f"""CREATE TABLE approvals (
-        execution_id TEXT PRIMARY KEY,
-        session_id TEXT NOT NULL REFERENCES sessions (session_id),
-        state TEXT NOT NULL CHECK (state IN ({_one_of(ApprovalState)})),
-        row_checksum TEXT NOT NULL)""",
-    f"""CREATE TABLE ledger (
-        execution_id TEXT PRIMARY KEY,
-        session_id TEXT NOT NULL REFERENCES sessions (session_id),
-        status TEXT NOT NULL CHECK (status IN ({_one_of(LedgerStatus)})),
-        attempt INTEGER NOT NULL CHECK (attempt >= 0),
-        args_digest TEXT,
-        "authorization" TEXT NOT NULL,
-        {_RESULT_DDL},
-        turn INTEGER,
-        slot INTEGER,
-        dispatched_at DOUBLE PRECISION,
-        row_checksum TEXT NOT NULL)""",
-    """CREATE TABLE audit (
-        id BIGSERIAL PRIMARY KEY,
-        session_id TEXT NOT NULL REFERENCES sessions (session_id),
-        execution_id TEXT NOT NULL,
-        tool_call_id TEXT NOT NULL,
-        turn INTEGER NOT NULL,
-        slot INTEGER NOT NULL,
-        kind TEXT NOT NULL,
-        attempt INTEGER NOT NULL,
-        "authorization" TEXT NOT NULL,
-        recovery_decision TEXT,
-        inputs TEXT NOT NULL,
-        note TEXT NOT NULL,
-        recorded_at TEXT NOT NULL,
-        row_checksum TEXT NOT NULL)""",
-    "CREATE INDEX calls_open ON calls (session_id, turn, slot) WHERE result_kind IS NULL",
-    "CREATE INDEX audit_by_session ON audit (session_id, id)",
-    "CREATE INDEX audit_by_execution ON audit (execution_id)",
-    """CREATE FUNCTION audit_append_only() RETURNS trigger LANGUAGE plpgsql AS
-        $$ BEGIN RAISE EXCEPTION 'audit rows are append-only'; END $$""",
-    """CREATE TRIGGER audit_no_update BEFORE UPDATE OR DELETE ON audit
-        FOR EACH ROW EXECUTE FUNCTION audit_append_only()""",
-)
 
 def _q(columns: Sequence[str]) -> str:
     """Column names quoted (``authorization`` is a reserved word in PostgreSQL)."""
@@ -221,54 +118,11 @@ def _assign(columns: Sequence[str]) -> str:
     return ", ".join(f'"{c}" = %s' for c in columns)
 
 
-_INDEXES: Final = frozenset({"calls_open", "audit_by_session", "audit_by_execution"})
-_SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-
-
-class StoreUnavailable(StoreError):
-    """The PostgreSQL server could not be reached, or the connection was lost.
-
-    ``host``, ``port`` and ``dbname`` name the server.  Nothing was written,
-    unless the message says a ``COMMIT``'s outcome is unknown: then reload.
-    """
-
-    def __init__(self, message: str, *, host: str, port: str, dbname: str) -> None:
-        super().__init__(message)
-        self.host, self.port, self.dbname = host, port, dbname
-
-
 class StoreExists(StoreError):
     """:meth:`PostgresStore.create` found a store (or other tables) in the schema."""
 
 
-class _Rows(RowDecoder):
-    """The shared row decoders (:mod:`toolledger._core.rows`), failing closed with
-    PostgreSQL's wording.  Decoding is shared on purpose: both stores accept
-    exactly the same rows."""
-
-    def __init__(self, where: str) -> None:
-        self.where = where
-
-    def _corrupt(self, what: str) -> StoreCorrupt:
-        return StoreCorrupt(
-            f"{self.where} is not a usable toolledger store: {what}. Nothing was executed "
-            "or written. Restore the database from a backup, or point the store at another "
-            "schema to start an empty one.",
-            path=self.where,
-        )
-
-
-def _psycopg() -> Any:
-    try:
-        import psycopg
-    except ImportError as exc:  # the core package works without it
-        raise StoreError(
-            "PostgresStore needs psycopg 3: pip install 'toolledger[postgres]'"
-        ) from exc
-    return psycopg
-
-
-class PostgresStore:
+class PostgresStore(PgConnection):
     """A :class:`~toolledger._core.stores.Store` on a PostgreSQL database (see the module doc).
 
     ``PostgresStore(conninfo, schema="toolledger")`` connects (libpq
@@ -276,9 +130,15 @@ class PostgresStore:
     the schema holds none) and raises :class:`StoreUnavailable`,
     :class:`~toolledger._core.stores.StoreCorrupt` or
     :class:`~toolledger._core.stores.UnsupportedSchema` having written nothing.
-    ``connect_timeout`` and ``statement_timeout`` are in seconds.
+    ``connect_timeout`` and ``statement_timeout`` are in seconds (positive
+    numbers; the statement timeout is also the lock timeout).  After a lost
+    connection the next transaction connects again (:attr:`reconnects`
+    counts it; see "Connections" in the module doc).
     ``trace``, if set, is called with the text and parameters of every
-    statement this object sends (for tests and diagnostics).
+    statement this object sends (for tests and diagnostics).  The connection,
+    its transactions and their errors are the base class's
+    (:class:`~toolledger._core.pg_connection.PgConnection`); what is read and
+    written in them is this class's.
     """
 
     def __init__(
@@ -290,40 +150,14 @@ class PostgresStore:
         statement_timeout: float = 30.0,
         _create: bool = False,
     ) -> None:
-        if not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema):
-            raise InvalidInput(
-                f"schema {schema!r} is not a plain lower-case SQL identifier "
-                "([a-z_][a-z0-9_]*, at most 63 characters): pass one"
-            )
-        if connect_timeout <= 0 or statement_timeout <= 0:
-            raise InvalidInput("connect_timeout and statement_timeout must be positive seconds")
-        self._pg = _psycopg()
-        self.schema = schema
         self.commits = 0
         self.ledger_commits = 0
-        self.trace: Callable[[str, Sequence[object]], None] | None = None
-        self._lock = threading.RLock()
-        self._broken: str | None = None
-        self._conn: psycopg.Connection[Any] | None = None
-        info = self._pg.conninfo.conninfo_to_dict(conninfo)
-        self.host = str(info.get("host", "localhost"))
-        self.port = str(info.get("port", "5432"))
-        self.dbname = str(info.get("dbname", info.get("user", "")))
-        self.where = f"PostgreSQL {self.host}:{self.port}/{self.dbname} schema {schema}"
-        self._rows = _Rows(self.where)
-        try:
-            conn = self._pg.connect(
-                conninfo,
-                autocommit=True,  # every transaction is an explicit BEGIN ... COMMIT
-                connect_timeout=max(1, round(connect_timeout)),
-                options=(
-                    f"-c statement_timeout={round(statement_timeout * 1000)} "
-                    f"-c search_path={schema} -c lock_timeout={round(statement_timeout * 1000)}"
-                ),
-            )
-        except self._pg.Error as exc:
-            raise self._unavailable(f"cannot connect ({exc})") from exc
-        self._conn = conn
+        super().__init__(
+            conninfo,
+            schema=schema,
+            connect_timeout=connect_timeout,
+            statement_timeout=statement_timeout,
+        )
         try:
             self._open(create=_create)
         except BaseException:
@@ -348,118 +182,10 @@ class PostgresStore:
             _create=True,
         )
 
-    # -- errors -----------------------------------------------------------------
-
-    def _unavailable(self, what: str) -> StoreUnavailable:
-        return StoreUnavailable(
-            f"PostgreSQL at {self.host}:{self.port}, database {self.dbname!r}: {what}. "
-            "Check that the server runs and is reachable, then retry; nothing was written",
-            host=self.host,
-            port=self.port,
-            dbname=self.dbname,
-        )
-
-    def _corrupt(self, what: str) -> StoreCorrupt:
-        return self._rows._corrupt(what)
-
-    def _unsupported(self, what: str, found: int | None) -> UnsupportedSchema:
-        return UnsupportedSchema(
-            f"{self.where} {what} Nothing was executed or written.",
-            path=self.where,
-            found=found,
-            supported=SCHEMA_VERSION,
-        )
-
-    def _error(self, what: str, exc: Exception, *, reading: bool) -> StoreError:
-        """The typed error for a psycopg error (see the module doc)."""
-        pg = self._pg
-        conn = self._conn
-        state = getattr(exc, "sqlstate", None) or ""
-        # 08: connection exceptions; 57: the server shut down or cancelled us
-        if (
-            isinstance(exc, pg.OperationalError)
-            and (conn is None or conn.closed or conn.broken)
-        ) or (state[:2] in ("08", "57") and not isinstance(exc, pg.errors.QueryCanceled)):
-            self._broken = f"the connection was lost during {what} ({exc})"
-            return self._unavailable(f"the connection was lost during {what} ({exc})")
-        if state.startswith("53"):  # insufficient resources (disk full, out of memory)
-            return StoreError(
-                f"{self.where}: {what} failed: the server is out of resources ({exc}); "
-                "nothing was written, free space or memory on the server and try again"
-            )
-        if isinstance(exc, pg.errors.QueryCanceled | pg.errors.LockNotAvailable):
-            return StoreError(
-                f"{self.where}: {what} timed out ({exc}); nothing was written, try again"
-            )
-        if reading or state.startswith("XX"):  # XX001 data_corrupted, XX002 index_corrupted
-            return self._corrupt(f"{what} failed: {exc}")
-        return StoreError(f"{self.where}: {what} failed ({exc}); nothing was written")
-
-    # -- statements -----------------------------------------------------------------
-
-    def _exec(self, conn: psycopg.Connection[Any], sql: str, params: Sequence[object] = ()) -> Any:
-        if self.trace is not None:
-            self.trace(sql, params)
-        return conn.execute(sql, params)
-
-    def _live(self) -> psycopg.Connection[Any]:
-        if self._broken is not None:
-            raise StoreError(
-                f"{self.where}: this store object is unusable after {self._broken}; open a new "
-                f"PostgresStore (what a restarted engine does) and {RELOAD}"
-            )
-        if self._conn is None:
-            raise StoreError(f"{self.where}: this store is closed; open a new PostgresStore")
-        return self._conn
-
-    def _transaction(
-        self, what: str, begin: str, body: Callable[[psycopg.Connection[Any]], _T], *, read: bool
-    ) -> _T:
-        with self._lock:
-            conn = self._live()
-            try:
-                self._exec(conn, begin)
-                try:
-                    value = body(conn)
-                except BaseException:
-                    self._rollback(conn)
-                    raise
-                if read:
-                    self._exec(conn, "ROLLBACK")
-                else:
-                    try:
-                        self._exec(conn, "COMMIT")
-                    except self._pg.OperationalError as exc:
-                        if conn.closed or conn.broken:
-                            self._broken = f"a connection lost during COMMIT ({exc})"
-                            raise self._unavailable(
-                                f"the connection was lost during COMMIT of {what} ({exc}): "
-                                f"whether it was committed is unknown; {RELOAD}"
-                            ) from exc
-                        raise
-                return value
-            except self._pg.Error as exc:
-                raise self._error(what, exc, reading=read) from exc
-
-    def _rollback(self, conn: psycopg.Connection[Any]) -> None:
-        if conn.closed or conn.broken:
-            return  # the server rolls back a transaction whose connection is gone
-        try:
-            self._exec(conn, "ROLLBACK")
-        except self._pg.Error as exc:
-            self._broken = f"a failed rollback ({exc})"
-
-    def _read(self, body: Callable[[psycopg.Connection[Any]], _T]) -> _T:
-        return self._transaction(
-            "reading", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", body, read=True
-        )
-
-    def _write(self, what: str, body: Callable[[psycopg.Connection[Any]], None]) -> None:
-        self._transaction(what, "BEGIN ISOLATION LEVEL READ COMMITTED", body, read=False)
-
     # -- opening ---------------------------------------------------------------------
 
-    def _open(self, *, create: bool) -> None:
+    def _open(self, *, create: bool, again: bool = False) -> None:
+        """Check (or create) the schema; ``again``: a reconnect, which never creates."""
         conn = self._live()
         try:
             setting = self._exec(conn, "SHOW synchronous_commit").fetchone()[0]
@@ -486,6 +212,8 @@ class PostgresStore:
             if tables:
                 self._validate(conn, tables)
                 return
+            if again:  # the store this object used is gone: never start an empty one here
+                raise self._corrupt("its tables are gone since this object opened the store")
             self._exec(conn, f"CREATE SCHEMA IF NOT EXISTS {self.schema}")
             for statement in _SCHEMA:
                 self._exec(conn, statement)
@@ -507,72 +235,14 @@ class PostgresStore:
         return {str(r[0]) for r in rows}
 
     def _validate(self, conn: psycopg.Connection[Any], tables: set[str]) -> None:
-        if "meta" not in tables:
-            raise self._unsupported(
-                f"holds tables ({', '.join(sorted(tables))}) but is not a toolledger store: "
-                "point the store at its own schema.",
-                None,
-            )
-        rows = self._exec(conn, "SELECT application, schema_version FROM meta").fetchall()
-        if len(rows) != 1 or rows[0][0] != APPLICATION or not isinstance(rows[0][1], int):
-            raise self._corrupt(f"its meta table holds {rows!r}, not one schema version")
-        version: int = rows[0][1]
-        if version != SCHEMA_VERSION:
-            raise self._unsupported(
-                f"has toolledger schema version {version}; this toolledger reads version "
-                f"{SCHEMA_VERSION} only. "
-                + (
-                    "It was written by a newer toolledger: open it with that version "
-                    "(upgrade toolledger)."
-                    if version > SCHEMA_VERSION
-                    else "No migration from that version exists: open it with the "
-                    "toolledger that wrote it."
-                ),
-                version,
-            )
-        for table, expected in _COLUMNS.items():
-            found = tuple(
-                str(r[0])
-                for r in self._exec(
-                    conn,
-                    "SELECT column_name FROM information_schema.columns "
-                    "WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position",
-                    (self.schema, table),
-                ).fetchall()
-            )
-            if found != expected:
-                raise self._corrupt(
-                    f"table {table} has columns {found or '(none: it is missing)'}, "
-                    f"schema version {SCHEMA_VERSION} has {expected}"
-                )
-        indexes = {
-            str(r[0])
-            for r in self._exec(
-                conn, "SELECT indexname FROM pg_indexes WHERE schemaname = %s", (self.schema,)
-            ).fetchall()
-        }
-        triggers = {
-            str(r[0])
-            for r in self._exec(
-                conn,
-                "SELECT t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
-                "JOIN pg_namespace n ON n.oid = c.relnamespace "
-                "WHERE n.nspname = %s AND c.relname = 'audit' AND t.tgenabled <> 'D'",
-                (self.schema,),
-            ).fetchall()
-        }
-        missing = sorted((_INDEXES - indexes) | ({"audit_no_update"} - triggers))
-        if missing:
-            raise self._corrupt(f"its indexes or triggers {', '.join(missing)} are missing")
+        _check_tables(
+            lambda sql, params: self._exec(conn, sql, params).fetchall(),
+            self.schema,
+            tables,
+            self._rows,
+        )
 
     # -- lifecycle --------------------------------------------------------------------
-
-    def close(self) -> None:
-        """Close the connection; idempotent.  Everything committed stays durable."""
-        with self._lock:
-            conn, self._conn = self._conn, None
-            if conn is not None:
-                conn.close()
 
     def __enter__(self) -> PostgresStore:
         return self
@@ -582,11 +252,6 @@ class PostgresStore:
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.where!r})"
-
-    @property
-    def connection(self) -> psycopg.Connection[Any]:
-        """The underlying connection, for inspection only (never write through it)."""
-        return self._live()
 
     # -- rows: every read verifies the checksum, every write sets it -----------------
 

@@ -82,6 +82,16 @@ the ledger, and releases it while a tool body runs, so calls of one message
 may run in parallel.  Running the same call twice at once is an error
 (:class:`CallBusy`), never a second dispatch.
 
+Store errors
+------------
+A commit that fails (:class:`~toolledger._core.stores.StoreError`: a stale
+state, a lost connection, a timeout) propagates to the engine, and the
+session reloads the durable state first, as a restarted engine would.  If
+that reload fails too (the server is still down), the engine gets the
+commit's own error, with a note saying so, and the session starts nothing
+until a reload succeeds: its next call reloads first (or raises the store's
+error again); then :meth:`Session.recover` says what to do.
+
 What is not here: this module never decides recovery itself
 (:func:`~toolledger._core.protocol.decide_recovery` does) nor writes anything
 but through the :class:`~toolledger._core.ledger.Ledger` (legacy adoption aside,
@@ -194,6 +204,9 @@ class Session:
         self._lock = threading.RLock()
         self._running: set[str] = set()  # keys whose tool body runs now
         self._interrupted_by: str | None = None
+        # set when the reload after a failed commit failed too: the state in memory
+        # is not known to be durable, so nothing starts before a reload succeeds
+        self._reload_failed: str | None = None
         # execute_many: (key, next key) while key runs; its success commit may
         # carry next key's dispatched (see execute_many)
         self._chain: tuple[str, str] | None = None
@@ -208,6 +221,8 @@ class Session:
                     f"({self._interrupted_by}): open a new Session on the store, as a "
                     "restarted engine would, and call recover()"
                 )
+            if self._reload_failed is not None:
+                self._reload_again()
             yield
 
     # -- opening --------------------------------------------------------------
@@ -936,11 +951,36 @@ class Session:
     def _guard(self, commit: Callable[[], SessionState]) -> SessionState:
         try:
             return commit()
-        except StoreError:
+        except StoreError as exc:
             # What is durable is unknown to this process now: reload, as a
             # restarted engine would, before anyone acts on it.
-            self._ledger.reload()
+            try:
+                self._ledger.reload()
+            except StoreError as again:
+                # The store is still out of reach (a server down): the adopter gets the
+                # ORIGINAL error (what failed, and whether it may have been written),
+                # never the reload's, and the session starts nothing until a reload works.
+                self._reload_failed = f"{type(again).__name__}: {again}"
+                exc.add_note(
+                    f"Reloading session {self.session_id!r} after this failed too "
+                    f"({self._reload_failed}). The session starts nothing until the "
+                    "store is reachable: its next call reloads first; then call recover() "
+                    "and act on what it returns (or open a new Session)."
+                )
             raise
+
+    def _reload_again(self) -> None:
+        """The reload :meth:`_guard` could not do; the store's error if it fails again."""
+        try:
+            self._ledger.reload()
+        except StoreError as exc:
+            exc.add_note(
+                f"Session {self.session_id!r} could not reload after an earlier store error "
+                f"either ({self._reload_failed}); nothing was started. Retry once the store is "
+                "reachable; the session then reloads and recover() says what to do."
+            )
+            raise
+        self._reload_failed = None
 
 
 # --------------------------------------------------------------------------
