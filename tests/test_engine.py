@@ -850,3 +850,48 @@ def test_adopted_legacy_session_whose_calls_are_answered_resumes(policy: str) ->
     cell = run_cell("ledger", "legacy", policy, "after EngineCheckpoint")
     assert cell.status != "error", cell.error
     assert cell.effects == 1 and cell.decisions == ()
+
+
+# --------------------------------------------------------------------------
+# The kit engine runs on the adopter's API; its crash points stay meaningful
+# --------------------------------------------------------------------------
+
+
+def test_the_kit_engine_steps_no_ledger_and_names_no_spec_event() -> None:
+    """The engine talks to the Session only: no spec action named in its code (strings
+    included), no ledger step, and the few direct ledger lines are reads.  Measured by
+    the same function the README and notebook 05 use."""
+    from toolledger.notebook.kit_support import glue_of, kit_engine_glue
+
+    glue = kit_engine_glue()
+    assert glue.spec_events == ()
+    assert not [line for line in glue.ledger if "step" in line or "Event" in line]
+    assert len(glue.ledger) <= 8, glue.ledger
+    assert len(glue.session) >= 10  # it does call the adopter's API
+    # the measure sees glue that narrates the spec, in code or in a crash point's name
+    narrated = glue_of('self.ledger.step(Event(Action.Recover, pos))\n'
+                       'self._at("EngineParkApproval")\n'
+                       '"""Prose may name ExternalApply."""\n'
+                       '# so may a comment: EngineTimeout\n')
+    assert len(narrated.spec_events) == 2 and len(narrated.ledger) == 1
+    assert narrated.code_lines == 2
+
+
+@pytest.mark.parametrize("point", ["after EnginePersistCall", "after EngineParkApproval"])
+def test_a_crash_after_the_record_commit_finds_the_calls_and_their_approvals(
+    world: World, point: str
+) -> None:
+    """Session.record writes the calls and parks their approvals in ONE commit: a crash
+    after EnginePersistCall and one after EngineParkApproval are the same point, the
+    moment after that commit (the approval is pending, nothing was dispatched)."""
+    crash = CrashInjector(parse_crash_point("ledger", point))
+    with pytest.raises(SimulatedCrash):
+        make_engine(world, crash=crash, human=ScriptedHuman(default=None)).run("email Ada")
+    world.restart()
+    (call,) = world.store.load("s1").calls
+    assert world.store.load("s1").approvals[call.execution_id].value == "pending"
+    assert world.store.load("s1").ledger == {}
+    resumed = make_engine(world, human=ScriptedHuman())
+    assert resumed.pending_approvals() == [(1, 0)]
+    assert resumed.resume().status is TurnStatus.DONE
+    assert world.system.effects() == 1

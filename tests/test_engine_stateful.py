@@ -60,7 +60,7 @@ from hypothesis.stateful import (
 
 import toolledger._core.ledger
 import toolledger._core.protocol
-import toolledger.kit.engine
+import toolledger._core.session
 from toolledger._core.protocol import (
     ApprovalState,
     Authorization,
@@ -935,8 +935,8 @@ def test_the_machine_catches_a_ledger_engine_that_replays_a_manual_call(
             return RecoveryDecision(Decision.RETRY_SAME_ID, i)
         return original(i)
 
-    # the core decides; the Ledger and the engine recompute it for the audit and the log
-    for module in (toolledger._core.protocol, toolledger._core.ledger, toolledger.kit.engine):
+    # the core decides; the Ledger and the Session recompute it for the audit and the engine
+    for module in (toolledger._core.protocol, toolledger._core.ledger, toolledger._core.session):
         monkeypatch.setattr(module, "decide_recovery", broken)
     EngineMachine.examples = 0
     with pytest.raises(AssertionError, match=r"NoBlindReplay violated|AtMostOnceEffect violated"):

@@ -35,7 +35,7 @@ import pytest
 
 import toolledger._core.ledger
 import toolledger._core.protocol
-import toolledger.kit.engine
+import toolledger._core.session
 from checker_support import ROOT
 from toolledger._core.protocol import (
     Decision,
@@ -338,8 +338,8 @@ def manual_retries(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
             return RecoveryDecision(Decision.RETRY_SAME_ID, i)
         return original(i)
 
-    # the core decides; the Ledger and the engine recompute it for the audit and the log
-    for module in (toolledger._core.protocol, toolledger._core.ledger, toolledger.kit.engine):
+    # the core decides; the Ledger and the Session recompute it for the audit and the engine
+    for module in (toolledger._core.protocol, toolledger._core.ledger, toolledger._core.session):
         monkeypatch.setattr(module, "decide_recovery", broken)
     yield
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final, Literal
 
 from .._core.protocol import (
+    Action,
+    Event,
     InvalidInput,
     RecoveryPolicy,
 )
@@ -31,6 +33,7 @@ __all__ = [
     "CrashPoint",
     "EngineMode",
     "EngineStep",
+    "Moment",
     "SeedRow",
     "SimulatedCrash",
     "crash_points",
@@ -82,8 +85,11 @@ LEDGER_STEPS: Final[tuple[EngineStep, ...]] = (
     _step("EngineCheckpointCall", "protected readonly",
           "the assistant message is in the conversation; the ledger does not know the call"),
     _step("EnginePersistCall", "protected readonly",
-          "the call is durable in the ledger (with its arguments)"),
-    _step("EngineParkApproval", "protected readonly", "the approval is pending"),
+          "the call is durable in the ledger (with its arguments) and its approval is parked: "
+          "Session.record writes both in ONE commit"),
+    _step("EngineParkApproval", "protected readonly",
+          "the approval is pending (the same commit as EnginePersistCall: a crash after "
+          "either is the same point)"),
     _step("HumanApprove", "protected readonly", "the approval is approved; no ledger record"),
     _step("EnginePersistDispatched", "protected",
           "dispatched(attempt 1) + its audit row; the adapter is not invoked yet"),
@@ -117,6 +123,38 @@ LEGACY_STEPS: Final[tuple[EngineStep, ...]] = (
     _step("EngineCheckpoint", "legacy", "iteration_end: the role=tool message is saved"),
 )
 """The legacy engine's steps for one approved call, in order (``LegacyResume.tla``)."""
+
+
+class Moment(StrEnum):
+    """The engine's own moments that are crash points: what it does outside the ledger.
+
+    The engine names its moments in its own words; the value is the crash
+    point (a spec step's name) the moment is.  The points after the ledger's
+    steps are not here: the session reports its commits and
+    :meth:`CrashInjector.stepped` finds the points they pass.
+    """
+
+    MODEL_CALLED = "before ProviderEmitCall"  # the provider is about to answer
+    MODEL_ANSWERED = "after ProviderEmitCall"  # its message is in memory only
+    CALLS_SAVED = "after EngineCheckpointCall"  # the assistant message is checkpointed
+    INBOX_PARKED = "after EngineParkApproval"  # legacy: the inbox item is saved
+    INBOX_RESOLVED = "after HumanApprove"  # legacy: the inbox item is resolved
+    REQUEST_OUT = "after EngineInvokeAdapter"  # the request left (fired by the transport)
+    READONLY_REQUEST_OUT = "after EngineInvokeReadonly"
+    ANSWERED = "after ExternalApply"  # the answer is in memory only
+    RESULT_IN_MEMORY = "after EngineAppendResult"  # legacy: the tool message in memory
+    RESULT_SAVED = "after EngineCheckpoint"  # the tool message is checkpointed
+
+
+# The ledger steps a Session commit may contain whose "after" is a crash point.
+# ProviderEmitCall is left out (its point is the model's answer, before the
+# conversation is saved: Moment.MODEL_ANSWERED) and so are the invoke steps (the
+# request leaves inside the adapter: Moment.REQUEST_OUT, fired by the transport).
+_AFTER_COMMIT: Final = frozenset({
+    Action.EnginePersistCall, Action.EngineParkApproval, Action.HumanApprove,
+    Action.EnginePersistDispatched, Action.ExternalApply, Action.EngineRecordSucceeded,
+    Action.EngineAppendResult,
+})
 
 
 def _steps(mode: EngineMode) -> tuple[EngineStep, ...]:
@@ -318,17 +356,32 @@ class CrashInjector:
             os.kill(os.getpid(), signal.SIGKILL)
         raise SimulatedCrash(p)
 
+    def at(self, mode: EngineMode, moment: Moment) -> None:
+        """The engine of ``mode`` is at one of its own moments."""
+        self.reached(mode, moment.value)
+
+    def stepped(self, events: Sequence[Event]) -> None:
+        """A ledger engine's session made a step (its ``observe`` hook): the
+        points right after it.  Steps committed together (``Session.record``:
+        ``EnginePersistCall`` + ``EngineParkApproval``; ``Session.recover``:
+        ``Recover`` + what follows it, for every call) share one point: the
+        moment after the commit, so a crash "after" any of them leaves the
+        whole commit durable."""
+        for ev in events:
+            if ev.action in _AFTER_COMMIT:
+                self.reached(EngineMode.LEDGER, f"after {ev.action.value}")
+
     # The request-out moment is inside the adapter: the engine announces the
     # step, the transport calls request_sent() once the request left.
-    def sending(self, mode: EngineMode, step: str) -> None:
-        self._sending = (mode, step)
+    def sending(self, mode: EngineMode, step: str | Moment) -> None:
+        self._sending = (mode, step.value if isinstance(step, Moment) else f"after {step}")
 
     def request_sent(self) -> None:
         """Call from a transport once a request reached the external system."""
         if self._sending is not None:
-            mode, step = self._sending
+            mode, name = self._sending
             self._sending = None
-            self.reached(mode, f"after {step}")
+            self.reached(mode, name)
 
     def done_sending(self) -> None:
         self._sending = None

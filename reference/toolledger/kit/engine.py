@@ -18,9 +18,13 @@ resume.  It runs in one of two modes:
   at the end of the iteration; resume re-runs every unanswered trailing call
   and reuses the resolved approval it finds by ``(session_id,
   tool_call_id)``.  It is here to be measured, not to be used.
-- ``ledger``: the protocol.  Every step is a :class:`~toolledger._core.protocol.Event`
-  named after an action of ``spec/DurableToolExecution.tla``, fed to a
-  :class:`~toolledger._core.ledger.Ledger`, in the order of ``docs/protocol.md#the-live-path``.
+- ``ledger``: the protocol, through the adopter's API: a
+  :class:`toolledger.Session` on the store.  The engine never names a spec
+  action, never steps the :class:`~toolledger._core.ledger.Ledger` and never
+  reads a protocol stage: the session feeds the ledger the events of
+  ``spec/DurableToolExecution.tla`` in the order of
+  ``docs/protocol.md#the-live-path`` and says what to do next for each call
+  (:class:`toolledger.Next`).
 
 Adopting it in an engine (the ``ledger`` mode, step by step)
 ------------------------------------------------------------
@@ -30,50 +34,53 @@ guide; in one place:
 1. When the provider's assistant message arrives, validate every call
    (known tool, arguments a JSON object, no argument named like the
    idempotency key) BEFORE anything is recorded: :meth:`ToolRegistry.check_call`.
-2. Checkpoint the assistant message (``EngineCheckpointCall``), then make the
-   calls durable in the ledger: ``ProviderEmitCall`` + ``EnginePersistCall``
-   per call, one ``step_many`` (one transaction).  The position (message
-   sequence number, index in the message) goes into the execution id, so a
-   reused ``call_0`` never aliases an older call.
-3. Approvals are ledger events keyed by execution id
-   (``EngineParkApproval``, then the human's answer through
-   :meth:`toolledger.Session.approve` / :meth:`toolledger.Session.reject`),
-   not inbox items keyed by ``(session_id, tool_call_id)``; a Stop after
-   approval is :meth:`toolledger.Session.cancel`.
-4. Running a call goes through the adopter's API, :meth:`toolledger.Session.execute`
-   (:mod:`toolledger._core.session`): ``EnginePersistDispatched`` is durable before
-   the body runs; the body gets the execution id (and, for ``idempotent``
-   tools, the same id as its idempotency key, through a keyword the model
-   cannot write) and calls ``sending()`` before the adapter's request leaves.
-5. The body's return (``Applied``) becomes ``ExternalApply`` then
-   ``EngineRecordSucceeded`` + ``EngineAppendResult`` in ONE transaction (the
-   result's text goes with it), then the conversation checkpoint
-   (``EngineCheckpoint``).  A ``DefiniteFailure`` is raised as
-   :class:`DefiniteFailureError` (a ``NotApplied``) and recorded the same way
-   with ``EngineRecordFailed``.  ``Unknown`` (or an exception) ->
-   ``EngineTimeout`` -> ``Recover``: the same decision a restarted engine
-   would make.  A reconcile goes through :meth:`toolledger.Session.reconcile`.
-6. On resume, re-read the conversation and the ledger, repair the
-   conversation from the ledger (a result the ledger holds and the
-   conversation lost is appended from the record: never re-invoked), then
-   ``Recover`` every call in ``RESUME`` and act on the decision:
-   ``reconstruct``, ``retry_same_id`` (attempt n+1, same id), ``reconcile``
-   (ask the adapter; applied -> ``EngineReconcileApplied``; not applied and
-   fenced -> ``EngineReconcileNotApplied`` then retry; cannot tell ->
-   ``EngineReconcileUnknown``) or ``recovery_required`` (halt; surface it in
-   :meth:`TurnEngine.recovery_required`; a human's
+2. Checkpoint the assistant message, then record its calls:
+   :meth:`toolledger.Session.record` makes them durable with their arguments
+   and parks the approvals they need, in ONE transaction.  The position
+   (message sequence number, index in the message) goes into the execution
+   id, so a reused ``call_0`` never aliases an older call.
+3. Approvals are keyed by execution id (the inbox key; the human's answer
+   through :meth:`toolledger.Session.approve` / :meth:`toolledger.Session.reject`),
+   not by ``(session_id, tool_call_id)``; a Stop after approval is
+   :meth:`toolledger.Session.cancel`.
+4. Running a call is :meth:`toolledger.Session.execute`: ``dispatched`` is
+   durable before the body runs; the body gets the execution id (and, for
+   ``idempotent`` tools, the same id as its idempotency key, through a keyword
+   the model cannot write) and calls ``sending()`` before the adapter's
+   request leaves.
+5. The body's return (``Applied``) becomes ``succeeded`` + the tool result in
+   ONE transaction, then the conversation checkpoint.  A ``DefiniteFailure``
+   is raised as :class:`DefiniteFailureError` (a ``NotApplied``) and recorded
+   as a failed result.  ``Unknown`` (or an exception) is an unknown outcome:
+   the session makes the decision a restarted engine would make.  A
+   reconcile goes through :meth:`toolledger.Session.reconcile`.
+6. On resume, re-read the conversation and the session: the calls the
+   conversation holds and the ledger lacks are recorded now;
+   :meth:`toolledger.Session.recover` decides every call a restart
+   interrupted (ONE transaction, each decision audited with its inputs) and
+   says what is next for each: ``result`` (a result the ledger holds and the
+   conversation lost is appended from the record: never re-invoked),
+   ``retry`` (attempt n+1, same id), ``reconcile`` (ask the adapter) or
+   ``halted`` (surface it in :meth:`TurnEngine.recovery_required`; a human's
    :meth:`TurnEngine.resolve_recovery`, i.e. :meth:`toolledger.Session.resolve`,
    resumes).  A session that ran under the legacy engine is adopted with
    :meth:`toolledger.Session.adopt` (:func:`adopt_legacy_session`).
 
-What still steps the :class:`~toolledger._core.ledger.Ledger` directly, and
-why: registering the calls (``ProviderEmitCall``, ``EnginePersistCall``,
-``EngineParkApproval``) and the per-call ``Recover`` with what follows it.
-:meth:`toolledger.Session.record` and :meth:`toolledger.Session.recover`
-merge those steps into one transaction; this engine keeps them apart because
-its crash points (:data:`LEDGER_STEPS`, the crash campaign's matrix) sit
-between them.  An engine without such a harness uses the two calls
-(``toolledger.kit.toyworker_glue`` does).
+What the engine still reads from the ledger (never writes): the call at a
+position (its key), the halted calls without applying a decision, an
+attempt number, and the working set's calls without a result.  The glue is
+measured by :func:`toolledger.notebook.kit_support.kit_engine_glue` (README,
+notebook 05).
+
+Crash points and the session's commits: the session reports every step it
+makes (``observe``) to :meth:`CrashInjector.stepped`, which fires the crash
+points after them; the engine's own moments (the model's answer, the
+conversation checkpoints, the request leaving) are :class:`Moment` values.
+Steps the session commits together share one crash point, the moment after
+that commit: ``after EnginePersistCall`` and ``after EngineParkApproval``
+(``record``), and, on resume, the points after what ``recover`` adds to
+``Recover`` for every interrupted call at once (a parked approval, an
+appended result).
 
 A runnable example (it is a doctest of this module's test suite)::
 
@@ -124,9 +131,9 @@ matrix to crash points per mode.
 
 What this module must never do: invoke an adapter before the ledger said
 ``dispatched`` (ledger mode), take an execution id or key from tool
-arguments, decide recovery itself (it asks
-:func:`~toolledger._core.protocol.decide_recovery`), or catch a
-:class:`SimulatedCrash`.
+arguments, decide recovery itself (the session applies
+:func:`~toolledger._core.protocol.decide_recovery`), step the ledger or read
+a protocol stage, or catch a :class:`SimulatedCrash`.
 
 The steps, crash points and crash injector are in :mod:`toolledger.kit.crash`,
 the provider, the human and the conversation stores in
@@ -139,28 +146,18 @@ from __future__ import annotations
 import copy
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from .._core.ledger import Ledger
 from .._core.protocol import (
-    Action,
-    ApprovalState,
     CallPosition,
-    CallState,
     Decision,
-    Event,
     InvalidInput,
-    LedgerStatus,
-    ProtocolError,
+    RecoveryPolicy,
     ResultKind,
-    Stage,
     ToolResult,
-    args_digest,
-    decide_recovery,
-    recovery_inputs,
 )
 from .._core.session import (
     Attempt,
@@ -192,6 +189,7 @@ from .crash import (
     CrashPoint,
     EngineMode,
     EngineStep,
+    Moment,
     SeedRow,
     SimulatedCrash,
     _mode,
@@ -212,6 +210,9 @@ from .world import (
     tool_call,
 )
 
+if TYPE_CHECKING:  # the type of the read-only accessor TurnEngine.ledger
+    from .._core.ledger import Ledger
+
 __all__ = [
     "LEDGER_STEPS",
     "LEGACY_STEPS",
@@ -228,6 +229,7 @@ __all__ = [
     "Human",
     "InboxItem",
     "MemoryConversationStore",
+    "Moment",
     "Provider",
     "RecoveryItem",
     "ScriptedHuman",
@@ -385,19 +387,17 @@ class TurnEngine:
         self.decisions: list[DecisionTaken] = []
         self._messages: list[Message] = conversations.load_messages(session_id)
         self._inbox: list[InboxItem] = conversations.load_inbox(session_id)
-        self._ledger: Ledger | None = None
         self._session: Session | None = None
         # The user's Stop (openworker's ``_cancel`` flag): set from outside,
         # e.g. by a tool or a UI thread while a call runs; volatile.
         self._stop_requested = False
         if self.mode is EngineMode.LEDGER:
-            self._ledger = self._open_ledger()
-            # LEDGER: running a call (dispatch, invoke, classify, record) and
-            # reconciling go through the adopter's API; marks_send: the body
-            # says when the request leaves.
-            self._session = Session(self._ledger, {
-                t.name: Tool(t.profile.policy, t.profile.requires_approval, marks_send=True)
-                for t in registry}, observe=self._stepped)
+            # LEDGER: the tools as the session knows them; marks_send: the body
+            # says when the request leaves (an exception before it: not sent).
+            tools = {t.name: Tool(t.profile.policy, t.profile.requires_approval, marks_send=True)
+                     for t in registry}
+            # observe: the crash harness hears of every commit (fault injection only)
+            self._session = self._open_session(tools, self.crash.stepped)
 
     # -- public -----------------------------------------------------------------
 
@@ -415,15 +415,13 @@ class TurnEngine:
 
     @property
     def ledger(self) -> Ledger:
-        """The ledger (ledger mode only)."""
-        if self._ledger is None:
-            raise InvalidInput("the legacy engine has no ledger")
-        return self._ledger
+        """The session's ledger, for tests and audits (ledger mode only; read it only)."""
+        return self.session.ledger
 
     def run(self, user_text: str) -> TurnResult:
         """Run one user turn until the model stops, an approval waits, or a call halts."""
         if self.mode is EngineMode.LEDGER:
-            open_calls = [c.position for c in self.ledger.state.calls if c.result is None]
+            open_calls = [p for p, done in self._recorded() if not done]
             if open_calls:
                 raise InvalidInput(
                     f"session {self.session_id!r} has calls without a result at {open_calls}: "
@@ -445,16 +443,23 @@ class TurnEngine:
             return self._loop()
         # LEDGER: the conversation and the ledger are two files; a crash
         # between their writes leaves one ahead of the other.  Repair first:
-        # the call the conversation holds and the ledger lacks (crash after
-        # EngineCheckpointCall) is made durable now, before anything else.
+        # the calls the conversation holds and the ledger lacks (a crash after
+        # the assistant message was checkpointed) are recorded now.
         positions = self._trailing_positions()
-        self._register_missing(positions)
+        self._record_missing(positions)
+        # LEDGER: recover() decides every call a restart interrupted (ONE
+        # commit) and says what to do next for each; the decisions are the
+        # core's, audited with their inputs.
+        known = {}
+        for status in self.session.recover():
+            self._taken(status)
+            known[status.call.position] = status
         # A legacy call (before the marker) that already had its result when
         # the session was adopted is not in the ledger: it is answered.
-        positions = [p for p in positions if self.ledger.state.call(p) is not None]
+        positions = [p for p in positions if p in known]
         for pos in positions:
-            c = self.ledger.state.call(pos)
-            if c is not None and c.result is not None and not self._has_tool_message(c):
+            status = known[pos]
+            if status.next is Next.RESULT and not self._has_tool_message(status.call.key):
                 # The ledger answered the call, the conversation file lost the
                 # message: reconstruct it from the record, never re-invoke.
                 self.log.append(f"reconstruct {pos} from the ledger: conversation repaired")
@@ -462,19 +467,14 @@ class TurnEngine:
         return result if result is not None else self._loop()
 
     def recovery_required(self) -> list[RecoveryItem]:
-        """Calls halted in ``recovery_required``, waiting for a human (ledger mode)."""
+        """Calls halted in ``recovery_required``, waiting for a human (ledger mode).
+
+        Read only (no decision is applied): what the host's recovery inbox shows."""
         out = []
-        for c in self.ledger.recovery_required():
-            out.append(
-                RecoveryItem(
-                    c.position,
-                    c.tool_call_id,
-                    c.execution_id,
-                    c.tool.name,
-                    self._call_arguments(c),
-                    self.ledger.state.record(c.execution_id).attempt,
-                )
-            )
+        for c in self.session.ledger.recovery_required():
+            ref = self.session.call(c.execution_id)
+            out.append(RecoveryItem(ref.position, ref.tool_call_id, ref.key, ref.name,
+                                    dict(ref.arguments), self._attempt(ref.key)))
         return out
 
     def resolve_recovery(
@@ -491,9 +491,9 @@ class TurnEngine:
         # transition; "retry" authorizes attempt n+1 by a human, "applied"
         # makes the human's text the result, "abandon" ends the call (both
         # with the result in the same step).
-        self._taken(self.session.resolve(self._call(position).execution_id, resolution,
+        self._taken(self.session.resolve(self._key(position), resolution,
                                          result=result_text, note=note))
-        self.log.append(f"HumanResolve {resolution} {position}")
+        self.log.append(f"human resolved {position}: {resolution}")
         return self.resume()
 
     def pending_approvals(self) -> list[CallPosition]:
@@ -514,7 +514,7 @@ class TurnEngine:
             item.state, item.resolution = "resolved", "allow" if approve else "deny"
             self.conversations.save_inbox(self.session_id, self._inbox)
         else:  # LEDGER: the answer is keyed by the execution id (the inbox key)
-            key = self._call(position).execution_id
+            key = self._key(position)
             self.session.approve(key) if approve else self.session.reject(key)
         return self.resume()
 
@@ -541,7 +541,7 @@ class TurnEngine:
             last = self._messages[-1] if self._messages else None
             if last is not None and last.get("role") == "assistant" and not last.get("tool_calls"):
                 return TurnResult(TurnStatus.DONE, last.get("content"))
-            self.crash.reached(self.mode, "before ProviderEmitCall")
+            self.crash.at(self.mode, Moment.MODEL_CALLED)
             message = self.provider.complete(_for_provider(self._messages))
             # Validate every call before anything is recorded: an unknown
             # tool, non-JSON arguments or a model-supplied key argument stop
@@ -549,7 +549,7 @@ class TurnEngine:
             calls = _parse_calls(message, self.registry)
             turn = len(self._messages)
             self._messages.append(message)
-            self._at("ProviderEmitCall")
+            self.crash.at(self.mode, Moment.MODEL_ANSWERED)
             if not calls:
                 self._checkpoint()
                 return TurnResult(TurnStatus.DONE, message.get("content"))
@@ -562,8 +562,8 @@ class TurnEngine:
                 # is dispatched: otherwise a crash could let the model put a
                 # different call at the same position under a reused id.
                 self._checkpoint()
-                self._at("EngineCheckpointCall")
-                self._register(positions, calls)
+                self.crash.at(self.mode, Moment.CALLS_SAVED)
+                self._record(turn, calls)
                 outcome = self._handle(positions)
             if outcome is not None:
                 return outcome
@@ -571,38 +571,48 @@ class TurnEngine:
 
     # -- ledger mode ------------------------------------------------------------------
 
-    def _open_ledger(self) -> Ledger:
+    def _open_session(
+        self, tools: Mapping[str, Tool], observe: Callable[[Sequence[Any]], None]
+    ) -> Session:
+        """The session on the store: loaded, adopted from the legacy engine, or created."""
         assert self.store is not None
         if self.session_id in self.store.sessions():
-            return Ledger(self.store, self.session_id)
-        if self._messages:
+            opened = Session.open(self.store, self.session_id, tools)
+        elif self._messages:
             # A session that ran under the legacy engine: calls before this
             # point are legacy (the protocol marker), and its unanswered
             # approved calls are recovered conservatively.
-            return adopt_legacy_session(
+            opened = adopt_legacy_session(
                 self.store, self.session_id, self._messages, self._inbox, self.registry,
                 max_attempts=self.max_attempts,
             )
-        return Ledger.create(self.store, self.session_id, marker=0,
-                             max_attempts=self.max_attempts)
+        else:
+            opened = Session.open(self.store, self.session_id, tools,
+                                  max_attempts=self.max_attempts)
+        return Session(opened.ledger, tools, observe=observe)
 
-    def _register(
-        self, positions: Sequence[CallPosition], calls: Sequence[tuple[str, str, dict[str, Any]]]
-    ) -> None:
-        # LEDGER: ProviderEmitCall + EnginePersistCall for every call of the
-        # message, ONE transaction; the arguments are stored with the calls so
-        # that a retry after a crash sends exactly the same request.
-        # (ProviderEmitCall is volatile: it commits nothing; the arguments
-        # ride along in memory until EnginePersistCall writes the call.)
-        for pos, (call_id, name, args) in zip(positions, calls, strict=True):
-            tool = self.registry.profile(name)
-            self.ledger.step(
-                Event(Action.ProviderEmitCall, pos, call_id, tool, args_digest(name, args)),
-                arguments=args,
-            )
-        self.ledger.step_many([Event(Action.EnginePersistCall, pos) for pos in positions])
-        self.log.append(f"EnginePersistCall {list(positions)}")
-        self._at("EnginePersistCall")
+    def _record(self, turn: int, calls: Sequence[tuple[str, str, dict[str, Any]]]) -> None:
+        # LEDGER: the calls of the message are durable, with their arguments
+        # (a retry after a crash sends exactly the same request), and their
+        # approvals parked: ONE transaction.  The position (message number,
+        # index in it) goes into the execution id.
+        self.session.record(turn, [{"id": cid, "name": name, "arguments": args}
+                                   for cid, name, args in calls])
+        self.log.append(f"recorded the calls of message {turn}")
+
+    def _recorded(self) -> list[tuple[CallPosition, bool]]:
+        """(position, has a result) of every call in the session's working set."""
+        return [(c.position, c.result is not None) for c in self.session.ledger.state.calls]
+
+    def _key(self, pos: CallPosition) -> str:
+        """The execution id of the call at ``pos`` (the key every session method takes)."""
+        c = self.session.ledger.state.call(pos)
+        if c is None:
+            raise InvalidInput(f"no call at {pos} in session {self.session_id!r}")
+        return c.execution_id
+
+    def _attempt(self, key: str) -> int:
+        return self.session.ledger.state.record(key).attempt
 
     def _trailing_positions(self) -> list[CallPosition]:
         """Positions of the calls of the last assistant message, unless a user spoke since."""
@@ -614,19 +624,18 @@ class TurnEngine:
                 return [(turn, slot) for slot in range(len(m["tool_calls"]))]
         return []
 
-    def _register_missing(self, positions: Sequence[CallPosition]) -> None:
-        missing = [p for p in positions if self.ledger.state.call(p) is None]
-        if not missing:
+    def _record_missing(self, positions: Sequence[CallPosition]) -> None:
+        recorded = {p for p, _ in self._recorded()}
+        if not positions or all(p in recorded for p in positions):
             return
-        turn = missing[0][0]
-        if turn < self.ledger.state.marker:
-            return  # legacy calls were adopted when the ledger was opened
-        calls = _parse_calls(self._messages[turn], self.registry)
-        self._register(missing, [calls[slot] for _, slot in missing])
+        turn = positions[0][0]
+        if turn < self.session.marker:
+            return  # legacy calls were adopted when the session was opened
+        self._record(turn, _parse_calls(self._messages[turn], self.registry))
 
     def _handle(self, positions: Sequence[CallPosition]) -> TurnResult | None:
         """Settle the calls at ``positions``; ``None`` if all have results (go on)."""
-        # Phase A (openworker's authorization pass): recover, park and ask.
+        # Phase A (openworker's authorization pass): ask the human.
         waiting = [p for p in positions if self._settle(p, execute=False) is _Outcome.WAITING]
         if waiting:
             return TurnResult(TurnStatus.WAITING_FOR_APPROVAL, waiting=tuple(waiting))
@@ -648,96 +657,57 @@ class TurnEngine:
         # LEDGER: a Stop after approval but before dispatch: the call gets a
         # cancelled result (and its audit row) in one commit; it is never
         # dispatched.  Only a call the engine would run now is cancelled.
-        c = self._call(pos)
-        if c.stage is Stage.RESUME:
-            self._recover(c)  # decide first: only a call the engine would run is cancelled
-            c = self._call(pos)
-        if c.result is None and self.session.status(c.execution_id).next is Next.EXECUTE:
-            self.session.cancel(c.execution_id)
-            self.log.append(f"HumanCancel {pos}: stopped before dispatch")
-
-    def _call(self, pos: CallPosition) -> CallState:
-        c = self.ledger.state.call(pos)
-        if c is None:
-            raise InvalidInput(f"no call at {pos} in session {self.session_id!r}")
-        return c
+        key = self._key(pos)
+        if self.session.status(key).next is Next.EXECUTE:
+            self.session.cancel(key)
+            self.log.append(f"stopped {pos} before dispatch: cancelled")
 
     def _settle(self, pos: CallPosition, *, execute: bool) -> _Outcome:
-        ledger = self.ledger
+        # LEDGER: what to do next is the session's answer (Next), never a
+        # reading of the protocol's stages.
+        key = self._key(pos)
         while True:
-            c = self._call(pos)
-            st = ledger.state
-            if c.result is not None:
-                self._ensure_tool_message(c)
+            status = self.session.status(key)
+            nxt = status.next
+            if nxt is Next.RESULT:
+                self._ensure_tool_message(status)
                 return _Outcome.SETTLED
-            if c.stage is Stage.RESUME:
-                self._recover(c)
-                continue
-            if c.stage is Stage.NONE:
-                if st.record(c.execution_id).status is LedgerStatus.RECOVERY_REQUIRED:
-                    return _Outcome.HALTED
-                raise ProtocolError(Action.Recover, pos, "a call without a result is idle")
-            if c.stage is Stage.LIVE:
-                approval = st.approval(c.execution_id)
-                if c.tool.requires_approval and approval is not ApprovalState.APPROVED:
-                    if approval is ApprovalState.REJECTED:
-                        ledger.step(Event(Action.EngineRecordDenied, pos),
-                                    result_content=json.dumps({"error": "denied by the user"}))
-                        continue
-                    if approval is ApprovalState.NONE:
-                        # LEDGER: the approval is keyed by the execution id, so
-                        # a reused tool_call_id can never find another call's.
-                        ledger.step(Event(Action.EngineParkApproval, pos))
-                        self._at("EngineParkApproval")
-                    answer = self.human.decide(self._approval_request(c))
-                    if answer is None:
-                        return _Outcome.WAITING
-                    # LEDGER: a rejection records the denied result in the same step
-                    if answer == "approve":
-                        self.session.approve(c.execution_id)
-                    else:
-                        self.session.reject(c.execution_id)
-                    self._at("HumanApprove" if answer == "approve" else "HumanReject")
-                    continue
-                if not execute:
-                    return _Outcome.READY
-                self._run(c)
+            if nxt is Next.HALTED:
+                return _Outcome.HALTED
+            if nxt is Next.AWAIT_APPROVAL:
+                # LEDGER: the approval is keyed by the execution id, so a
+                # reused tool_call_id can never find another call's.
+                answer = self.human.decide(self._approval_request(status.call))
+                if answer is None:
+                    return _Outcome.WAITING
+                # LEDGER: a rejection records the denied result in the same commit
+                self.session.approve(key) if answer == "approve" else self.session.reject(key)
                 continue
             if not execute:
                 return _Outcome.READY
-            if c.stage in (Stage.RETRY, Stage.DISPATCHED):  # DISPATCHED: a human's retry
-                self._run(c)
-            elif c.stage is Stage.RECONCILING:
-                self._reconcile(c)
-            elif c.stage is Stage.RECORDED:
-                # reconstruct: the record holds the result; never invoke.
-                ledger.step(Event(Action.EngineAppendResult, pos))
-                self._at("EngineAppendResult")
+            if nxt in (Next.EXECUTE, Next.RETRY):
+                self._run(status.call)
+            elif nxt is Next.RECONCILE:
+                self._reconcile(status.call)
             else:
-                raise ProtocolError(Action.Recover, pos, f"unexpected stage {c.stage.value}")
+                raise InvalidInput(f"call {key} at {pos} cannot be settled now "
+                                   f"(next: {nxt.value})")
 
-    def _recover(self, c: CallState) -> None:
-        # LEDGER: the decision is the core's (a total function of the durable
-        # state); the Ledger audits it with its inputs in the same commit.
-        decision = decide_recovery(recovery_inputs(self.ledger.state, c))
-        self.ledger.step(Event(Action.Recover, c.position))
-        self.decisions.append(DecisionTaken(c.position, c.execution_id, decision.decision,
-                                            decision.inputs.as_dict()))
-        self.log.append(f"Recover {c.position}: {decision.decision.value}")
-
-    def _run(self, c: CallState) -> None:
+    def _run(self, call: CallRef) -> None:
         # LEDGER: the session makes dispatched(n) durable, with its audit row,
         # BEFORE the body runs; from a.sending() on, a crash means "outcome
         # unknown".  The body's return is applied (succeeded + the tool result,
         # ONE transaction), NotApplied a definite failure, anything else
         # unknown: the session then makes the decision a restart would.
-        pos, readonly = c.position, not c.tool.protected
-        adapter = self.registry.get(c.tool.name).adapter
+        pos, readonly = call.position, call.policy is RecoveryPolicy.READONLY
+        adapter = self.registry.get(call.name).adapter
 
         def body(a: Attempt) -> str:
-            step = "EngineInvokeReadonly" if readonly else "EngineInvokeAdapter"
+            if not readonly:
+                self.log.append(f"dispatched {pos} attempt {a.attempt}")
             a.sending()
-            self.crash.sending(self.mode, step)
+            self.crash.sending(self.mode, Moment.READONLY_REQUEST_OUT if readonly
+                               else Moment.REQUEST_OUT)
             try:  # LEDGER: the key travels as a keyword, never inside the arguments.
                 outcome = adapter.invoke(a.arguments, execution_id=a.execution_id,
                                          idempotency_key=a.idempotency_key, attempt=a.attempt)
@@ -745,11 +715,11 @@ class TurnEngine:
                 outcome = Unknown(f"the adapter raised {type(exc).__name__}: {exc}")
             finally:
                 self.crash.done_sending()
-            self.log.append(f"{step} {pos}{'' if readonly else f' attempt {a.attempt}'}: "
+            self.log.append(f"invoked {pos}{'' if readonly else f' attempt {a.attempt}'}: "
                             f"{type(outcome).__name__}")
             if isinstance(outcome, Applied):
-                if readonly:  # no ledger step to follow (_stepped does it for the others)
-                    self._at("ExternalApply")
+                if readonly:  # no ledger step to follow (the session's report does it)
+                    self.crash.at(self.mode, Moment.ANSWERED)
                 return outcome.result
             if not readonly and isinstance(outcome, DefiniteFailure):
                 raise DefiniteFailureError(outcome.error)
@@ -759,80 +729,47 @@ class TurnEngine:
             reason = outcome.error if isinstance(outcome, DefiniteFailure) else outcome.reason
             return json.dumps({"error": reason, "error_type": type(outcome).__name__})
 
-        status = self.session.execute(c.execution_id, body)
+        status = self.session.execute(call.key, body)
         if status.outcome is Outcome.UNKNOWN:
-            self.log.append(f"EngineTimeout {pos}: {status.error}")
+            self.log.append(f"outcome unknown {pos}: {status.error}")
         self._taken(status)
-
-    def _stepped(self, events: Sequence[Event]) -> None:
-        """The session made a step: the crash points that follow it (fault injection)."""
-        actions = [ev.action for ev in events]
-        pos = events[0].position
-        if actions == [Action.EnginePersistDispatched]:
-            assert pos is not None
-            attempt = self.ledger.state.record(self._call(pos).execution_id).attempt
-            self.log.append(f"EnginePersistDispatched {pos} attempt {attempt}")
-            self._at("EnginePersistDispatched")
-        elif actions == [Action.ExternalApply]:
-            self._at("ExternalApply")
-        elif actions[0] is Action.EngineRecordSucceeded:
-            self._at("EngineRecordSucceeded")
-            self._at("EngineAppendResult")
-        elif actions[-1] is Action.EngineAppendResult:  # reconciled, or a human's answer
-            self._at("EngineAppendResult")
 
     def _taken(self, status: CallStatus) -> None:
         if status.recovered and status.decision is not None and status.inputs is not None:
             self.decisions.append(DecisionTaken(status.call.position, status.key,
                                                 status.decision, status.inputs.as_dict()))
-            self.log.append(f"Recover {status.call.position}: {status.decision.value}")
+            self.log.append(f"decided {status.call.position}: {status.decision.value}")
 
-    def _reconcile(self, c: CallState) -> None:
-        adapter = self.registry.get(c.tool.name).adapter
+    def _reconcile(self, call: CallRef) -> None:
+        adapter = self.registry.get(call.name).adapter
 
-        def ask(call: CallRef, attempt: int) -> ReconcileAnswer:
+        def ask(ref: CallRef, attempt: int) -> ReconcileAnswer:
             answer: ReconcileAnswer = (
-                adapter.reconcile(call.key, attempt=attempt)
+                adapter.reconcile(ref.key, attempt=attempt)
                 if isinstance(adapter, ReconcilingAdapter)
                 else CannotTell("the adapter has no reconcile()"))
-            self.log.append(f"reconcile {c.position} attempt {attempt}: "
+            self.log.append(f"reconcile {ref.position} attempt {attempt}: "
                             f"{type(answer).__name__}")
             return answer
 
-        self.session.reconcile(c.execution_id, ask)
+        self.session.reconcile(call.key, ask)
 
-    def _call_arguments(self, c: CallState) -> dict[str, Any]:
-        """The call's arguments: from the ledger, else the conversation; digest-checked."""
-        arguments = self.ledger.call_arguments(c.position)
-        if arguments is None:
-            turn, slot = c.position
-            calls = _parse_calls(self._messages[turn], self.registry) if turn < len(
-                self._messages) else []
-            arguments = calls[slot][2] if slot < len(calls) else None
-        if arguments is None or args_digest(c.tool.name, arguments) != c.args_digest:
-            raise ProtocolError(
-                Action.EngineInvokeAdapter, c.position,
-                "the arguments found do not match the call's digest: the conversation and "
-                "the ledger disagree; nothing was invoked, resolve it by hand",
-            )
-        return arguments
+    def _approval_request(self, call: CallRef) -> ApprovalRequest:
+        return ApprovalRequest(self.session_id, call.name, dict(call.arguments),
+                               call.tool_call_id, call.key, call.position)
 
-    def _approval_request(self, c: CallState) -> ApprovalRequest:
-        return ApprovalRequest(self.session_id, c.tool.name, self._call_arguments(c),
-                               c.tool_call_id, c.execution_id, c.position)
-
-    def _has_tool_message(self, c: CallState) -> bool:
-        return any(m.get("role") == "tool" and m.get("execution_id") == c.execution_id
+    def _has_tool_message(self, key: str) -> bool:
+        return any(m.get("role") == "tool" and m.get("execution_id") == key
                    for m in self._messages)
 
-    def _ensure_tool_message(self, c: CallState) -> None:
+    def _ensure_tool_message(self, status: CallStatus) -> None:
         """Append the role=tool message of a call the ledger answered, once."""
-        assert c.result is not None
-        if self._has_tool_message(c):
+        assert status.result is not None
+        if self._has_tool_message(status.key):
             return
-        self._messages.append(_tool_message(c.tool_call_id, c.result))
+        self._messages.append(_tool_message(status.call.tool_call_id, status.result))
         self._checkpoint()  # tool_finished is a checkpoint here
-        self._at("EngineCheckpoint")
+        self.crash.at(self.mode, Moment.RESULT_SAVED)
 
     # -- legacy mode (today's behaviour, LegacyResume.tla) ------------------------------
 
@@ -867,7 +804,7 @@ class TurnEngine:
                     self._inbox.append(item)
                     self.conversations.save_inbox(self.session_id, self._inbox)
                     self._checkpoint()  # the approver's persist_session()
-                    self._at("EngineParkApproval")
+                    self.crash.at(self.mode, Moment.INBOX_PARKED)
                 if item.state == "pending":
                     answer = self.human.decide(ApprovalRequest(
                         self.session_id, name, arguments, call_id, None, pos))
@@ -876,7 +813,7 @@ class TurnEngine:
                     item.state = "resolved"
                     item.resolution = "allow" if answer == "approve" else "deny"
                     self.conversations.save_inbox(self.session_id, self._inbox)
-                    self._at("HumanApprove")
+                    self.crash.at(self.mode, Moment.INBOX_RESOLVED)
                 else:
                     self.log.append(f"reused resolved approval {item.id} for {call_id!r}")
                 if item.resolution != "allow":
@@ -888,7 +825,7 @@ class TurnEngine:
         for pos, call_id, tool, arguments in cleared:  # Phase B: execute
             # registry.execute(name, args): no execution identity, no key.
             label = f"legacy:{self.session_id}:{call_id}"
-            self.crash.sending(self.mode, "EngineInvokeAdapter")
+            self.crash.sending(self.mode, Moment.REQUEST_OUT)
             try:
                 outcome = tool.adapter.invoke(frozen_arguments(arguments), execution_id=label,
                                               idempotency_key=None, attempt=1)
@@ -898,7 +835,7 @@ class TurnEngine:
                 self.crash.done_sending()
             self.log.append(f"execute {call_id!r} at {pos}: {type(outcome).__name__}")
             if isinstance(outcome, Applied):
-                self._at("ExternalApply")
+                self.crash.at(self.mode, Moment.ANSWERED)
                 content, status = outcome.result, ResultKind.OK.value
             else:
                 reason = outcome.error if isinstance(outcome, DefiniteFailure) else outcome.reason
@@ -907,18 +844,15 @@ class TurnEngine:
             # _record_result: in memory only; nothing is persisted here.
             self._messages.append({"role": "tool", "tool_call_id": call_id,
                                    "content": content, "status": status})
-            self._at("EngineAppendResult")
+            self.crash.at(self.mode, Moment.RESULT_IN_MEMORY)
         self._checkpoint()  # iteration_end
-        self._at("EngineCheckpoint")
+        self.crash.at(self.mode, Moment.RESULT_SAVED)
         return None
 
     # -- shared ------------------------------------------------------------------------
 
     def _checkpoint(self) -> None:
         self.conversations.save_messages(self.session_id, self._messages)
-
-    def _at(self, step: str) -> None:
-        self.crash.reached(self.mode, f"after {step}")
 
 
 _ENGINE_METADATA: Final = ("execution_id", "status")
@@ -953,7 +887,7 @@ def adopt_legacy_session(
     registry: ToolRegistry,
     *,
     max_attempts: int = 3,
-) -> Ledger:
+) -> Session:
     """Put a session that ran under the legacy engine under the ledger.
 
     The protocol marker is the next message's sequence number: every call
@@ -975,5 +909,5 @@ def adopt_legacy_session(
                              "approved" if item.resolution == "allow" else "rejected")
     tools = {t.name: Tool(t.profile.policy, t.profile.requires_approval) for t in registry}
     return Session.adopt(store, session_id, messages, tools, approvals=approvals,
-                         max_attempts=max_attempts).ledger
+                         max_attempts=max_attempts)
 

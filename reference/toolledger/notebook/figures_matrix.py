@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .._core import protocol as p
 from .._core.ledger import Ledger
+from .._core.session import Session, Tool
 from .._core.stores import MemoryStore, Store
 from .._core.tools import ToolRegistry
 from ..check.invariants import check_all
@@ -234,16 +235,18 @@ class RecordingTurnEngine(TurnEngine):
         self.tape = tape
         super().__init__(**kwargs)
 
-    def _open_ledger(self) -> Ledger:
+    def _open_session(
+        self, tools: Mapping[str, Tool], observe: Callable[[Sequence[Any]], None]
+    ) -> Session:
         assert self.store is not None
         commits, ledger_commits = self.store.commits, self.store.ledger_commits
-        opened = super()._open_ledger()
+        opened = super()._open_session(tools, observe)
         recording = RecordingLedger(self.store, self.session_id, self.tape)
-        if recording.state != opened.state:
+        if recording.state != opened.ledger.state:
             raise AssertionError("the reloaded ledger differs from the one the engine opened")
         self.tape.opened(recording.full_state(), self.store.commits - commits,
                          self.store.ledger_commits - ledger_commits)
-        return recording
+        return Session(recording, tools, observe=observe)
 
 
 class ConversationTap:
