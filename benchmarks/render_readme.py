@@ -148,6 +148,12 @@ def render(doc: dict[str, Any]) -> str:
     pe = b.get("peers") or {}
     if "systems" in pe:
         out += _peers(pe)
+    by = b.get("bytes") or {}
+    if "measured" in by:
+        out += _bytes(by)
+    gr = b.get("group") or {}
+    if "rows" in gr:
+        out += _group(gr)
     r2 = b.get("recovery") or {}
     if "by_history" in r2:
         out += ["", "**Recovery vs history** (`bench_recovery.py`): one call pending after "
@@ -369,6 +375,61 @@ def _peers(pe: dict[str, Any]) -> list[str]:
     out.append(_md(("system", "policy", "effects", "duplicates"),
                    [(c["system"], c["policy"], c["effects"], c["duplicates"])
                     for c in pe["crash"]], right=(2, 3)))
+    return out
+
+
+def _bytes(by: dict[str, Any]) -> list[str]:
+    """Where a protected call's bytes go (bench_bytes), and the top of its CPU profile."""
+    m = by["measured"]
+    out = ["", f"**Bytes per protected call** (`bench_bytes.py`): 5-call turns with "
+           f"`execute_many` on a SqliteStore (page size {m['page_size']}), the `-wal` parsed "
+           f"frame by frame and each page attributed by `dbstat`: {m['commits_per_call']:.2f} "
+           f"commits, {m['wal_frames_per_call']:.2f} WAL frames "
+           f"({m['wal_frames_per_commit']:.2f} per commit), "
+           f"{m['wal_bytes_per_call'] / 1024:.1f} KB of WAL, "
+           f"{m['checkpoint_bytes_per_call'] / 1024:.1f} KB checkpointed; the floor of this "
+           f"table layout (one page per table or index a commit touches) is "
+           f"{m['floor_frames_per_call']:.2f} frames, {m['floor_wal_bytes_per_call'] / 1024:.1f} "
+           "KB of WAL; the kernel counted "
+           f"{m['write_bytes_per_call'] / 1024:.1f} KB `write_bytes` "
+           f"({m['wchar_per_call'] / 1024:.1f} KB `wchar`) per call.", ""]
+    out.append(_md(("table / index", "WAL frames / call"),
+                   [(k, f"{v:.2f}") for k, v in m["wal_frames_per_call_by_object"].items()],
+                   right=(1,)))
+    out += [""]
+    out.append(_md(("table", "rows / call", "payload bytes / call"),
+                   [(t, f"{m['rows_per_call'][t]:.2f}", f"{m['payload_bytes_per_call'][t]:.0f}")
+                    for t in m["rows_per_call"]], right=(1, 2)))
+    p = by.get("profile")
+    if p:
+        out += ["", f"CPU per call with syncs off: {p['cpu_ms_per_call_nosync']:.3f} ms "
+                "(`getrusage`); the top of `cProfile` by own time:", ""]
+        out.append(_md(("function", "calls / call", "own us / call"),
+                       [(f"`{r['function']}`", f"{r['calls_per_call']:.1f}",
+                         f"{r['own_us_per_call']:.1f}") for r in p["top"][:8]], right=(1, 2)))
+    return out
+
+
+def _group(gr: dict[str, Any]) -> list[str]:
+    """Group commit: 1, 4, 16 sessions in one process (bench_group)."""
+    out = ["", "**Group commit** (`bench_group.py`): N threads of one process, a session each "
+           "per 5-call turn, on one `SqliteStore(path, group_commit=True)` "
+           f"({gr['filesystem']}); the slow disk as in the peers' runs; `commits` is counted per "
+           "session (as without grouping), `syncs` by strace and by the store:", ""]
+    out.append(_md(("disk", "sessions", "group commit", "calls/s", "syncs / call",
+                    "commits per sync", "CPU ms / call"),
+                   [(r["disk"], r["sessions"], "yes" if r["group_commit"] else "no",
+                     f"{r['calls_per_second']:.0f}",
+                     "-" if r["syncs_per_call"] is None else f"{r['syncs_per_call']:.2f}",
+                     f"{r['commits_per_sync']:.1f}", f"{r['cpu_ms_per_call']:.2f}")
+                    for r in gr["rows"]], right=(1, 3, 4, 5, 6)))
+    speed = ", ".join(f"{d}: {x:.2f}x" for d, x in gr["speedup"].items())
+    bound = gr.get("cpu_ceiling_over_one_session_this_disk")
+    out += ["", f"16 sessions / 1 session: {speed} (goal >= {gr['goal']:g}x on the "
+            f"{gr['goal_disk']})" + ("" if bound is None else
+                                     f"; the CPU ceiling (one session, every sync skipped) is "
+                                     f"{bound:.2f}x one session on this disk: threads of one "
+                                     "interpreter share one core's worth of Python")]
     return out
 
 

@@ -31,8 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import (
     bench_bugfinding,
+    bench_bytes,
     bench_check,
     bench_conformance,
+    bench_group,
     bench_models,
     bench_peers,
     bench_pg_faults,
@@ -60,6 +62,8 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "scale": bench_scale.run,
     "peers": bench_peers.run,
     "check": bench_check.run,
+    "bytes": lambda smoke=False: bench_bytes.run(smoke=smoke, with_profile=True),
+    "group": bench_group.run,
 }
 
 
@@ -167,6 +171,12 @@ def goals(b: dict[str, Any]) -> list[dict[str, Any]]:
          f"{cw:.0f} s wall, {cc:.0f} s CPU (floor on 2 quiet cores: {cc / 2:.0f} s; "
          f"load average {_get(ck, 'load_average')})",
          None if cw is None else cw <= bench_check.GOAL_SECONDS)
+    gr: Any = b.get("group")
+    sp = _get(gr, "speedup") or {}
+    gd = _get(gr, "goal_disk")
+    goal("group commit: 16 sessions / 1 session calls/s", f">= {bench_group.GOAL:g}x",
+         None if not sp else ", ".join(f"{d} {x:.2f}x" for d, x in sp.items())
+         + f" (goal on the {gd})", None if not sp else _get(gr, "goal_met"))
     kills, zero = _get(k, "kills"), _get(k, "all_zero")
     goal("crash campaign: all counts zero, >= 200 SIGKILLs", "0 and >= 200",
          None if kills is None else f"{kills} kills, all zero: {'yes' if zero else 'no'}",

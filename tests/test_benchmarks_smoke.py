@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import bench_peers, render_readme, run_all
+from benchmarks import bench_group, bench_peers, render_readme, run_all
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,7 +41,7 @@ def test_every_benchmark_ran_and_the_machine_is_recorded(smoke: dict[str, Any]) 
     for key in ("date", "nproc", "python", "java", "sqlite", "scratch_fs", "git_commit"):
         assert machine[key], key
     goals = smoke["goals"]
-    assert len(goals) == 13
+    assert len(goals) == 16
     assert all(set(g) == {"goal", "target", "measured", "met"} for g in goals)
     assert all(g["measured"] is not None for g in goals)
 
@@ -174,3 +174,31 @@ def test_a_script_runs_stand_alone() -> None:
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout[done.stdout.index("\n{") + 1:])
     assert data["history_sizes"] == [50, 500]
+
+
+def test_bytes_breakdown(smoke: dict[str, Any]) -> None:
+    m = smoke["benchmarks"]["bytes"]["measured"]
+    # 5-call turns with execute_many: create + record + 6 commits for 5 calls
+    assert m["commits_per_call"] == 8 / 5
+    assert m["wal_commit_frames_per_call"] == m["commits_per_call"]
+    assert m["wal_frames_per_call"] >= m["commits_per_call"]
+    # the floor: one page per table or index a commit touches, at most every frame
+    assert m["commits_per_call"] <= m["floor_frames_per_call"] <= m["wal_frames_per_call"]
+    frames = m["wal_frames_per_call_by_object"]
+    assert {"ledger", "calls", "audit"} <= set(frames)
+    assert abs(sum(frames.values()) - m["wal_frames_per_call"]) < 1e-9
+    assert m["rows_per_call"]["ledger"] == 1 and m["rows_per_call"]["audit"] >= 1
+    p = smoke["benchmarks"]["bytes"]["profile"]
+    assert p["cpu_ms_per_call_nosync"] > 0 and p["top"]
+
+
+def test_group_commit_figures(smoke: dict[str, Any]) -> None:
+    g = smoke["benchmarks"]["group"]
+    rows = {(r["disk"], r["sessions"], r["group_commit"]): r for r in g["rows"]}
+    for n in bench_group.SESSIONS:
+        assert rows[("this disk", n, True)]["commits_per_call"] == 8 / 5
+    many = rows[("this disk", max(bench_group.SESSIONS), True)]
+    alone = rows[("this disk", max(bench_group.SESSIONS), False)]
+    # grouping shares syncs; without it every commit is its own
+    assert many["store_syncs_per_call"] < many["commits_per_call"]
+    assert alone["store_syncs_per_call"] == alone["commits_per_call"]

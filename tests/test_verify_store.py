@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from toolledger._core.sqlite_store import SqliteStore, verify_file
+from toolledger._core.sqlite_store import SqliteStore
+from toolledger._core.sqlite_verify import verify_file
 from toolledger._core.stores import StoreCorrupt, StoreError
 from toolledger.cli import main as cli_main
 

@@ -934,7 +934,7 @@ def _configure_verify_store(p: argparse.ArgumentParser) -> None:
 def _cmd_verify_store(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ._core.sqlite_store import verify_file
+    from ._core.sqlite_verify import verify_file
     from ._core.stores import StoreCorrupt, StoreError, UnsupportedSchema
 
     path = Path(args.path)

@@ -15,7 +15,9 @@ modules of this package are internals and may be split or renamed.  They are
   ``postgres_store``: the durable stores (psycopg is imported only when a
   ``PostgresStore`` is opened, by ``pg_connection``: its connection and
   transactions; ``pg_schema``: its tables), with ``rows``: their shared
-  columns, checksums and row decoding.
+  columns, checksums and row decoding; the SQLite store's schema in
+  ``sqlite_schema``, its row layer in ``sqlite_rows``, ``verify_file`` in
+  ``sqlite_verify`` and its opt-in group commit in ``groupcommit``.
 
 Nothing here imports a third-party package at import time.
 """

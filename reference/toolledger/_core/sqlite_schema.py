@@ -33,8 +33,21 @@ from .stores import (
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION: Final = 5
+SCHEMA_VERSION: Final = 6
 """The schema this version writes and reads; a file with another one is refused.
+
+Version 6 (from 5): leaner pages per commit, measured by
+``benchmarks/bench_bytes.py``.  The ledger is a rowid table with
+``execution_id`` UNIQUE (it was ``WITHOUT ROWID``: an index B-tree keeps
+whole ~300-byte rows in its interior pages, so its fan-out was tiny and a
+1024-byte page overflowed); the audit rows have one index,
+``audit_by_session (session_id, execution_id)``, which serves both the
+session's audit and a call's audit keys (``audit_by_execution`` is gone); and
+``calls.execution_id`` is no longer UNIQUE (it is derived from the call's
+primary key, and re-derived on every read).  The columns are unchanged, but a
+version-5 file has the old tables and indexes (SQLite cannot change a
+table's key in place), so it is refused at open like every other version; no
+migration exists (a table rebuild would be one).
 
 Version 5 (from 3): ``sessions.epoch``, the session's lease epoch
 (:meth:`~toolledger._core.sqlite_store.SqliteStore.take_session`; a commit
@@ -59,6 +72,16 @@ both; no migration exists yet (a table rebuild would be one)."""
 
 APPLICATION_ID: Final = 0x544C4752
 """``PRAGMA application_id`` of a toolledger store ("TLGR")."""
+
+PAGE_SIZE: Final = 1024
+"""The SQLite page size a new store file is created with (an existing file keeps its own).
+
+Measured by ``benchmarks/bench_bytes.py`` (5-call turns, ``execute_many``): a
+commit writes whole pages into the WAL, one per table or index it touches,
+and a protected call's commits touch ~11 pages however small its rows are.
+Bytes the kernel counts per call: 62 KB at 4096, 45 KB at 2048, 39 KB at
+1024.  Not part of the schema version: SQLite reads any page size, and
+opening checks only that the header's is valid."""
 
 _SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 
@@ -94,7 +117,7 @@ _SCHEMA: Final[tuple[str, ...]] = (
         tool_name TEXT NOT NULL,
         policy TEXT NOT NULL CHECK (policy IN ({_one_of(RecoveryPolicy)})),
         requires_approval INTEGER NOT NULL CHECK (requires_approval IN (0, 1)),
-        execution_id TEXT NOT NULL UNIQUE,
+        execution_id TEXT NOT NULL,
         args_digest TEXT NOT NULL,
         arguments TEXT,
         message_state TEXT NOT NULL CHECK (message_state = 'durable'),
@@ -108,7 +131,7 @@ _SCHEMA: Final[tuple[str, ...]] = (
         state TEXT NOT NULL CHECK (state IN ({_one_of(ApprovalState)})),
         row_checksum TEXT NOT NULL) WITHOUT ROWID""",
     f"""CREATE TABLE ledger (
-        execution_id TEXT PRIMARY KEY,
+        execution_id TEXT NOT NULL UNIQUE,
         session_id TEXT NOT NULL REFERENCES sessions (session_id),
         status TEXT NOT NULL CHECK (status IN ({_one_of(LedgerStatus)})),
         attempt INTEGER NOT NULL CHECK (attempt >= 0),
@@ -118,7 +141,7 @@ _SCHEMA: Final[tuple[str, ...]] = (
         turn INTEGER,
         slot INTEGER,
         dispatched_at REAL,
-        row_checksum TEXT NOT NULL) WITHOUT ROWID""",
+        row_checksum TEXT NOT NULL)""",
     """CREATE TABLE audit (
         id INTEGER PRIMARY KEY,
         session_id TEXT NOT NULL REFERENCES sessions (session_id),
@@ -135,8 +158,7 @@ _SCHEMA: Final[tuple[str, ...]] = (
         recorded_at TEXT NOT NULL,
         row_checksum TEXT NOT NULL)""",
     "CREATE INDEX calls_open ON calls (session_id, turn, slot) WHERE result_kind IS NULL",
-    "CREATE INDEX audit_by_session ON audit (session_id, id)",
-    "CREATE INDEX audit_by_execution ON audit (execution_id)",
+    "CREATE INDEX audit_by_session ON audit (session_id, execution_id)",
     """CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
         BEGIN SELECT RAISE(ABORT, 'audit rows are append-only'); END""",
     """CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
@@ -146,7 +168,7 @@ _SCHEMA: Final[tuple[str, ...]] = (
 
 # The named indexes and triggers of the schema; opening checks they exist.
 _OBJECTS: Final = frozenset(
-    {"calls_open", "audit_by_session", "audit_by_execution", "audit_no_update", "audit_no_delete"}
+    {"calls_open", "audit_by_session", "audit_no_update", "audit_no_delete"}
 )
 
 

@@ -43,27 +43,27 @@ table       columns (every table but ``meta`` ends with ``row_checksum``)
 meta        singleton (=1), schema_version, created
 sessions    session_id PK, marker, max_attempts, epoch (the lease epoch)
 calls       session_id, turn, slot (PK together), tool_call_id, tool_name,
-            policy, requires_approval, execution_id UNIQUE, args_digest,
+            policy, requires_approval, execution_id, args_digest,
             arguments, message_state, result_kind, result_content,
             result_execution_id, result_args_digest, retention_window
 approvals   execution_id PK, session_id, state (WITHOUT ROWID)
-ledger      execution_id PK, session_id, status, attempt, args_digest,
+ledger      execution_id UNIQUE, session_id, status, attempt, args_digest,
             authorization, result_kind, result_content,
             result_execution_id, result_args_digest, turn, slot,
-            dispatched_at (WITHOUT ROWID)
+            dispatched_at
 audit       id (rowid: increasing, rows are never deleted), session_id,
             execution_id, tool_call_id, turn, slot, kind, attempt,
             authorization, recovery_decision, inputs (JSON), note,
             recorded_at; append-only (triggers refuse UPDATE and DELETE)
 ==========  ===============================================================
 
-Indexes: ``calls_open`` (the calls without a result, partial), ``audit_by_session``
-and ``audit_by_execution``.  They are what keeps a recovery independent of
+Indexes: ``calls_open`` (the calls without a result, partial) and
+``audit_by_session`` (session_id, execution_id).  They are what keeps a recovery independent of
 the history: :meth:`SqliteStore.load_working_set` reads the open calls and
 the last turn through them, and the approvals, records and audit keys of
 those calls by execution id.  A protected call's two commits touch a handful
-of pages (ledger row; audit row and its two index entries; the call's row and
-its ``calls_open`` entry), which is what each fsync carries.
+of pages (ledger row and its execution id; audit row and its index entry; the
+call's row and its ``calls_open`` entry), which is what each fsync carries.
 
 ``calls.arguments`` keeps the JSON arguments the model emitted (NULL if the
 engine did not give them): only their digest is protocol-relevant, but a
@@ -103,7 +103,11 @@ or return from a commit before SQLite has made it durable.
 
 The schema (DDL, version, application id) and the checks on a file's bytes
 before it is opened are in :mod:`toolledger._core.sqlite_schema`; the columns,
-checksums and row decoding shared with PostgreSQL in :mod:`toolledger._core.rows`.
+checksums and row decoding shared with PostgreSQL in :mod:`toolledger._core.rows`;
+the checked reads and writes of rows and the assembly of a session's state
+from them in :mod:`toolledger._core.sqlite_rows`; :func:`verify_file` in
+:mod:`toolledger._core.sqlite_verify`; group commit in
+:mod:`toolledger._core.groupcommit`.
 """
 
 from __future__ import annotations
@@ -113,11 +117,11 @@ import os
 import sqlite3
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
+from .groupcommit import GroupCommitter
 from .protocol import (
     ApprovalState,
     CallPosition,
@@ -129,29 +133,26 @@ from .protocol import (
 )
 from .rows import (
     _DATA,
-    _KEY,
-    _RESULT,
     Row,
-    RowDecoder,
     _checksum,
-    _enum,
     _int,
     _json_object,
     _record_values,
     _result_values,
 )
+from .sqlite_rows import SqliteRows
 from .sqlite_schema import (
     _COLUMNS,
     _OBJECTS,
     _SCHEMA,
     APPLICATION_ID,
+    PAGE_SIZE,
     SCHEMA_VERSION,
     _check_file,
 )
 from .stores import (
     RELOAD,
     AuditRow,
-    CallView,
     SessionExists,
     StaleState,
     StoreCorrupt,
@@ -163,14 +164,12 @@ from .stores import (
     plan_commit,
 )
 
-__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "FileCheck", "SqliteStore", "verify_file"]
-
-_IN_CHUNK: Final = 500  # execution ids per ``IN (...)`` query
+__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteStore"]
 
 _T = TypeVar("_T")
 
 
-class SqliteStore(RowDecoder):
+class SqliteStore(SqliteRows):
     """A :class:`~toolledger._core.stores.Store` on one SQLite file (see the module doc).
 
     ``SqliteStore(path)`` opens or creates the store at ``path`` (a file path;
@@ -184,10 +183,28 @@ class SqliteStore(RowDecoder):
 
     ``commits`` counts the transactions made by :meth:`create_session` and
     :meth:`commit` (not the schema creation); ``ledger_commits`` the commits
-    that wrote a ledger record.
+    that wrote a ledger record; :attr:`syncs` the SQLite ``COMMIT`` statements
+    that made them durable (one fsync of the WAL each).
+
+    ``group_commit=True`` (opt-in): commits made at the same time by several
+    threads of this process (one session each, sharing this store object)
+    share one SQLite transaction and one fsync
+    (:class:`~toolledger._core.groupcommit.GroupCommitter`): each ``commit``
+    still returns only after the fsync that covers it, a stale writer is still
+    refused alone, and a failed shared transaction fails every commit in it
+    with nothing written.  Then ``syncs`` < ``commits``.  Without it (the
+    default) ``syncs == commits``.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout: float = 5.0,
+        group_commit: bool = False,
+    ) -> None:
+        if not isinstance(group_commit, bool):
+            raise InvalidInput(f"group_commit must be True or False, got {group_commit!r}")
         text = os.fspath(path)
         if not isinstance(text, str) or text in ("", ":memory:") or text.startswith("file:"):
             raise InvalidInput(
@@ -199,6 +216,18 @@ class SqliteStore(RowDecoder):
         self.ledger_commits = 0
         self.journal_mode = ""
         self._lock = threading.RLock()
+        self._counting = threading.Lock()  # commits of several threads (group commit)
+        self._syncs = 0
+        self._group = (
+            GroupCommitter(
+                connection=self._live,
+                lock=self._lock,
+                sql_error=self._sql_error,
+                rollback=self._rollback,
+            )
+            if group_commit
+            else None
+        )
         self._broken: str | None = None
         self._conn: sqlite3.Connection | None = None
         if not self.path.exists():
@@ -248,6 +277,7 @@ class SqliteStore(RowDecoder):
         try:
             conn = sqlite3.connect(tmp, isolation_level=None)
             try:
+                conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # before WAL: fixed after
                 self._configure(conn)
                 self._create_schema(conn)
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -399,6 +429,17 @@ class SqliteStore(RowDecoder):
     # -- lifecycle ----------------------------------------------------------------
 
     @property
+    def syncs(self) -> int:
+        """The write transactions committed (each one fsync of the WAL): ``commits``
+        without group commit, fewer with it when commits of several threads overlap."""
+        return self._syncs + (self._group.groups if self._group is not None else 0)
+
+    @property
+    def group_commit(self) -> bool:
+        """Whether commits of concurrent threads share transactions (see the class doc)."""
+        return self._group is not None
+
+    @property
     def connection(self) -> sqlite3.Connection:
         """The underlying connection, for inspection (pragmas, tracing) only.
 
@@ -456,7 +497,15 @@ class SqliteStore(RowDecoder):
         return StoreError(f"{self.path}: {what} failed ({text}); nothing was written")
 
     def _write_transaction(self, what: str, body: Callable[[sqlite3.Connection], None]) -> None:
-        """Run ``body`` in ``BEGIN IMMEDIATE ... COMMIT``: all of it or nothing."""
+        """Run ``body`` in ``BEGIN IMMEDIATE ... COMMIT``: all of it or nothing.
+
+        With group commit, ``body`` runs in a transaction shared with other
+        threads' bodies (in its own savepoint); either way this returns only
+        after the ``COMMIT`` that made it durable.
+        """
+        if self._group is not None:
+            self._group.run(what, body)
+            return
         with self._lock:
             conn = self._live()
             try:
@@ -466,6 +515,7 @@ class SqliteStore(RowDecoder):
             try:
                 body(conn)
                 conn.execute("COMMIT")
+                self._syncs += 1
             except BaseException as exc:
                 self._rollback(conn, what)
                 if isinstance(exc, sqlite3.Error):
@@ -497,49 +547,6 @@ class SqliteStore(RowDecoder):
             except sqlite3.Error as exc:
                 raise self._sql_error("reading", exc, reading=True) from exc
 
-    # -- rows: every read verifies the checksum, every write sets it ----------------
-
-    def _select(
-        self, conn: sqlite3.Connection, table: str, where: str, params: Sequence[object]
-    ) -> list[Row]:
-        columns = _COLUMNS[table]
-        order = ", ".join(_KEY[table])
-        rows = []
-        for values in conn.execute(
-            f"SELECT {', '.join(columns)} FROM {table} {where} ORDER BY {order}", params
-        ):
-            row = dict(zip(columns, values, strict=True))
-            try:
-                ok = row["row_checksum"] == _checksum(table, row)
-            except (TypeError, ValueError):
-                ok = False  # a value of a type this store never writes
-            if not ok:
-                key = ", ".join(f"{k}={row[k]!r}" for k in _KEY[table])
-                raise self._corrupt(
-                    f"the {table} row ({key}) does not match its checksum: its content was "
-                    "altered or damaged on disk"
-                )
-            rows.append(row)
-        return rows
-
-    def _insert(self, conn: sqlite3.Connection, table: str, row: Row) -> None:
-        columns = (*_DATA[table], "row_checksum")
-        values = [row[c] for c in _DATA[table]]
-        conn.execute(
-            f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-            (*values, _checksum(table, row)),
-        )
-
-    def _update(self, conn: sqlite3.Connection, table: str, current: Row, changes: Row) -> None:
-        new = {**current, **changes}
-        sets = [*changes, "row_checksum"]
-        keys = _KEY[table]
-        conn.execute(
-            f"UPDATE {table} SET {', '.join(f'{c} = ?' for c in sets)} "
-            f"WHERE {' AND '.join(f'{k} = ?' for k in keys)}",
-            (*changes.values(), _checksum(table, new), *(current[k] for k in keys)),
-        )
-
     # -- the port -----------------------------------------------------------------
 
     def sessions(self) -> list[str]:
@@ -570,7 +577,8 @@ class SqliteStore(RowDecoder):
             )
 
         self._write_transaction(f"creating session {session_id!r}", body)
-        self.commits += 1
+        with self._counting:
+            self.commits += 1
 
     def _epoch_row(self, conn: sqlite3.Connection, session_id: str) -> tuple[Row, int]:
         rows = self._select(conn, "sessions", "WHERE session_id = ?", (session_id,))
@@ -635,117 +643,6 @@ class SqliteStore(RowDecoder):
             return found is not None
 
         return self._read(body)
-
-    def _differs(self, conn: sqlite3.Connection, session_id: str, seen: CallView) -> str | None:
-        """What of the call ``seen`` describes differs from what is stored: one statement.
-
-        Compared without decoding the rows (every commit pays for it): the
-        record by its checksum, the approval, the result columns and the
-        ``(kind, attempt)`` of the call's audit rows.  A damaged row can only
-        make them differ, i.e. refuse the commit.
-        """
-        found = conn.execute(
-            f"SELECT c.execution_id, {', '.join(f'c.{r}' for r in _RESULT)}, "
-            "(SELECT row_checksum FROM ledger WHERE execution_id = c.execution_id), "
-            "(SELECT state FROM approvals WHERE execution_id = c.execution_id), "
-            "(SELECT group_concat(kind || ' ' || attempt, ',') FROM audit "
-            "WHERE execution_id = c.execution_id) "
-            "FROM calls AS c WHERE c.session_id = ? AND c.turn = ? AND c.slot = ?",
-            (session_id, *seen.position),
-        ).fetchone()
-        if found is None or found[0] != seen.execution_id:
-            return "it is no longer a durable call of the session"
-        result, (record, approval, keys) = tuple(found[1:5]), found[5:]
-        audit: set[tuple[str, int]] = set()
-        for key in keys.split(",") if keys else ():
-            kind, _, attempt = key.rpartition(" ")
-            audit.add((kind, int(attempt) if attempt.isdigit() else -1))
-        expected = (
-            None
-            if seen.record is None
-            else _checksum("ledger", _record_values(session_id, seen.record))
-        )
-        return seen.difference(
-            audit=frozenset(audit),
-            record=record == expected,
-            approval=approval == (None if seen.approval is None else seen.approval.value),
-            result=result == tuple(_result_values(seen.result).values()),
-        )
-
-    def _load(self, conn: sqlite3.Connection, session_id: str) -> SessionState:
-        marker, max_attempts = self._session_row(conn, session_id)
-        rows = self._select(conn, "calls", "WHERE session_id = ?", (session_id,))
-        return self._state(conn, session_id, marker, max_attempts, rows)
-
-    def _load_working_set(self, conn: sqlite3.Connection, session_id: str) -> SessionState:
-        marker, max_attempts = self._session_row(conn, session_id)
-        (last,) = conn.execute(
-            "SELECT max(turn) FROM calls WHERE session_id = ?", (session_id,)
-        ).fetchone()
-        rows = self._select(
-            conn, "calls", "WHERE session_id = ? AND result_kind IS NULL", (session_id,)
-        )
-        if last is not None:
-            rows += self._select(
-                conn,
-                "calls",
-                "WHERE session_id = ? AND turn = ? AND result_kind IS NOT NULL",
-                (session_id, last),
-            )
-            rows.sort(key=lambda r: (r["turn"], r["slot"]))
-        return self._state(conn, session_id, marker, max_attempts, rows)
-
-    def _state(
-        self,
-        conn: sqlite3.Connection,
-        session_id: str,
-        marker: int,
-        max_attempts: int,
-        call_rows: list[Row],
-    ) -> SessionState:
-        """The state made of these calls and the approvals, records, audit keys they own."""
-        calls = tuple(self._decode_call(session_id, r) for r in call_rows)
-        eids = [c.execution_id for c in calls]
-        approvals = {}
-        for r in self._owned(conn, session_id, "approvals", eids):
-            approvals[r["execution_id"]] = _enum(
-                ApprovalState, r["state"], f"approvals[{r['execution_id']!r}].state", self
-            )
-        ledger = {}
-        for r in self._owned(conn, session_id, "ledger", eids):
-            rec = self._decode_record(r)
-            ledger[rec.execution_id] = rec
-        audit = frozenset(
-            self._decode_audit(session_id, r).key
-            for r in self._owned(conn, session_id, "audit", eids)
-        )
-        return SessionState(
-            session_id=session_id,
-            marker=marker,
-            max_attempts=max_attempts,
-            calls=calls,
-            approvals=approvals,
-            ledger=ledger,
-            audit=audit,
-        )
-
-    def _owned(
-        self, conn: sqlite3.Connection, session_id: str, table: str, eids: Sequence[str]
-    ) -> list[Row]:
-        """The rows of ``table`` for these execution ids (by index), all of this session."""
-        rows: list[Row] = []
-        for i in range(0, len(eids), _IN_CHUNK):
-            chunk = eids[i : i + _IN_CHUNK]
-            rows += self._select(
-                conn, table, f"WHERE execution_id IN ({', '.join('?' * len(chunk))})", chunk
-            )
-        for r in rows:
-            if r["session_id"] != session_id:
-                raise self._corrupt(
-                    f"the {table} row of execution {r['execution_id']!r} names session "
-                    f"{r['session_id']!r}, but that execution is a call of {session_id!r}"
-                )
-        return rows
 
     def verify(self) -> None:
         """Read and check the whole file; raise ``StoreCorrupt`` on the first problem.
@@ -852,9 +749,10 @@ class SqliteStore(RowDecoder):
             )
 
         self._write_transaction(f"committing to session {session_id!r}", body)
-        self.commits += 1
-        if plan.writes_ledger:
-            self.ledger_commits += 1
+        with self._counting:
+            self.commits += 1
+            if plan.writes_ledger:
+                self.ledger_commits += 1
 
     # -- the writes of one commit (separate so tests can inject failures) ---------
 
@@ -947,7 +845,10 @@ class SqliteStore(RowDecoder):
             except sqlite3.IntegrityError as exc:
                 raise stale from exc
             return
-        columns = _DATA["ledger"]
+        # The key columns are not SET: the WHERE fixes them (the old checksum
+        # covers session_id), and a SET that names an indexed column makes
+        # SQLite rewrite that index entry too (bench_bytes: pages per commit).
+        columns = tuple(c for c in _DATA["ledger"] if c not in ("execution_id", "session_id"))
         cursor = conn.execute(
             f"UPDATE ledger SET {', '.join(f'{c} = ?' for c in columns)}, row_checksum = ? "
             "WHERE execution_id = ? AND row_checksum = ?",
@@ -980,107 +881,3 @@ class SqliteStore(RowDecoder):
                 "recorded_at": datetime.now(UTC).isoformat(timespec="milliseconds"),
             },
         )
-
-
-# --------------------------------------------------------------------------
-# Verifying a file without writing any of the store's files
-# --------------------------------------------------------------------------
-
-_SIDE_FILES: Final = ("-wal", "-journal")  # hold committed (or to-be-undone) pages
-
-
-@dataclass(frozen=True, slots=True)
-class FileCheck:
-    """What :func:`verify_file` checked: a store that passed.
-
-    ``sessions``: how many sessions it holds; ``side_files``: the ``-wal`` or
-    ``-journal`` files found beside it (name, size in bytes), whose
-    transactions the check included.
-    """
-
-    path: Path
-    sessions: int
-    side_files: tuple[tuple[str, int], ...]
-
-
-def _stats(path: Path) -> dict[str, tuple[int, int, int]]:
-    """(inode, size, mtime_ns) of the store file and each of its side files present."""
-    found = {}
-    for suffix in ("", *_SIDE_FILES, "-shm"):
-        with contextlib.suppress(FileNotFoundError):
-            st = os.stat(f"{path}{suffix}")
-            found[suffix] = (st.st_ino, st.st_size, st.st_mtime_ns)
-    return found
-
-
-def verify_file(path: str | os.PathLike[str]) -> FileCheck:
-    """Check the whole store at ``path`` (:meth:`SqliteStore.verify`) without writing its files.
-
-    Opening a store with SQLite is not read-only: if the last writer was
-    killed, its ``-wal`` file still holds committed transactions, and the
-    first connection folds them into the file and deletes ``-wal`` and
-    ``-shm``; even a ``mode=ro`` connection rebuilds the ``-shm`` index, and
-    ``immutable=1`` ignores the ``-wal``, i.e. checks a state that lacks the
-    last commits.  So the file and its ``-wal`` (or ``-journal``) are
-    *copied* into a private temporary directory, byte for byte, and the copy
-    is opened and verified: exactly what a restarted engine would see, while
-    the store's own files (database, ``-wal``, ``-shm``) are only read.  If
-    any of them changed while it was copied (a process is writing the
-    store), nothing is checked and :class:`~toolledger._core.stores.StoreError`
-    says so.  Raises :class:`~toolledger._core.stores.StoreCorrupt` /
-    :class:`~toolledger._core.stores.UnsupportedSchema` for a damaged or foreign
-    file, naming ``path`` (never the copy).
-    """
-    import filecmp
-    import shutil
-    import tempfile
-
-    original = Path(os.fspath(path))
-    if not original.is_file():
-        raise StoreError(f"{original} is not a file: give the path of a store's database file")
-    before = _stats(original)
-    with tempfile.TemporaryDirectory(prefix="toolledger-verify-") as tmp:
-        copy = Path(tmp) / "store.db"
-        side: list[tuple[str, int]] = []
-        try:
-            shutil.copyfile(original, copy)
-            for suffix in _SIDE_FILES:
-                if suffix in before:
-                    shutil.copyfile(f"{original}{suffix}", f"{copy}{suffix}")
-                    side.append((f"{original.name}{suffix}", before[suffix][1]))
-        except OSError as exc:
-            raise StoreError(
-                f"cannot copy {original} to check it ({exc}); nothing was checked and the "
-                "store was not touched: free space in the temporary directory (TMPDIR)"
-            ) from exc
-        # A write while copying would leave a torn copy.  Compare every copied
-        # byte with the store again (a write to a part already copied shows),
-        # and which side files exist (the -shm index is not copied: SQLite
-        # rebuilds it from the -wal, and readers may rewrite it).
-        after = _stats(original)
-        moved = sorted(
-            f"{original.name}{k}"
-            for k in before.keys() | after.keys()
-            if k != "-shm"
-            and (
-                before.get(k) != after.get(k)
-                or not filecmp.cmp(f"{original}{k}", f"{copy}{k}", shallow=False)
-            )
-        )
-        if moved:
-            raise StoreError(
-                f"{original} changed while it was copied to be checked ({', '.join(moved)}): "
-                "a process is writing the store. Nothing was checked and nothing was written; "
-                "check it again when no engine writes it, or check a backup of it"
-            )
-        try:
-            with SqliteStore(copy) as store:
-                store.verify()
-                sessions = len(store.sessions())
-        except (StoreCorrupt, UnsupportedSchema) as exc:
-            exc.path = str(original)
-            exc.args = (str(exc).replace(str(copy), str(original)),)
-            raise
-        except StoreError as exc:
-            raise StoreError(str(exc).replace(str(copy), str(original))) from exc
-    return FileCheck(original, sessions, tuple(side))

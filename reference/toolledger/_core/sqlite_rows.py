@@ -1,0 +1,204 @@
+"""SqliteStore's row layer: checked reads, checksummed writes, a session's state from rows.
+
+Private module of :mod:`toolledger`: :class:`SqliteRows` is the half of
+:class:`~toolledger._core.sqlite_store.SqliteStore` that turns rows of an open
+connection into the protocol's values and back, inside whatever transaction
+the store opened: every row read is checked against its checksum
+(``_select``), every row written gets one (``_insert``, ``_update``), a
+commit's compare-and-set reads what it compares in one statement
+(``_differs``), and a session's state (whole, or only its working set) is
+assembled from the rows its calls own.  Opening, transactions, the port's
+public methods and the writes of one commit stay in ``sqlite_store``; the
+columns and checksums shared with PostgreSQL are in :mod:`toolledger._core.rows`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Final
+
+from .protocol import ApprovalState, SessionState
+from .rows import (
+    _DATA,
+    _KEY,
+    _RESULT,
+    Row,
+    RowDecoder,
+    _checksum,
+    _enum,
+    _record_values,
+    _result_values,
+)
+from .sqlite_schema import _COLUMNS
+from .stores import CallView
+
+__all__ = ["SqliteRows"]
+
+_IN_CHUNK: Final = 500  # execution ids per ``IN (...)`` query
+
+
+class SqliteRows(RowDecoder):
+    """The row layer of :class:`~toolledger._core.sqlite_store.SqliteStore` (see the module doc)."""
+
+    def _session_row(self, conn: sqlite3.Connection, session_id: str) -> tuple[int, int]:
+        raise NotImplementedError  # the store reads it (and words an unknown session)
+
+    # -- rows: every read verifies the checksum, every write sets it ----------------
+
+    def _select(
+        self, conn: sqlite3.Connection, table: str, where: str, params: Sequence[object]
+    ) -> list[Row]:
+        columns = _COLUMNS[table]
+        order = ", ".join(_KEY[table])
+        rows = []
+        for values in conn.execute(
+            f"SELECT {', '.join(columns)} FROM {table} {where} ORDER BY {order}", params
+        ):
+            row = dict(zip(columns, values, strict=True))
+            try:
+                ok = row["row_checksum"] == _checksum(table, row)
+            except (TypeError, ValueError):
+                ok = False  # a value of a type this store never writes
+            if not ok:
+                key = ", ".join(f"{k}={row[k]!r}" for k in _KEY[table])
+                raise self._corrupt(
+                    f"the {table} row ({key}) does not match its checksum: its content was "
+                    "altered or damaged on disk"
+                )
+            rows.append(row)
+        return rows
+
+    def _insert(self, conn: sqlite3.Connection, table: str, row: Row) -> None:
+        columns = (*_DATA[table], "row_checksum")
+        values = [row[c] for c in _DATA[table]]
+        conn.execute(
+            f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+            (*values, _checksum(table, row)),
+        )
+
+    def _update(self, conn: sqlite3.Connection, table: str, current: Row, changes: Row) -> None:
+        new = {**current, **changes}
+        sets = [*changes, "row_checksum"]
+        keys = _KEY[table]
+        conn.execute(
+            f"UPDATE {table} SET {', '.join(f'{c} = ?' for c in sets)} "
+            f"WHERE {' AND '.join(f'{k} = ?' for k in keys)}",
+            (*changes.values(), _checksum(table, new), *(current[k] for k in keys)),
+        )
+
+    def _differs(self, conn: sqlite3.Connection, session_id: str, seen: CallView) -> str | None:
+        """What of the call ``seen`` describes differs from what is stored: one statement.
+
+        Compared without decoding the rows (every commit pays for it): the
+        record by its checksum, the approval, the result columns and the
+        ``(kind, attempt)`` of the call's audit rows.  A damaged row can only
+        make them differ, i.e. refuse the commit.
+        """
+        found = conn.execute(
+            f"SELECT c.execution_id, {', '.join(f'c.{r}' for r in _RESULT)}, "
+            "(SELECT row_checksum FROM ledger WHERE execution_id = c.execution_id), "
+            "(SELECT state FROM approvals WHERE execution_id = c.execution_id), "
+            "(SELECT group_concat(kind || ' ' || attempt, ',') FROM audit "
+            "WHERE session_id = c.session_id AND execution_id = c.execution_id) "
+            "FROM calls AS c WHERE c.session_id = ? AND c.turn = ? AND c.slot = ?",
+            (session_id, *seen.position),
+        ).fetchone()
+        if found is None or found[0] != seen.execution_id:
+            return "it is no longer a durable call of the session"
+        result, (record, approval, keys) = tuple(found[1:5]), found[5:]
+        audit: set[tuple[str, int]] = set()
+        for key in keys.split(",") if keys else ():
+            kind, _, attempt = key.rpartition(" ")
+            audit.add((kind, int(attempt) if attempt.isdigit() else -1))
+        expected = (
+            None
+            if seen.record is None
+            else _checksum("ledger", _record_values(session_id, seen.record))
+        )
+        return seen.difference(
+            audit=frozenset(audit),
+            record=record == expected,
+            approval=approval == (None if seen.approval is None else seen.approval.value),
+            result=result == tuple(_result_values(seen.result).values()),
+        )
+
+    def _load(self, conn: sqlite3.Connection, session_id: str) -> SessionState:
+        marker, max_attempts = self._session_row(conn, session_id)
+        rows = self._select(conn, "calls", "WHERE session_id = ?", (session_id,))
+        return self._state(conn, session_id, marker, max_attempts, rows)
+
+    def _load_working_set(self, conn: sqlite3.Connection, session_id: str) -> SessionState:
+        marker, max_attempts = self._session_row(conn, session_id)
+        (last,) = conn.execute(
+            "SELECT max(turn) FROM calls WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        rows = self._select(
+            conn, "calls", "WHERE session_id = ? AND result_kind IS NULL", (session_id,)
+        )
+        if last is not None:
+            rows += self._select(
+                conn,
+                "calls",
+                "WHERE session_id = ? AND turn = ? AND result_kind IS NOT NULL",
+                (session_id, last),
+            )
+            rows.sort(key=lambda r: (r["turn"], r["slot"]))
+        return self._state(conn, session_id, marker, max_attempts, rows)
+
+    def _state(
+        self,
+        conn: sqlite3.Connection,
+        session_id: str,
+        marker: int,
+        max_attempts: int,
+        call_rows: list[Row],
+    ) -> SessionState:
+        """The state made of these calls and the approvals, records, audit keys they own."""
+        calls = tuple(self._decode_call(session_id, r) for r in call_rows)
+        eids = [c.execution_id for c in calls]
+        approvals = {}
+        for r in self._owned(conn, session_id, "approvals", eids):
+            approvals[r["execution_id"]] = _enum(
+                ApprovalState, r["state"], f"approvals[{r['execution_id']!r}].state", self
+            )
+        ledger = {}
+        for r in self._owned(conn, session_id, "ledger", eids):
+            rec = self._decode_record(r)
+            ledger[rec.execution_id] = rec
+        audit = frozenset(
+            self._decode_audit(session_id, r).key
+            for r in self._owned(conn, session_id, "audit", eids)
+        )
+        return SessionState(
+            session_id=session_id,
+            marker=marker,
+            max_attempts=max_attempts,
+            calls=calls,
+            approvals=approvals,
+            ledger=ledger,
+            audit=audit,
+        )
+
+    def _owned(
+        self, conn: sqlite3.Connection, session_id: str, table: str, eids: Sequence[str]
+    ) -> list[Row]:
+        """The rows of ``table`` for these execution ids (by index), all of this session."""
+        rows: list[Row] = []
+        for i in range(0, len(eids), _IN_CHUNK):
+            chunk = eids[i : i + _IN_CHUNK]
+            marks = ", ".join("?" * len(chunk))
+            if table == "audit":  # its one index is (session_id, execution_id)
+                rows += self._select(
+                    conn, table, f"WHERE session_id = ? AND execution_id IN ({marks})",
+                    (session_id, *chunk),
+                )
+            else:
+                rows += self._select(conn, table, f"WHERE execution_id IN ({marks})", chunk)
+        for r in rows:
+            if r["session_id"] != session_id:
+                raise self._corrupt(
+                    f"the {table} row of execution {r['execution_id']!r} names session "
+                    f"{r['session_id']!r}, but that execution is a call of {session_id!r}"
+                )
+        return rows
