@@ -11,7 +11,9 @@ modules of this package are internals and may be split or renamed.  They are
 - ``session``: the adopter's API over the ledger (``Session``), with
   ``calls``: what it takes and gives per tool and call (``Tool``, ``Outcome``, ...);
 - ``tools``: the adapter seam, the tool registry and the reserved argument names;
-- ``stores``: the store port and ``MemoryStore``; ``sqlite_store`` and
+- ``stores``: the store port and ``MemoryStore``, re-exporting ``store_errors``
+  (what a store raises, the lease check) and ``commit_plan`` (the audit rows
+  and the checked plan of a commit every store writes); ``sqlite_store`` and
   ``postgres_store``: the durable stores (psycopg is imported only when a
   ``PostgresStore`` is opened, by ``pg_connection``: its connection and
   transactions; ``pg_schema``: its tables), with ``rows``: their shared
