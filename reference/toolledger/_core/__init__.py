@@ -9,7 +9,9 @@ modules of this package are internals and may be split or renamed.  They are
   (the recovery decision ``decide_recovery``);
 - ``ledger``: the durable ledger of one session on a store;
 - ``session``: the adopter's API over the ledger (``Session``), with
-  ``calls``: what it takes and gives per tool and call (``Tool``, ``Outcome``, ...);
+  ``calls``: what it takes and gives per tool and call (``Tool``, ``Outcome``, ...),
+  ``session_guard``: its lock and store-error guard, ``call_input``: the
+  validation of what an engine hands it, and ``legacy``: legacy adoption;
 - ``tools``: the adapter seam, the tool registry and the reserved argument names;
 - ``stores``: the store port and ``MemoryStore``, re-exporting ``store_errors``
   (what a store raises, the lease check) and ``commit_plan`` (the audit rows
