@@ -88,7 +88,7 @@ def test_every_core_module_imports_only_the_standard_library_and_the_core() -> N
     assert {m.stem for m in modules} >= {
         "protocol", "ledger", "session", "tools", "stores", "sqlite_store", "postgres_store",
         "pg_connection", "pg_schema", "store_errors", "commit_plan",
-        "session_guard", "call_input", "legacy",
+        "session_guard", "call_input", "legacy", "next_step",
     }  # fmt: skip
     bad = {
         m.name: found

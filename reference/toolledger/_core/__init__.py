@@ -11,7 +11,8 @@ modules of this package are internals and may be split or renamed.  They are
 - ``session``: the adopter's API over the ledger (``Session``), with
   ``calls``: what it takes and gives per tool and call (``Tool``, ``Outcome``, ...),
   ``session_guard``: its lock and store-error guard, ``call_input``: the
-  validation of what an engine hands it, and ``legacy``: legacy adoption;
+  validation of what an engine hands it, ``next_step``: what a call's state
+  says to do next, and ``legacy``: legacy adoption;
 - ``tools``: the adapter seam, the tool registry and the reserved argument names;
 - ``stores``: the store port and ``MemoryStore``, re-exporting ``store_errors``
   (what a store raises, the lease check) and ``commit_plan`` (the audit rows

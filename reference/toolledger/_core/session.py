@@ -98,8 +98,9 @@ but through the :class:`~toolledger._core.ledger.Ledger` (legacy adoption aside,
 which writes the spec's initial legacy state through the store).  Its parts
 live next to it: :mod:`~toolledger._core.session_guard` (the lock and the
 store-error guard every step goes through), :mod:`~toolledger._core.call_input`
-(validating tool declarations and call dicts) and :mod:`~toolledger._core.legacy`
-(legacy adoption).
+(validating tool declarations and call dicts), :mod:`~toolledger._core.next_step`
+(what a call's state says to do next, the recovery events) and
+:mod:`~toolledger._core.legacy` (legacy adoption).
 """
 
 from __future__ import annotations
@@ -130,6 +131,13 @@ from .calls import (
 )
 from .ledger import RESOLUTIONS, Ledger
 from .legacy import legacy_calls, write_legacy
+from .next_step import (
+    approved,
+    denied_contents,
+    next_of,
+    recovery_decision,
+    recovery_events,
+)
 from .protocol import (
     Action,
     ApprovalState,
@@ -142,14 +150,10 @@ from .protocol import (
     LedgerStatus,
     MessageState,
     ProtocolError,
-    RecoveryDecision,
     RecoveryInputs,
     RecoveryPolicy,
-    SessionState,
     Stage,
     args_digest,
-    decide_recovery,
-    recovery_inputs,
 )
 from .session_guard import LedgerGuard
 from .stores import Store, UnknownSession
@@ -449,7 +453,7 @@ class Session(LedgerGuard):
                     f"call {key} has no pending approval (approval: {approval.value}, "
                     f"result: {'yes' if c.result else 'no'}); nothing was changed"
                 )
-            events = self._recover_events(c)[0] if c.stage is Stage.RESUME else []
+            events = recovery_events(self._ledger.state, c)[0] if c.stage is Stage.RESUME else []
             events.append(Event(Action.HumanApprove if approve else Action.HumanReject,
                                 c.position))
             content = {}
@@ -488,7 +492,7 @@ class Session(LedgerGuard):
                 why = "it was interrupted by a restart: call recover() first, then cancel"
             elif c.stage is not Stage.LIVE:
                 why = f"it is not waiting to run (stage {c.stage.value})"
-            elif not _approved(st, c):
+            elif not approved(st, c):
                 why = (f"it is not approved (approval: {st.approval(c.execution_id).value}): "
                        "reject(key) it instead")
             if why is not None:
@@ -602,7 +606,7 @@ class Session(LedgerGuard):
             return []
         ok = (c.result is None and c.execution_id not in self._running and c.tool.protected
               and (c.stage is Stage.RETRY
-                   or (c.stage is Stage.LIVE and _approved(self._ledger.state, c))))
+                   or (c.stage is Stage.LIVE and approved(self._ledger.state, c))))
         return [Event(Action.EnginePersistDispatched, c.position)] if ok else []
 
     def _start(self, key: str) -> tuple[Attempt, bool]:
@@ -622,7 +626,7 @@ class Session(LedgerGuard):
                 )
             if c.stage is Stage.RECONCILING:
                 raise InvalidInput(f"call {key} must be reconciled first: reconcile(key, ask)")
-            if c.stage is Stage.LIVE and not _approved(self._ledger.state, c):
+            if c.stage is Stage.LIVE and not approved(self._ledger.state, c):
                 raise InvalidInput(
                     f"call {key} is not approved (approval: "
                     f"{self._ledger.state.approval(c.execution_id).value}): approve(key) first"
@@ -779,11 +783,11 @@ class Session(LedgerGuard):
             decided: dict[CallPosition, tuple[Decision, RecoveryInputs]] = {}
             for c in st.calls:
                 if c.message is MessageState.DURABLE and c.stage is Stage.RESUME:
-                    evs, d = self._recover_events(c)
+                    evs, d = recovery_events(self._ledger.state, c)
                     events += evs
                     decided[c.position] = (d.decision, d.inputs)
             if events:
-                self._step_many(events, result_content=self._denied_contents(events))
+                self._step_many(events, result_content=denied_contents(events))
             out = []
             for c in self._ledger.state.calls:
                 if c.message is not MessageState.DURABLE:
@@ -791,39 +795,17 @@ class Session(LedgerGuard):
                 status = self._status_now(c)
                 d_in = decided.get(c.position)
                 if d_in is None:
-                    d = decide_recovery(recovery_inputs(self._ledger.state, c))
+                    d = recovery_decision(self._ledger.state, c)
                     d_in = (d.decision, d.inputs)
                 out.append(replace(status, decision=d_in[0], inputs=d_in[1],
                                    recovered=c.position in decided))
             return out
 
     def _recover_one(self, c: CallState) -> CallStatus:
-        events, d = self._recover_events(c)
-        self._step_many(events, result_content=self._denied_contents(events))
+        events, d = recovery_events(self._ledger.state, c)
+        self._step_many(events, result_content=denied_contents(events))
         return replace(self._status_now(self._find_at(c.position)),
                        decision=d.decision, inputs=d.inputs, recovered=True)
-
-    def _recover_events(self, c: CallState) -> tuple[list[Event], RecoveryDecision]:
-        """The events that apply the recovery decision to ``c`` (at RESUME) and what
-        follows it without any outside answer (an appended result, a parked approval)."""
-        st = self._ledger.state
-        d = decide_recovery(recovery_inputs(st, c))
-        pos = c.position
-        events = [Event(Action.Recover, pos)]
-        if d.decision is Decision.RECONSTRUCT:
-            events.append(Event(Action.EngineAppendResult, pos))
-        elif d.decision is Decision.EXECUTE and c.tool.requires_approval:
-            approval = st.approval(c.execution_id)
-            if approval is ApprovalState.NONE:
-                events.append(Event(Action.EngineParkApproval, pos))
-            elif approval is ApprovalState.REJECTED:
-                events.append(Event(Action.EngineRecordDenied, pos))
-        return events, d
-
-    @staticmethod
-    def _denied_contents(events: Sequence[Event]) -> dict[CallPosition, str]:
-        return {ev.position: _DENIED for ev in events
-                if ev.action is Action.EngineRecordDenied and ev.position is not None}
 
     # -- humans -----------------------------------------------------------------
 
@@ -888,36 +870,6 @@ class Session(LedgerGuard):
     def _status_now(self, c: CallState) -> CallStatus:
         st = self._ledger.state
         rec: ExecutionRecord = st.record(c.execution_id)
-        ref = self._ref(c)
-        if c.result is not None:
-            return CallStatus(ref, Next.RESULT, rec.attempt, c.result)
-        if c.execution_id in self._running:
-            return CallStatus(ref, Next.RUNNING, rec.attempt)
-        nxt = {
-            Stage.RETRY: Next.RETRY,
-            Stage.DISPATCHED: Next.RETRY,  # a human's retry: dispatched, not yet run
-            Stage.RECONCILING: Next.RECONCILE,
-            Stage.WAITING: Next.RUNNING,
-            Stage.GOT_OK: Next.RUNNING,
-            Stage.GOT_FAIL: Next.RUNNING,
-        }.get(c.stage)
-        if c.stage is Stage.RESUME:  # interrupted: only recover() may say what is next
-            raise InvalidInput(f"call {c.execution_id} was interrupted by a restart: call "
-                               "recover() and act on what it returns")
-        if nxt is None:
-            if rec.status is LedgerStatus.RECOVERY_REQUIRED:
-                nxt = Next.HALTED
-            elif c.stage is Stage.LIVE and not _approved(st, c):
-                nxt = Next.AWAIT_APPROVAL
-            else:
-                nxt = Next.EXECUTE
-        return CallStatus(ref, nxt, rec.attempt)
-
-
-# --------------------------------------------------------------------------
-# Helpers
-# --------------------------------------------------------------------------
-
-
-def _approved(state: SessionState, c: CallState) -> bool:
-    return not c.tool.requires_approval or state.approval(c.execution_id) is ApprovalState.APPROVED
+        ref = self._ref(c)  # first: a call without stored arguments says so
+        nxt = next_of(st, c, running=c.execution_id in self._running)
+        return CallStatus(ref, nxt, rec.attempt, c.result)
