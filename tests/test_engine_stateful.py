@@ -59,8 +59,8 @@ from hypothesis.stateful import (
 )
 
 import toolledger._core.ledger
+import toolledger._core.next_step
 import toolledger._core.protocol
-import toolledger._core.session
 from toolledger._core.protocol import (
     ApprovalState,
     Authorization,
@@ -936,7 +936,8 @@ def test_the_machine_catches_a_ledger_engine_that_replays_a_manual_call(
         return original(i)
 
     # the core decides; the Ledger and the Session recompute it for the audit and the engine
-    for module in (toolledger._core.protocol, toolledger._core.ledger, toolledger._core.session):
+    # next_step: where the Session looks the decision up (recover(), its status)
+    for module in (toolledger._core.protocol, toolledger._core.ledger, toolledger._core.next_step):
         monkeypatch.setattr(module, "decide_recovery", broken)
     EngineMachine.examples = 0
     with pytest.raises(AssertionError, match=r"NoBlindReplay violated|AtMostOnceEffect violated"):

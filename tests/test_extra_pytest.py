@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from toolledger import Tool
-from toolledger._core import ledger, protocol, session
+from toolledger._core import ledger, next_step, protocol
 from toolledger._core.ledger import Ledger
 from toolledger._core.protocol import (
     RecoveryDecision,
@@ -369,10 +369,10 @@ def _passes_no_window(self: Ledger, state: SessionState) -> SessionState:
 @pytest.mark.parametrize(
     "broken",
     [
-        # Decide is called where the Session plans, the ledger audits and the
-        # Recover handler applies: broken in all three, as one core would be
+        # Decide is called where the Session plans (next_step), the ledger audits
+        # and the Recover handler applies: broken in all three, as one core would be
         [(protocol, "decide_recovery", _broken_decide), (ledger, "decide_recovery", _broken_decide),
-         (session, "decide_recovery", _broken_decide)],
+         (next_step, "decide_recovery", _broken_decide)],
         [(ledger.Ledger, "_windows_passed", _passes_no_window)],
     ],
     ids=["decide_ignores_key_retained", "ledger_never_passes_the_window"],

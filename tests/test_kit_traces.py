@@ -34,8 +34,8 @@ from typing import Any
 import pytest
 
 import toolledger._core.ledger
+import toolledger._core.next_step
 import toolledger._core.protocol
-import toolledger._core.session
 from checker_support import ROOT
 from toolledger._core.protocol import (
     Decision,
@@ -339,7 +339,8 @@ def manual_retries(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         return original(i)
 
     # the core decides; the Ledger and the Session recompute it for the audit and the engine
-    for module in (toolledger._core.protocol, toolledger._core.ledger, toolledger._core.session):
+    # next_step: where the Session looks the decision up (recover(), its status)
+    for module in (toolledger._core.protocol, toolledger._core.ledger, toolledger._core.next_step):
         monkeypatch.setattr(module, "decide_recovery", broken)
     yield
 

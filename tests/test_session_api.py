@@ -41,8 +41,8 @@ from hypothesis import strategies as st
 
 import toolledger
 import toolledger._core.ledger
+import toolledger._core.next_step
 import toolledger._core.protocol
-import toolledger._core.session
 from checker_support import ROOT
 from toolledger import (
     Attempt,
@@ -875,7 +875,8 @@ def manual_retries(monkeypatch: pytest.MonkeyPatch) -> None:
             return RecoveryDecision(Decision.RETRY_SAME_ID, i)
         return original(i)
 
-    for module in (toolledger._core.protocol, toolledger._core.ledger, toolledger._core.session):
+    # next_step: where the Session looks the decision up (recover(), its status)
+    for module in (toolledger._core.protocol, toolledger._core.ledger, toolledger._core.next_step):
         monkeypatch.setattr(module, "decide_recovery", broken)
 
 

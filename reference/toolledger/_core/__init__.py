@@ -9,9 +9,14 @@ modules of this package are internals and may be split or renamed.  They are
   (the recovery decision ``decide_recovery``);
 - ``ledger``: the durable ledger of one session on a store;
 - ``session``: the adopter's API over the ledger (``Session``), with
-  ``calls``: what it takes and gives per tool and call (``Tool``, ``Outcome``, ...);
+  ``calls``: what it takes and gives per tool and call (``Tool``, ``Outcome``, ...),
+  ``session_guard``: its lock and store-error guard, ``call_input``: the
+  validation of what an engine hands it, ``next_step``: what a call's state
+  says to do next, and ``legacy``: legacy adoption;
 - ``tools``: the adapter seam, the tool registry and the reserved argument names;
-- ``stores``: the store port and ``MemoryStore``; ``sqlite_store`` and
+- ``stores``: the store port and ``MemoryStore``, re-exporting ``store_errors``
+  (what a store raises, the lease check) and ``commit_plan`` (the audit rows
+  and the checked plan of a commit every store writes); ``sqlite_store`` and
   ``postgres_store``: the durable stores (psycopg is imported only when a
   ``PostgresStore`` is opened, by ``pg_connection``: its connection and
   transactions; ``pg_schema``: its tables), with ``rows``: their shared

@@ -95,20 +95,24 @@ error again); then :meth:`Session.recover` says what to do.
 What is not here: this module never decides recovery itself
 (:func:`~toolledger._core.protocol.decide_recovery` does) nor writes anything
 but through the :class:`~toolledger._core.ledger.Ledger` (legacy adoption aside,
-which writes the spec's initial legacy state through the store).
+which writes the spec's initial legacy state through the store).  Its parts
+live next to it: :mod:`~toolledger._core.session_guard` (the lock and the
+store-error guard every step goes through), :mod:`~toolledger._core.call_input`
+(validating tool declarations and call dicts), :mod:`~toolledger._core.next_step`
+(what a call's state says to do next, the recovery events) and
+:mod:`~toolledger._core.legacy` (legacy adoption).
 """
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any
 
+from .call_input import check_seq, declared_tools, parse_call
 from .calls import (
     _DENIED,
     _UNDECLARED,
@@ -126,6 +130,14 @@ from .calls import (
     _result_text,
 )
 from .ledger import RESOLUTIONS, Ledger
+from .legacy import legacy_calls, write_legacy
+from .next_step import (
+    approved,
+    denied_contents,
+    next_of,
+    recovery_decision,
+    recovery_events,
+)
 from .protocol import (
     Action,
     ApprovalState,
@@ -138,24 +150,18 @@ from .protocol import (
     LedgerStatus,
     MessageState,
     ProtocolError,
-    RecoveryDecision,
     RecoveryInputs,
     RecoveryPolicy,
-    SessionState,
     Stage,
-    ToolProfile,
     args_digest,
-    decide_recovery,
-    derive_execution_id,
-    recovery_inputs,
 )
-from .stores import Store, StoreError, UnknownSession
+from .session_guard import LedgerGuard
+from .stores import Store, UnknownSession
 from .tools import (
     CannotTell,
     NotAppliedFenced,
     ReconcileAnswer,
     WasApplied,
-    check_arguments,
 )
 
 __all__ = [
@@ -178,7 +184,7 @@ __all__ = [
 # --------------------------------------------------------------------------
 
 
-class Session:
+class Session(LedgerGuard):
     """One session's tool calls on a store; see the module documentation.
 
     Build it with :meth:`open` (or :meth:`adopt`); one per session per
@@ -198,32 +204,12 @@ class Session:
         *,
         observe: Callable[[Sequence[Event]], None] | None = None,
     ) -> None:
-        self._ledger = ledger
-        self._tools = _tools(tools)
-        self._observe = observe
-        self._lock = threading.RLock()
+        super().__init__(ledger, observe)  # the ledger, the lock, the guarded steps
+        self._tools = declared_tools(tools)
         self._running: set[str] = set()  # keys whose tool body runs now
-        self._interrupted_by: str | None = None
-        # set when the reload after a failed commit failed too: the state in memory
-        # is not known to be durable, so nothing starts before a reload succeeds
-        self._reload_failed: str | None = None
         # execute_many: (key, next key) while key runs; its success commit may
         # carry next key's dispatched (see execute_many)
         self._chain: tuple[str, str] | None = None
-
-    @contextmanager
-    def _usable(self) -> Iterator[None]:
-        """The lock, for a method that starts something: refused after an interrupt."""
-        with self._lock:
-            if self._interrupted_by is not None:
-                raise SessionInterrupted(
-                    f"a tool of session {self.session_id!r} was interrupted "
-                    f"({self._interrupted_by}): open a new Session on the store, as a "
-                    "restarted engine would, and call recover()"
-                )
-            if self._reload_failed is not None:
-                self._reload_again()
-            yield
 
     # -- opening --------------------------------------------------------------
 
@@ -251,7 +237,7 @@ class Session:
         call's first dispatch and compares with a tool's ``retention_window``:
         a test moves it instead of waiting the window out.
         """
-        declared = _tools(tools)
+        declared = declared_tools(tools)
         try:
             ledger = Ledger(store, session_id, take_session=take_session, clock=clock)
         except UnknownSession:
@@ -265,10 +251,10 @@ class Session:
                 # Created, but maybe the process died before the legacy calls were
                 # written (adoption is two commits): write what is missing.  With
                 # no call in the store at all, none of them was written.
-                legacy = _legacy_calls(legacy_messages[:marker], declared,
-                                       legacy_approvals or {})
+                legacy = legacy_calls(legacy_messages[:marker], declared,
+                                      legacy_approvals or {})
                 if legacy:
-                    _write_legacy(ledger, legacy)
+                    write_legacy(ledger, legacy)
                     ledger = Ledger(store, session_id, clock=clock)
         return cls(ledger, declared)
 
@@ -299,11 +285,11 @@ class Session:
         result, no record: halted for a human.  Nothing is executed.  Every
         call is validated before anything is written.
         """
-        declared = _tools(tools)
-        parsed = _legacy_calls(messages, declared, approvals or {})  # validates first
+        declared = declared_tools(tools)
+        parsed = legacy_calls(messages, declared, approvals or {})  # validates first
         ledger = Ledger.create(store, session_id, marker=len(messages),
                                max_attempts=max_attempts)
-        _write_legacy(ledger, parsed)
+        write_legacy(ledger, parsed)
         return cls(Ledger(store, session_id) if parsed else ledger, declared)
 
     # -- reading ----------------------------------------------------------------
@@ -370,7 +356,7 @@ class Session:
         nothing new and returns the calls' status (a call interrupted by a
         restart gets its recovery decision first, as in :meth:`recover`).
         """
-        _check_seq(seq)
+        check_seq(seq)
         if isinstance(calls, Mapping) or not isinstance(calls, Sequence):
             raise InvalidInput(f"calls must be a list of call dicts, got {type(calls).__name__}")
         overrides = list(requires_approval) if requires_approval is not None else [None] * len(
@@ -380,7 +366,7 @@ class Session:
                 f"requires_approval has {len(overrides)} entries for {len(calls)} calls: "
                 "give one per call (None keeps the tool's default)"
             )
-        parsed = [_parse_call(i, c) for i, c in enumerate(calls)]
+        parsed = [parse_call(i, c) for i, c in enumerate(calls)]
         profiles = []
         for (_, name, _), override in zip(parsed, overrides, strict=True):
             if override is not None and not isinstance(override, bool):
@@ -467,7 +453,7 @@ class Session:
                     f"call {key} has no pending approval (approval: {approval.value}, "
                     f"result: {'yes' if c.result else 'no'}); nothing was changed"
                 )
-            events = self._recover_events(c)[0] if c.stage is Stage.RESUME else []
+            events = recovery_events(self._ledger.state, c)[0] if c.stage is Stage.RESUME else []
             events.append(Event(Action.HumanApprove if approve else Action.HumanReject,
                                 c.position))
             content = {}
@@ -506,7 +492,7 @@ class Session:
                 why = "it was interrupted by a restart: call recover() first, then cancel"
             elif c.stage is not Stage.LIVE:
                 why = f"it is not waiting to run (stage {c.stage.value})"
-            elif not _approved(st, c):
+            elif not approved(st, c):
                 why = (f"it is not approved (approval: {st.approval(c.execution_id).value}): "
                        "reject(key) it instead")
             if why is not None:
@@ -620,7 +606,7 @@ class Session:
             return []
         ok = (c.result is None and c.execution_id not in self._running and c.tool.protected
               and (c.stage is Stage.RETRY
-                   or (c.stage is Stage.LIVE and _approved(self._ledger.state, c))))
+                   or (c.stage is Stage.LIVE and approved(self._ledger.state, c))))
         return [Event(Action.EnginePersistDispatched, c.position)] if ok else []
 
     def _start(self, key: str) -> tuple[Attempt, bool]:
@@ -640,7 +626,7 @@ class Session:
                 )
             if c.stage is Stage.RECONCILING:
                 raise InvalidInput(f"call {key} must be reconciled first: reconcile(key, ask)")
-            if c.stage is Stage.LIVE and not _approved(self._ledger.state, c):
+            if c.stage is Stage.LIVE and not approved(self._ledger.state, c):
                 raise InvalidInput(
                     f"call {key} is not approved (approval: "
                     f"{self._ledger.state.approval(c.execution_id).value}): approve(key) first"
@@ -797,11 +783,11 @@ class Session:
             decided: dict[CallPosition, tuple[Decision, RecoveryInputs]] = {}
             for c in st.calls:
                 if c.message is MessageState.DURABLE and c.stage is Stage.RESUME:
-                    evs, d = self._recover_events(c)
+                    evs, d = recovery_events(self._ledger.state, c)
                     events += evs
                     decided[c.position] = (d.decision, d.inputs)
             if events:
-                self._step_many(events, result_content=self._denied_contents(events))
+                self._step_many(events, result_content=denied_contents(events))
             out = []
             for c in self._ledger.state.calls:
                 if c.message is not MessageState.DURABLE:
@@ -809,39 +795,17 @@ class Session:
                 status = self._status_now(c)
                 d_in = decided.get(c.position)
                 if d_in is None:
-                    d = decide_recovery(recovery_inputs(self._ledger.state, c))
+                    d = recovery_decision(self._ledger.state, c)
                     d_in = (d.decision, d.inputs)
                 out.append(replace(status, decision=d_in[0], inputs=d_in[1],
                                    recovered=c.position in decided))
             return out
 
     def _recover_one(self, c: CallState) -> CallStatus:
-        events, d = self._recover_events(c)
-        self._step_many(events, result_content=self._denied_contents(events))
+        events, d = recovery_events(self._ledger.state, c)
+        self._step_many(events, result_content=denied_contents(events))
         return replace(self._status_now(self._find_at(c.position)),
                        decision=d.decision, inputs=d.inputs, recovered=True)
-
-    def _recover_events(self, c: CallState) -> tuple[list[Event], RecoveryDecision]:
-        """The events that apply the recovery decision to ``c`` (at RESUME) and what
-        follows it without any outside answer (an appended result, a parked approval)."""
-        st = self._ledger.state
-        d = decide_recovery(recovery_inputs(st, c))
-        pos = c.position
-        events = [Event(Action.Recover, pos)]
-        if d.decision is Decision.RECONSTRUCT:
-            events.append(Event(Action.EngineAppendResult, pos))
-        elif d.decision is Decision.EXECUTE and c.tool.requires_approval:
-            approval = st.approval(c.execution_id)
-            if approval is ApprovalState.NONE:
-                events.append(Event(Action.EngineParkApproval, pos))
-            elif approval is ApprovalState.REJECTED:
-                events.append(Event(Action.EngineRecordDenied, pos))
-        return events, d
-
-    @staticmethod
-    def _denied_contents(events: Sequence[Event]) -> dict[CallPosition, str]:
-        return {ev.position: _DENIED for ev in events
-                if ev.action is Action.EngineRecordDenied and ev.position is not None}
 
     # -- humans -----------------------------------------------------------------
 
@@ -906,216 +870,6 @@ class Session:
     def _status_now(self, c: CallState) -> CallStatus:
         st = self._ledger.state
         rec: ExecutionRecord = st.record(c.execution_id)
-        ref = self._ref(c)
-        if c.result is not None:
-            return CallStatus(ref, Next.RESULT, rec.attempt, c.result)
-        if c.execution_id in self._running:
-            return CallStatus(ref, Next.RUNNING, rec.attempt)
-        nxt = {
-            Stage.RETRY: Next.RETRY,
-            Stage.DISPATCHED: Next.RETRY,  # a human's retry: dispatched, not yet run
-            Stage.RECONCILING: Next.RECONCILE,
-            Stage.WAITING: Next.RUNNING,
-            Stage.GOT_OK: Next.RUNNING,
-            Stage.GOT_FAIL: Next.RUNNING,
-        }.get(c.stage)
-        if c.stage is Stage.RESUME:  # interrupted: only recover() may say what is next
-            raise InvalidInput(f"call {c.execution_id} was interrupted by a restart: call "
-                               "recover() and act on what it returns")
-        if nxt is None:
-            if rec.status is LedgerStatus.RECOVERY_REQUIRED:
-                nxt = Next.HALTED
-            elif c.stage is Stage.LIVE and not _approved(st, c):
-                nxt = Next.AWAIT_APPROVAL
-            else:
-                nxt = Next.EXECUTE
-        return CallStatus(ref, nxt, rec.attempt)
-
-    def _step_many(
-        self,
-        events: list[Event],
-        *,
-        result_content: Mapping[CallPosition, str] | None = None,
-        arguments: Mapping[CallPosition, Mapping[str, Any]] | None = None,
-    ) -> SessionState:
-        state = self._guard(lambda: self._ledger.step_many(
-            events, result_content=result_content, arguments=arguments))
-        if self._observe is not None:
-            self._observe(tuple(events))
-        return state
-
-    def _step(self, event: Event) -> SessionState:
-        """One step that commits nothing (a volatile stage change)."""
-        return self._step_many([event])
-
-    def _guard(self, commit: Callable[[], SessionState]) -> SessionState:
-        try:
-            return commit()
-        except StoreError as exc:
-            # What is durable is unknown to this process now: reload, as a
-            # restarted engine would, before anyone acts on it.
-            try:
-                self._ledger.reload()
-            except StoreError as again:
-                # The store is still out of reach (a server down): the adopter gets the
-                # ORIGINAL error (what failed, and whether it may have been written),
-                # never the reload's, and the session starts nothing until a reload works.
-                self._reload_failed = f"{type(again).__name__}: {again}"
-                exc.add_note(
-                    f"Reloading session {self.session_id!r} after this failed too "
-                    f"({self._reload_failed}). The session starts nothing until the "
-                    "store is reachable: its next call reloads first; then call recover() "
-                    "and act on what it returns (or open a new Session)."
-                )
-            raise
-
-    def _reload_again(self) -> None:
-        """The reload :meth:`_guard` could not do; the store's error if it fails again."""
-        try:
-            self._ledger.reload()
-        except StoreError as exc:
-            exc.add_note(
-                f"Session {self.session_id!r} could not reload after an earlier store error "
-                f"either ({self._reload_failed}); nothing was started. Retry once the store is "
-                "reachable; the session then reloads and recover() says what to do."
-            )
-            raise
-        self._reload_failed = None
-
-
-# --------------------------------------------------------------------------
-# Helpers
-# --------------------------------------------------------------------------
-
-
-def _tools(tools: Mapping[str, Tool | str] | None) -> dict[str, Tool]:
-    if tools is None:
-        return {}
-    if not isinstance(tools, Mapping):
-        raise InvalidInput(f"tools must map tool names to Tool or a policy string, got "
-                           f"{type(tools).__name__}")
-    out = {}
-    for name, spec in tools.items():
-        if not isinstance(name, str) or not name:
-            raise InvalidInput(f"tool names must be non-empty strings, got {name!r}")
-        out[name] = spec if isinstance(spec, Tool) else Tool(policy=spec)
-    return out
-
-
-def _approved(state: SessionState, c: CallState) -> bool:
-    return not c.tool.requires_approval or state.approval(c.execution_id) is ApprovalState.APPROVED
-
-
-def _check_seq(seq: object) -> None:
-    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
-        raise InvalidInput(
-            f"seq must be the assistant message's persisted sequence number (an int >= 0), "
-            f"got {seq!r}"
-        )
-
-
-def _parse_call(i: int, call: object) -> tuple[str, str, dict[str, Any]]:
-    """(tool_call_id, name, arguments) of one call dict; raises InvalidInput."""
-    if not isinstance(call, Mapping):
-        raise InvalidInput(f"call {i} must be a dict {{id, name, arguments}}, got {call!r}")
-    fn = call.get("function")
-    body: Mapping[str, Any] = fn if isinstance(fn, Mapping) else call
-    call_id = call.get("id")
-    call_id = "" if call_id is None else call_id
-    if not isinstance(call_id, str):
-        raise InvalidInput(f"call {i} has a non-string id {call_id!r} (use '' or None for none)")
-    name = body.get("name")
-    if not isinstance(name, str) or not name:
-        raise InvalidInput(f"call {i} has no tool name (got {name!r}): give 'name'")
-    raw = body.get("arguments")
-    raw = {} if raw is None or raw == "" else raw
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise InvalidInput(f"call {i} ({name!r}) has arguments that are not JSON ({exc}); "
-                               "nothing was recorded") from None
-    check_arguments(name, raw)  # a JSON object, no reserved name at any depth
-    args = dict(raw)
-    args_digest(name, args)  # JSON-serializable, or a clear error
-    return call_id, name, args
-
-
-@dataclass(frozen=True, slots=True)
-class _LegacyCall:
-    position: CallPosition
-    tool_call_id: str
-    profile: ToolProfile
-    arguments: dict[str, Any]
-    approval: ApprovalState | None
-
-
-_LEGACY_APPROVALS: Final = {
-    "approved": ApprovalState.APPROVED,
-    "rejected": ApprovalState.REJECTED,
-    "pending": ApprovalState.PENDING,
-}
-
-
-def _legacy_calls(
-    messages: Sequence[Mapping[str, Any]],
-    tools: Mapping[str, Tool],
-    approvals: Mapping[str, str],
-) -> list[_LegacyCall]:
-    if isinstance(messages, Mapping) or not isinstance(messages, Sequence):
-        raise InvalidInput("messages must be a list of message dicts")
-    for cid, value in approvals.items():
-        if value not in _LEGACY_APPROVALS:
-            raise InvalidInput(f"approval of {cid!r} is {value!r}; use one of "
-                               f"{', '.join(_LEGACY_APPROVALS)}")
-    out = []
-    for turn, m in enumerate(messages):
-        if not isinstance(m, Mapping):
-            raise InvalidInput(f"message {turn} is not a dict: {m!r}")
-        raw = m.get("tool_calls") or []
-        if m.get("role") != "assistant" or not raw:
-            continue
-        if not isinstance(raw, Sequence):
-            raise InvalidInput(f"message {turn}: tool_calls must be a list")
-        # answered: a tool message with the id before the next assistant message
-        answered = set()
-        for later in messages[turn + 1:]:
-            if isinstance(later, Mapping) and later.get("role") == "assistant":
-                break
-            if isinstance(later, Mapping) and later.get("role") == "tool":
-                answered.add(later.get("tool_call_id"))
-        for slot, call in enumerate(raw):
-            try:
-                cid, name, args = _parse_call(slot, call)
-            except InvalidInput as exc:
-                raise InvalidInput(f"message {turn}: {exc}") from None
-            if cid in answered:
-                continue
-            tool = tools.get(name, _UNDECLARED)
-            state = approvals.get(cid)
-            out.append(_LegacyCall((turn, slot), cid, tool.profile(name), args,
-                                   None if state is None else _LEGACY_APPROVALS[state]))
-    return out
-
-
-def _write_legacy(ledger: Ledger, calls: Sequence[_LegacyCall]) -> None:
-    """The spec's initial state of legacy calls: durable, no record, maybe approved.
-
-    The core has no event that adds a legacy call (they exist from ``Init``),
-    so they go to the store in one commit, with no audit row."""
-    if not calls:
-        return
-    sid = ledger.session_id
-    before = ledger.state
-    states, approvals = [], {}
-    for lc in calls:
-        eid = derive_execution_id(sid, *lc.position, lc.tool_call_id)
-        states.append(CallState(lc.position, lc.tool_call_id, lc.profile, eid,
-                                args_digest(lc.profile.name, lc.arguments),
-                                MessageState.DURABLE, None, Stage.RESUME))
-        if lc.approval is not None and lc.profile.requires_approval:
-            approvals[eid] = lc.approval
-    after = replace(before, calls=tuple(states), approvals=approvals)
-    ledger.store.commit(sid, before, after, [],
-                        arguments={lc.position: lc.arguments for lc in calls})
-
+        ref = self._ref(c)  # first: a call without stored arguments says so
+        nxt = next_of(st, c, running=c.execution_id in self._running)
+        return CallStatus(ref, nxt, rec.attempt, c.result)

@@ -1,0 +1,110 @@
+"""Legacy adoption: the calls of a session that ran without the ledger, put under it.
+
+Private module of :mod:`toolledger`, behind :meth:`~toolledger._core.session.Session.adopt`
+(and :meth:`~toolledger._core.session.Session.open` with ``legacy_messages``).
+:func:`legacy_calls` finds, in plain message dicts, every call no tool message
+answered (validating every call before anything is written);
+:func:`write_legacy` writes them as the spec's initial legacy state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+from .call_input import parse_call
+from .calls import _UNDECLARED, Tool
+from .ledger import Ledger
+from .protocol import (
+    ApprovalState,
+    CallPosition,
+    CallState,
+    InvalidInput,
+    MessageState,
+    Stage,
+    ToolProfile,
+    args_digest,
+    derive_execution_id,
+)
+
+__all__ = ["LEGACY_APPROVALS", "LegacyCall", "legacy_calls", "write_legacy"]
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyCall:
+    position: CallPosition
+    tool_call_id: str
+    profile: ToolProfile
+    arguments: dict[str, Any]
+    approval: ApprovalState | None
+
+
+LEGACY_APPROVALS: Final = {
+    "approved": ApprovalState.APPROVED,
+    "rejected": ApprovalState.REJECTED,
+    "pending": ApprovalState.PENDING,
+}
+
+
+def legacy_calls(
+    messages: Sequence[Mapping[str, Any]],
+    tools: Mapping[str, Tool],
+    approvals: Mapping[str, str],
+) -> list[LegacyCall]:
+    if isinstance(messages, Mapping) or not isinstance(messages, Sequence):
+        raise InvalidInput("messages must be a list of message dicts")
+    for cid, value in approvals.items():
+        if value not in LEGACY_APPROVALS:
+            raise InvalidInput(f"approval of {cid!r} is {value!r}; use one of "
+                               f"{', '.join(LEGACY_APPROVALS)}")
+    out = []
+    for turn, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise InvalidInput(f"message {turn} is not a dict: {m!r}")
+        raw = m.get("tool_calls") or []
+        if m.get("role") != "assistant" or not raw:
+            continue
+        if not isinstance(raw, Sequence):
+            raise InvalidInput(f"message {turn}: tool_calls must be a list")
+        # answered: a tool message with the id before the next assistant message
+        answered = set()
+        for later in messages[turn + 1:]:
+            if isinstance(later, Mapping) and later.get("role") == "assistant":
+                break
+            if isinstance(later, Mapping) and later.get("role") == "tool":
+                answered.add(later.get("tool_call_id"))
+        for slot, call in enumerate(raw):
+            try:
+                cid, name, args = parse_call(slot, call)
+            except InvalidInput as exc:
+                raise InvalidInput(f"message {turn}: {exc}") from None
+            if cid in answered:
+                continue
+            tool = tools.get(name, _UNDECLARED)
+            state = approvals.get(cid)
+            out.append(LegacyCall((turn, slot), cid, tool.profile(name), args,
+                                   None if state is None else LEGACY_APPROVALS[state]))
+    return out
+
+
+def write_legacy(ledger: Ledger, calls: Sequence[LegacyCall]) -> None:
+    """The spec's initial state of legacy calls: durable, no record, maybe approved.
+
+    The core has no event that adds a legacy call (they exist from ``Init``),
+    so they go to the store in one commit, with no audit row."""
+    if not calls:
+        return
+    sid = ledger.session_id
+    before = ledger.state
+    states, approvals = [], {}
+    for lc in calls:
+        eid = derive_execution_id(sid, *lc.position, lc.tool_call_id)
+        states.append(CallState(lc.position, lc.tool_call_id, lc.profile, eid,
+                                args_digest(lc.profile.name, lc.arguments),
+                                MessageState.DURABLE, None, Stage.RESUME))
+        if lc.approval is not None and lc.profile.requires_approval:
+            approvals[eid] = lc.approval
+    after = replace(before, calls=tuple(states), approvals=approvals)
+    ledger.store.commit(sid, before, after, [],
+                        arguments={lc.position: lc.arguments for lc in calls})
