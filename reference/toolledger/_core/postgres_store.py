@@ -87,6 +87,7 @@ from .rows import (
     _json_object,
     _record_values,
     _result_values,
+    stored_difference,
 )
 from .stores import (
     RELOAD,
@@ -532,24 +533,7 @@ class PostgresStore(PgConnection):
             "FROM calls AS c WHERE c.session_id = %s AND c.turn = %s AND c.slot = %s",
             (session_id, *seen.position),
         ).fetchone()
-        if found is None or found[0] != seen.execution_id:
-            return "it is no longer a durable call of the session"
-        result, (record, approval, keys) = tuple(found[1:5]), found[5:]
-        audit: set[tuple[str, int]] = set()
-        for key in keys.split(",") if keys else ():
-            kind, _, attempt = key.rpartition(" ")
-            audit.add((kind, int(attempt) if attempt.isdigit() else -1))
-        expected = (
-            None
-            if seen.record is None
-            else _checksum("ledger", _record_values(session_id, seen.record))
-        )
-        return seen.difference(
-            audit=frozenset(audit),
-            record=record == expected,
-            approval=approval == (None if seen.approval is None else seen.approval.value),
-            result=result == tuple(_result_values(seen.result).values()),
-        )
+        return stored_difference(found, session_id, seen)
 
     # The statement that serializes the commits of one session (see the module doc);
     # a class attribute so a test can remove the lock and watch the race get through.

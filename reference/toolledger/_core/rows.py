@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Final, TypeVar
 
@@ -39,7 +39,7 @@ from .protocol import (
     args_digest,
     derive_execution_id,
 )
-from .stores import AuditRow, StoreCorrupt
+from .stores import AuditRow, CallView, StoreCorrupt
 
 Row = dict[str, Any]
 _E = TypeVar("_E", bound=StrEnum)
@@ -254,4 +254,35 @@ def _decode_result(r: Row, where: str, store: RowDecoder) -> ToolResult | None:
         _text(execution_id, f"{where}.result_execution_id", store),
         _text(digest, f"{where}.result_args_digest", store, empty=True),
         _text(content, f"{where}.result_content", store, empty=True),
+    )
+
+
+def stored_difference(
+    found: Sequence[Any] | None, session_id: str, seen: CallView
+) -> str | None:
+    """What of the call ``seen`` describes differs from the stored row ``found``.
+
+    ``found`` is the one row both stores' ``_differs`` select in their own SQL
+    dialect: the call's execution id, its result columns, its ledger record's
+    checksum, its approval's state and its audit rows' ``kind attempt`` keys
+    joined by commas (``None``: no such call).  A damaged row can only make
+    them differ, i.e. refuse the commit.
+    """
+    if found is None or found[0] != seen.execution_id:
+        return "it is no longer a durable call of the session"
+    result, (record, approval, keys) = tuple(found[1:5]), found[5:]
+    audit: set[tuple[str, int]] = set()
+    for key in keys.split(",") if keys else ():
+        kind, _, attempt = key.rpartition(" ")
+        audit.add((kind, int(attempt) if attempt.isdigit() else -1))
+    expected = (
+        None
+        if seen.record is None
+        else _checksum("ledger", _record_values(session_id, seen.record))
+    )
+    return seen.difference(
+        audit=frozenset(audit),
+        record=record == expected,
+        approval=approval == (None if seen.approval is None else seen.approval.value),
+        result=result == tuple(_result_values(seen.result).values()),
     )

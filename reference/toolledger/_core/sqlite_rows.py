@@ -27,8 +27,7 @@ from .rows import (
     RowDecoder,
     _checksum,
     _enum,
-    _record_values,
-    _result_values,
+    stored_difference,
 )
 from .sqlite_schema import _COLUMNS
 from .stores import CallView
@@ -104,24 +103,7 @@ class SqliteRows(RowDecoder):
             "FROM calls AS c WHERE c.session_id = ? AND c.turn = ? AND c.slot = ?",
             (session_id, *seen.position),
         ).fetchone()
-        if found is None or found[0] != seen.execution_id:
-            return "it is no longer a durable call of the session"
-        result, (record, approval, keys) = tuple(found[1:5]), found[5:]
-        audit: set[tuple[str, int]] = set()
-        for key in keys.split(",") if keys else ():
-            kind, _, attempt = key.rpartition(" ")
-            audit.add((kind, int(attempt) if attempt.isdigit() else -1))
-        expected = (
-            None
-            if seen.record is None
-            else _checksum("ledger", _record_values(session_id, seen.record))
-        )
-        return seen.difference(
-            audit=frozenset(audit),
-            record=record == expected,
-            approval=approval == (None if seen.approval is None else seen.approval.value),
-            result=result == tuple(_result_values(seen.result).values()),
-        )
+        return stored_difference(found, session_id, seen)
 
     def _load(self, conn: sqlite3.Connection, session_id: str) -> SessionState:
         marker, max_attempts = self._session_row(conn, session_id)
