@@ -151,6 +151,7 @@ from .sqlite_schema import (
     _check_file,
 )
 from .stores import (
+    _CREATED_SINCE,
     RELOAD,
     AuditRow,
     SessionExists,
@@ -161,6 +162,7 @@ from .stores import (
     UnsupportedSchema,
     _check_session_values,
     check_lease,
+    check_new_session,
     plan_commit,
 )
 
@@ -713,10 +715,14 @@ class SqliteStore(SqliteRows):
         *,
         arguments: Mapping[CallPosition, Mapping[str, Any]] | None = None,
         epoch: int | None = None,
+        create: bool = False,
     ) -> None:
         """Make the transition ``before -> after`` durable in one transaction.
 
-        First, inside the transaction, the lease: with ``epoch`` given, a
+        With ``create=True`` the transaction first inserts the session's row
+        (the session's first commit creates it; one that exists by then is
+        :class:`~toolledger._core.stores.StaleState`, nothing written).
+        Then, inside the transaction, the lease: with ``epoch`` given, a
         session taken since by another worker raises
         :class:`~toolledger._core.stores.LeaseLost` before anything is written.
         Writes ``durable_changes(before, after)`` and ``audit_rows`` (see
@@ -725,11 +731,17 @@ class SqliteStore(SqliteRows):
         :class:`~toolledger._core.stores.StaleState`, nothing written).  Returns
         after ``COMMIT``, i.e. after the fsync.
         """
+        created = check_new_session(session_id, before) if create else None
         plan = plan_commit(session_id, before, after, audit_rows, arguments)
         if plan.empty:
             return
 
         def body(conn: sqlite3.Connection) -> None:
+            if created is not None:
+                if self._select(conn, "sessions", "WHERE session_id = ?", (session_id,)):
+                    raise StaleState(_CREATED_SINCE.format(session_id=session_id))
+                self._insert(conn, "sessions", {"session_id": session_id, "marker": created[0],
+                                                "max_attempts": created[1], "epoch": 0})
             if epoch is not None:
                 check_lease(session_id, self._epoch_row(conn, session_id)[1], epoch)
             plan.check_session(
