@@ -24,6 +24,12 @@ the order and with the transactions the spec checks:
   attempt number (:class:`Attempt`); the outcome is classified and recorded,
   ``succeeded`` + the tool result in ONE transaction.  A protected call costs
   exactly two transactions, a ``readonly`` call no ledger transaction.
+- :meth:`Session.execute_many` runs calls in sequence with fewer commits
+  (``succeeded(k)`` + ``dispatched(k+1)`` in one), and
+  :meth:`Session.execute_message` records a message and runs its calls that
+  need no human, the first ``dispatched`` in the record's transaction (and,
+  on a session opened with ``lazy_create=True``, the session's creation
+  too): n + 1 commits for a new session's n protected calls.
 - :meth:`Session.recover` says, for every call the restarted (or the live)
   engine must still act on, what to do next (:class:`Next`), with the core's
   recovery decision and its inputs; a retry runs through :meth:`Session.execute`
