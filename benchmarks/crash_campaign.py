@@ -820,15 +820,16 @@ def corruption_trial(base_dir: Path, work: Path, how: str, rng: random.Random,
             elif "StoreCorrupt" not in out.stderr or str(db) not in out.stderr:
                 report.wrote_anyway += 1
                 report.problems.append(f"{what}: the error does not name StoreCorrupt and the "
-                                       f"file: {out.stderr[-300:]}")
+                                       f"file: {out.stderr[-300:].replace(str(d), '<run>')}")
             else:
                 report.detected += 1
         elif out.returncode == 0 and _logical_of_copy(base_dir, db, damaged) == original:
             report.harmless += 1
         else:
             report.silent += 1
-            report.problems.append(f"{what}: exit {out.returncode}, not failed closed: "
-                                   f"{out.stderr[-300:]}")
+            # the run's scratch directory is no part of the finding (results.json is tracked)
+            said = out.stderr[-300:].replace(str(d), "<run>")
+            report.problems.append(f"{what}: exit {out.returncode}, not failed closed: {said}")
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
