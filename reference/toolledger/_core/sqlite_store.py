@@ -149,6 +149,7 @@ from .sqlite_schema import (
     PAGE_SIZE,
     SCHEMA_VERSION,
     _check_file,
+    schema_text,
 )
 from .stores import (
     _CREATED_SINCE,
@@ -380,6 +381,15 @@ class SqliteStore(SqliteRows):
             missing = sorted(_OBJECTS - objects)
             if missing:
                 raise self._corrupt(f"its indexes or triggers {', '.join(missing)} are missing")
+            texts = schema_text()
+            for name, sql in conn.execute(
+                "SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL"
+            ):
+                if name in texts and sql != texts[name]:
+                    raise self._corrupt(
+                        f"the schema text of {name} is not schema version {SCHEMA_VERSION}'s "
+                        "(a damaged byte changes what SQLite enforces)"
+                    )
             conn.execute("PRAGMA query_only = OFF")
         except sqlite3.DatabaseError as exc:
             raise self._corrupt(f"SQLite cannot read it ({exc})") from exc
