@@ -564,6 +564,40 @@ def _tlc_jvm_args(cfg: Path) -> tuple[str, ...]:
     return () if parse_cfg(cfg).properties else _TLC_JVM_ARGS
 
 
+# Rough costs of ``toolledger check``'s jobs in CPU seconds, measured on
+# the CI models (benchmarks/bench_check.py): a JVM start and SANY ~1.5 s;
+# TLC's search ~7,000 distinct states/s (5,000 to 17,000 by model); a
+# temporal property ~3x that (the behaviour graph is built as it goes);
+# dumping the state graph for conformance ~3,000 states/s on top (TLC
+# pretty-prints every state and fingerprints both ends of every edge:
+# ReconcileReadonly 4.9 s without, 14.6 s with); the conformance check
+# ~2,500 states/s.
+_JVM_START_SECONDS = 1.5
+_TLC_STATES_PER_SECOND = 7_000
+_TEMPORAL_FACTOR = 3.0
+_DUMP_STATES_PER_SECOND = 3_000
+_CONFORMANCE_STATES_PER_SECOND = 2_500
+
+
+def job_cost(kind: str, states: int, *, temporal: bool = False, dump: bool = False,
+             then_conformance: bool = False) -> float:
+    """The estimated seconds of a job and of the work that must wait for it.
+
+    A TLC run that dumps the state graph for a conformance check counts that
+    check too (it can only start afterwards): the longest chain starts first,
+    so that neither it nor a big run is left alone at the end with a core idle.
+    """
+    if kind == "conformance":
+        return states / _CONFORMANCE_STATES_PER_SECOND
+    search = states / _TLC_STATES_PER_SECOND * (_TEMPORAL_FACTOR if temporal else 1.0)
+    cost = _JVM_START_SECONDS + search
+    if dump:
+        cost += states / _DUMP_STATES_PER_SECOND
+    if then_conformance:
+        cost += job_cost("conformance", states)
+    return cost
+
+
 @dataclass(frozen=True, eq=False)
 class _Job:
     """One unit of ``toolledger check``'s work: a TLC run (of one row, or of a
@@ -572,6 +606,8 @@ class _Job:
     kind: str  # "tlc" or "conformance"
     entries: tuple[ModelEntry, ...]
     batch: Batch | None = None
+    temporal: bool = False  # its cfg checks temporal PROPERTIES
+    dumps: bool = False  # it dumps the state graph for a conformance check
 
     @property
     def name(self) -> str:
@@ -580,12 +616,13 @@ class _Job:
         return self.entries[0].name + (" [conformance]" if self.kind == "conformance" else "")
 
     def cost(self) -> float:
-        """A rough estimate of the job's seconds, to start the longest first."""
+        """A rough estimate of the seconds of the job and of the conformance
+        check waiting for it (:func:`job_cost`), to start the longest first."""
         states = max(e.distinct_states for e in self.entries)
         if self.batch is not None and self.batch.host is not None:
             states = self.batch.host.distinct_states
-        # a JVM start ~1.5 s; TLC ~10,000 states/s; conformance ~2,500 states/s
-        return states / 2_500 if self.kind == "conformance" else 1.5 + states / 10_000
+        return job_cost(self.kind, states, temporal=self.temporal, dump=self.dumps,
+                        then_conformance=self.dumps)
 
 
 class _CheckRun:
@@ -678,8 +715,16 @@ class _CheckRun:
             batches, alone = [], list(self.to_run)
         else:
             batches, alone = plan(self.to_run)
-        return [*(_Job("tlc", b.entries, b) for b in batches),
-                *(_Job("tlc", (e,)) for e in alone)]
+        conform = {e.name for e in self.conform}
+
+        def job(entries: tuple[ModelEntry, ...], batch: Batch | None) -> _Job:
+            host = entries[0] if batch is None else batch.host
+            base = entries[0] if batch is None else batch.base
+            return _Job("tlc", entries, batch,
+                        temporal=bool(parse_cfg(base.cfg_path).properties),
+                        dumps=host is not None and host.name in conform)
+
+        return [*(job(b.entries, b) for b in batches), *(job((e,), None) for e in alone)]
 
     def _run_job(self, job: _Job) -> list[tuple[ModelEntry, TLCResult]] | Row:
         self.cancel.check()  # a queued job never starts after Ctrl-C
