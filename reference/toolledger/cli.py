@@ -598,6 +598,9 @@ def job_cost(kind: str, states: int, *, temporal: bool = False, dump: bool = Fal
     return cost
 
 
+_Future = concurrent.futures.Future[list[tuple[ModelEntry, TLCResult]] | Row]
+
+
 @dataclass(frozen=True, eq=False)
 class _Job:
     """One unit of ``toolledger check``'s work: a TLC run (of one row, or of a
@@ -646,6 +649,7 @@ class _CheckRun:
         # TLC reports once a minute, so the count says when it was counted
         self.states: dict[str, tuple[int, float]] = {}
         self.started_runs = 0
+        self.parsed = False  # SANY's parse of every module is done
         self.finished = 0
         self.to_run: list[ModelEntry] = []
         self.unparsed: dict[str, tuple[SpecError, ...]] = {}
@@ -659,8 +663,16 @@ class _CheckRun:
     def run(self) -> None:
         if self.conform:  # refuses (exit 2) before anything runs if it cannot be checked
             self.package = _reference_package(self.root)
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.jobs)
+        # SANY's parse of every module (one JVM, one core) takes a few
+        # seconds; the longest TLC run starts beside it rather than after it.
+        # Its result counts only if its module parses (a module that does not
+        # parse makes TLC stop at once, and its rows are NOT CHECKED anyway).
+        self.to_run = list(self.models)
+        head = max(self._plan(), key=_Job.cost, default=None)
+        first = None if head is None else self.pool.submit(self._run_job, head)
         self._parse()
-        self._run_all()
+        self._run_all(None if head is None or first is None else (head, first))
 
     def _parse(self) -> None:
         """SANY once over every model's module, before any model runs: a spec
@@ -686,6 +698,7 @@ class _CheckRun:
                 f"({', '.join(names)})"
             )
         self.to_run = [e for e in self.models if e.module not in self.unparsed]
+        self.parsed = True
 
     def _status(self) -> str:
         now = time.monotonic()
@@ -736,7 +749,7 @@ class _CheckRun:
             waiting = len(self.to_run) - self.started_runs
             # the last job alone on the machine may use every slot
             workers = self.jobs if count == 1 and not self.ready else 1
-        if not self.progress.tty:
+        if not self.progress.tty and self.parsed:  # the head job is noted after the parse
             self.progress.note(f"started {job.name} ({count} running, {waiting} waiting)")
         try:
             if job.kind == "conformance":
@@ -804,24 +817,35 @@ class _CheckRun:
             if entry in self.conform:
                 self.ready.append(_Job("conformance", (entry,)))
 
-    def _run_all(self) -> None:
+    def _run_all(self, head: tuple[_Job, _Future] | None = None) -> None:
         """TLC runs and conformance checks, ``--jobs`` at a time.
 
         The most expensive ready job starts first (so that the big models do
         not run last, alone); a model's conformance check becomes ready as
-        soon as its TLC run has dumped its state graph, and goes before the
-        TLC runs still waiting (it is the longer of the two)."""
+        soon as its TLC run has dumped its state graph, and is ranked with
+        the TLC runs still waiting by its own cost.  ``head``: the job
+        started beside the parse (see :meth:`run`) and its future."""
+        pending: dict[_Future, _Job] = {}
+        if head is not None:
+            job, fut = head
+            if all(e.module not in self.unparsed for e in job.entries):
+                pending[fut] = job
+                if not self.progress.tty:
+                    self.progress.note(f"started {job.name} (beside the parse)")
+            else:  # its module does not parse: TLC stopped at once; wait, then drop it
+                concurrent.futures.wait([fut])
+                with self.lock:
+                    self.started_runs -= len(job.entries)
         if not self.to_run:
             return
-        self.ready = self._plan()
-        runs = len(self.ready)
+        self.ready = [j for j in self._plan()
+                      if not any(j.name == p.name for p in pending.values())]
+        runs = len(self.ready) + len(pending)
         self.progress.note(f"running {_plural(len(self.to_run), 'model')} with TLC"
                            + (f" in {runs} runs" if runs != len(self.to_run) else "")
                            + f", {min(self.jobs, runs)} at a time")
         self.progress.live(self._status)
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.jobs)
-        pending: dict[concurrent.futures.Future[list[tuple[ModelEntry, TLCResult]] | Row],
-                      _Job] = {}
+        assert self.pool is not None
         while self.ready or pending:
             while self.ready and len(pending) < self.jobs:
                 job = max(self.ready, key=_Job.cost)
