@@ -277,7 +277,10 @@ def _check(ck: dict[str, Any]) -> list[str]:
     text = (f"**`make check`** (`bench_check.py`): {c['row_count']} rows in {c['tlc_runs']} "
             f"TLC runs, {c['wall_seconds']:.0f} s wall and {c['cpu_seconds']:.0f} s CPU "
             f"(load average {ck['load_average']} at the end: the floor on 2 quiet cores is "
-            f"CPU / 2 = {c['cpu_seconds'] / 2:.0f} s). One JVM start (a 3-state model) costs "
+            f"CPU / 2 = {c['cpu_seconds'] / 2:.0f} s"
+            + (f", and the longest job, {c['longest_job']}, took {c['longest_job_seconds']:.0f} s"
+               if "longest_job" in c else "")
+            + "). One JVM start (a 3-state model) costs "
             f"{f['cpu_seconds']:.2f} s CPU with class-data sharing")
     if f0:
         text += f", {f0['cpu_seconds']:.2f} s without"

@@ -31,6 +31,11 @@ def test_breakdown_counts_a_shared_run_once() -> None:
     assert b["jvm_start_and_parse_seconds"] == 3.0
     assert b["search_seconds"] == 9.0
     assert b["conformance_seconds"] == 7.0
+    # the longest job is the shared run (10 s), not a row's sum
+    assert (b["longest_job"], b["longest_job_seconds"]) == ("Host + 2 probes", 10.0)
+    # the floor: the longest job when it is more than CPU / 2, else CPU / 2
+    assert bench_check.floor_seconds(16.0, b) == 10.0
+    assert bench_check.floor_seconds(30.0, b) == 15.0
 
 
 @pytest.mark.slow

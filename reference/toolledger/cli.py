@@ -564,6 +564,43 @@ def _tlc_jvm_args(cfg: Path) -> tuple[str, ...]:
     return () if parse_cfg(cfg).properties else _TLC_JVM_ARGS
 
 
+# Rough costs of ``toolledger check``'s jobs in CPU seconds, measured on
+# the CI models (benchmarks/bench_check.py): a JVM start and SANY ~1.5 s;
+# TLC's search ~7,000 distinct states/s (5,000 to 17,000 by model); a
+# temporal property ~3x that (the behaviour graph is built as it goes);
+# dumping the state graph for conformance ~3,000 states/s on top (TLC
+# pretty-prints every state and fingerprints both ends of every edge:
+# ReconcileReadonly 4.9 s without, 14.6 s with); the conformance check
+# ~2,500 states/s.
+_JVM_START_SECONDS = 1.5
+_TLC_STATES_PER_SECOND = 7_000
+_TEMPORAL_FACTOR = 3.0
+_DUMP_STATES_PER_SECOND = 3_000
+_CONFORMANCE_STATES_PER_SECOND = 2_500
+
+
+def job_cost(kind: str, states: int, *, temporal: bool = False, dump: bool = False,
+             then_conformance: bool = False) -> float:
+    """The estimated seconds of a job and of the work that must wait for it.
+
+    A TLC run that dumps the state graph for a conformance check counts that
+    check too (it can only start afterwards): the longest chain starts first,
+    so that neither it nor a big run is left alone at the end with a core idle.
+    """
+    if kind == "conformance":
+        return states / _CONFORMANCE_STATES_PER_SECOND
+    search = states / _TLC_STATES_PER_SECOND * (_TEMPORAL_FACTOR if temporal else 1.0)
+    cost = _JVM_START_SECONDS + search
+    if dump:
+        cost += states / _DUMP_STATES_PER_SECOND
+    if then_conformance:
+        cost += job_cost("conformance", states)
+    return cost
+
+
+_Future = concurrent.futures.Future[list[tuple[ModelEntry, TLCResult]] | Row]
+
+
 @dataclass(frozen=True, eq=False)
 class _Job:
     """One unit of ``toolledger check``'s work: a TLC run (of one row, or of a
@@ -572,6 +609,8 @@ class _Job:
     kind: str  # "tlc" or "conformance"
     entries: tuple[ModelEntry, ...]
     batch: Batch | None = None
+    temporal: bool = False  # its cfg checks temporal PROPERTIES
+    dumps: bool = False  # it dumps the state graph for a conformance check
 
     @property
     def name(self) -> str:
@@ -580,12 +619,13 @@ class _Job:
         return self.entries[0].name + (" [conformance]" if self.kind == "conformance" else "")
 
     def cost(self) -> float:
-        """A rough estimate of the job's seconds, to start the longest first."""
+        """A rough estimate of the seconds of the job and of the conformance
+        check waiting for it (:func:`job_cost`), to start the longest first."""
         states = max(e.distinct_states for e in self.entries)
         if self.batch is not None and self.batch.host is not None:
             states = self.batch.host.distinct_states
-        # a JVM start ~1.5 s; TLC ~10,000 states/s; conformance ~2,500 states/s
-        return states / 2_500 if self.kind == "conformance" else 1.5 + states / 10_000
+        return job_cost(self.kind, states, temporal=self.temporal, dump=self.dumps,
+                        then_conformance=self.dumps)
 
 
 class _CheckRun:
@@ -609,6 +649,7 @@ class _CheckRun:
         # TLC reports once a minute, so the count says when it was counted
         self.states: dict[str, tuple[int, float]] = {}
         self.started_runs = 0
+        self.parsed = False  # SANY's parse of every module is done
         self.finished = 0
         self.to_run: list[ModelEntry] = []
         self.unparsed: dict[str, tuple[SpecError, ...]] = {}
@@ -622,8 +663,16 @@ class _CheckRun:
     def run(self) -> None:
         if self.conform:  # refuses (exit 2) before anything runs if it cannot be checked
             self.package = _reference_package(self.root)
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.jobs)
+        # SANY's parse of every module (one JVM, one core) takes a few
+        # seconds; the longest TLC run starts beside it rather than after it.
+        # Its result counts only if its module parses (a module that does not
+        # parse makes TLC stop at once, and its rows are NOT CHECKED anyway).
+        self.to_run = list(self.models)
+        head = max(self._plan(), key=_Job.cost, default=None)
+        first = None if head is None else self.pool.submit(self._run_job, head)
         self._parse()
-        self._run_all()
+        self._run_all(None if head is None or first is None else (head, first))
 
     def _parse(self) -> None:
         """SANY once over every model's module, before any model runs: a spec
@@ -649,6 +698,7 @@ class _CheckRun:
                 f"({', '.join(names)})"
             )
         self.to_run = [e for e in self.models if e.module not in self.unparsed]
+        self.parsed = True
 
     def _status(self) -> str:
         now = time.monotonic()
@@ -678,8 +728,16 @@ class _CheckRun:
             batches, alone = [], list(self.to_run)
         else:
             batches, alone = plan(self.to_run)
-        return [*(_Job("tlc", b.entries, b) for b in batches),
-                *(_Job("tlc", (e,)) for e in alone)]
+        conform = {e.name for e in self.conform}
+
+        def job(entries: tuple[ModelEntry, ...], batch: Batch | None) -> _Job:
+            host = entries[0] if batch is None else batch.host
+            base = entries[0] if batch is None else batch.base
+            return _Job("tlc", entries, batch,
+                        temporal=bool(parse_cfg(base.cfg_path).properties),
+                        dumps=host is not None and host.name in conform)
+
+        return [*(job(b.entries, b) for b in batches), *(job((e,), None) for e in alone)]
 
     def _run_job(self, job: _Job) -> list[tuple[ModelEntry, TLCResult]] | Row:
         self.cancel.check()  # a queued job never starts after Ctrl-C
@@ -691,7 +749,7 @@ class _CheckRun:
             waiting = len(self.to_run) - self.started_runs
             # the last job alone on the machine may use every slot
             workers = self.jobs if count == 1 and not self.ready else 1
-        if not self.progress.tty:
+        if not self.progress.tty and self.parsed:  # the head job is noted after the parse
             self.progress.note(f"started {job.name} ({count} running, {waiting} waiting)")
         try:
             if job.kind == "conformance":
@@ -759,24 +817,35 @@ class _CheckRun:
             if entry in self.conform:
                 self.ready.append(_Job("conformance", (entry,)))
 
-    def _run_all(self) -> None:
+    def _run_all(self, head: tuple[_Job, _Future] | None = None) -> None:
         """TLC runs and conformance checks, ``--jobs`` at a time.
 
         The most expensive ready job starts first (so that the big models do
         not run last, alone); a model's conformance check becomes ready as
-        soon as its TLC run has dumped its state graph, and goes before the
-        TLC runs still waiting (it is the longer of the two)."""
+        soon as its TLC run has dumped its state graph, and is ranked with
+        the TLC runs still waiting by its own cost.  ``head``: the job
+        started beside the parse (see :meth:`run`) and its future."""
+        pending: dict[_Future, _Job] = {}
+        if head is not None:
+            job, fut = head
+            if all(e.module not in self.unparsed for e in job.entries):
+                pending[fut] = job
+                if not self.progress.tty:
+                    self.progress.note(f"started {job.name} (beside the parse)")
+            else:  # its module does not parse: TLC stopped at once; wait, then drop it
+                concurrent.futures.wait([fut])
+                with self.lock:
+                    self.started_runs -= len(job.entries)
         if not self.to_run:
             return
-        self.ready = self._plan()
-        runs = len(self.ready)
+        self.ready = [j for j in self._plan()
+                      if not any(j.name == p.name for p in pending.values())]
+        runs = len(self.ready) + len(pending)
         self.progress.note(f"running {_plural(len(self.to_run), 'model')} with TLC"
                            + (f" in {runs} runs" if runs != len(self.to_run) else "")
                            + f", {min(self.jobs, runs)} at a time")
         self.progress.live(self._status)
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.jobs)
-        pending: dict[concurrent.futures.Future[list[tuple[ModelEntry, TLCResult]] | Row],
-                      _Job] = {}
+        assert self.pool is not None
         while self.ready or pending:
             while self.ready and len(pending) < self.jobs:
                 job = max(self.ready, key=_Job.cost)

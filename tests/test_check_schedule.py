@@ -1,0 +1,61 @@
+"""``toolledger check`` starts the longest chains of work first.
+
+On 2 cores the check is as long as its CPU time / 2 only if no big run is
+left alone at the end; the jobs are started longest first by an estimate
+(:func:`toolledger.cli.job_cost`).  The estimate once counted a Liveness run
+(a temporal property on 40,574 states, ~15-20 s) as a 5.6 s job, so both
+Liveness runs started after every bigger safety model and ran last, side by
+side, while the conformance checks queued behind them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from checker_support import ROOT
+from toolledger.check.manifest import load_manifest
+from toolledger.check.tlc import Cancellation
+from toolledger.cli import _CheckRun, _Job, job_cost
+
+MANIFEST = load_manifest(ROOT)
+
+
+def _ci_plan(tmp_path: Path) -> tuple[_CheckRun, list[_Job]]:
+    models = MANIFEST.ci_models()
+    conform = [e for e in models if e.conformance and e.conformance_tier == "check"]
+    args = argparse.Namespace(jobs=2, trace=False, timeout=None, json=False,
+                              no_conformance=False, all=False, model=None)
+    run = _CheckRun(MANIFEST, models, conform, None, tmp_path, args, Cancellation())
+    run.to_run = list(models)
+    return run, run._plan()
+
+
+def test_a_temporal_property_and_a_state_graph_dump_cost_more() -> None:
+    plain = job_cost("tlc", 40_000)
+    assert job_cost("tlc", 40_000, temporal=True) > plain
+    assert job_cost("tlc", 40_000, dump=True) > plain
+    # a run whose conformance check waits for it carries that check too
+    assert job_cost("tlc", 40_000, dump=True, then_conformance=True) == (
+        job_cost("tlc", 40_000, dump=True) + job_cost("conformance", 40_000))
+
+
+def test_the_liveness_runs_and_the_conformance_chain_start_first(tmp_path: Path) -> None:
+    _, jobs = _ci_plan(tmp_path)
+    order = [j.name for j in sorted(jobs, key=_Job.cost, reverse=True)]
+    first = set(order[:3])
+    assert {"Liveness", "LivenessNoHumanFairness"} <= first, order[:6]
+    # the biggest conformance model's TLC run (it dumps its graph) is in the first three
+    assert any(n.startswith("ReconcileReadonly") for n in first), order[:6]
+    # the old estimate put both Liveness runs after DeepReconcile (58,846 states)
+    cost = {j.name: j.cost() for j in jobs}
+    assert cost["Liveness"] > cost["DeepReconcile"]
+
+
+def test_the_jobs_know_what_they_dump_and_check(tmp_path: Path) -> None:
+    run, jobs = _ci_plan(tmp_path)
+    conform = {e.name for e in run.conform}
+    for j in jobs:
+        host = j.batch.host if j.batch is not None else j.entries[0]
+        assert j.dumps == (host is not None and host.name in conform), j.name
+        assert j.temporal == (j.name in {"Liveness", "LivenessNoHumanFairness"}), j.name
