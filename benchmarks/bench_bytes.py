@@ -1,9 +1,11 @@
 """Where the bytes (and the CPU) of a protected call go, on a SqliteStore.
 
 The workload is ``bench_peers``'s: turns of 5 sequential protected calls of an
-idempotent tool with a trivial effect, each turn a new session, run with
-``Session.execute_many`` (n + 1 commits for n calls, plus the session's
-creation and the assistant message's record).
+idempotent tool with a trivial effect, each turn a new session, run as an
+engine does with ``Session.open(..., lazy_create=True)`` and
+``Session.execute_message``: n + 1 commits for n calls in all (the session's
+creation, the assistant message's record and the first call's dispatched
+share the first).
 
 Three views of the same calls:
 
@@ -70,10 +72,9 @@ def make_turn(store: Any) -> Any:
         return "sent"
 
     def turn(n: int) -> None:
-        s = Session.open(store, f"turn-{n}", tools)
-        recorded = s.record(1, [{"id": f"c{i}", "name": "send", "arguments": {"i": i}}
-                                for i in range(CALLS_PER_TURN)])
-        s.execute_many([(st.call.key, body) for st in recorded])
+        s = Session.open(store, f"turn-{n}", tools, lazy_create=True)
+        s.execute_message(1, [{"id": f"c{i}", "name": "send", "arguments": {"i": i}}
+                              for i in range(CALLS_PER_TURN)], body)
 
     return turn
 
@@ -245,7 +246,8 @@ def run(smoke: bool = False, with_profile: bool = False) -> Result:
     with scratch_dir("bytes") as d:
         m = measure(d, warm, turns)
         p = profile(d, warm, turns) if with_profile or smoke else None
-    heading(f"Bytes per protected call, 5-call turns (execute_many), page size {m['page_size']}")
+    heading(f"Bytes per protected call, 5-call turns (execute_message), page size "
+            f"{m['page_size']}")
     print(table(("what", "per call"), [
         ("commits", f"{m['commits_per_call']:.2f}"),
         ("WAL frames (pages written)", f"{m['wal_frames_per_call']:.2f}"

@@ -43,8 +43,16 @@ What it measures
    its syncs, c; from c the script derives the ceiling no Python work can
    pass (the ratio with c = 0) and how slow a sync must be for the goal.
 
-Goals: exactly 2 ledger commits per protected call and 0 per readonly call;
-ratio >= 0.8.  ``python benchmarks/bench_sqlite.py [--smoke]``.
+   Also the calls of a 5-call assistant message of a NEW session run as an
+   engine does (``Session.open(..., lazy_create=True)`` and
+   ``Session.execute_message``): the session's creation, the message's record
+   and the first ``dispatched`` share one commit, ``succeeded(k)`` and
+   ``dispatched(k+1)`` the next ones: n + 1 commits for n calls, counted by
+   the store's counters and the SQL trace.
+
+Goals: exactly 2 ledger commits per protected call and 0 per readonly call
+(one call per message); (n + 1) / n commits per call of an n-call message of
+a new session, everything included; ratio >= 0.8.  ``python benchmarks/bench_sqlite.py [--smoke]``.
 """
 
 from __future__ import annotations
@@ -162,6 +170,39 @@ def count_commits(directory: Path, n: int, policy: RecoveryPolicy, approval: boo
         store.connection.set_trace_callback(None)
         traced = sum(1 for s in statements if s.strip().upper() == "COMMIT")
         return {
+            "commits_per_call": (store.commits - c0) / n,
+            "ledger_commits_per_call": (store.ledger_commits - l0) / n,
+            "traced_commit_statements_per_call": traced / n,
+        }
+
+
+MESSAGE_CALLS = 5
+"""Calls per assistant message in :func:`count_message_commits`."""
+
+
+def count_message_commits(directory: Path, turns: int) -> Result:
+    """Per-call commits of ``turns`` new sessions of one 5-call message each
+    (``lazy_create`` + ``execute_message``): store counters and the SQL trace,
+    session creation included."""
+    from toolledger import Session, Tool
+
+    tools = {"send": Tool("idempotent", requires_approval=False)}
+    message = [{"id": f"c{i}", "name": "send", "arguments": {"i": i}}
+               for i in range(MESSAGE_CALLS)]
+    with SqliteStore(directory / "count-message.sqlite3") as store:
+        Session.open(store, "warm", tools, lazy_create=True).execute_message(
+            1, message, lambda a: "sent")
+        statements: list[str] = []
+        store.connection.set_trace_callback(statements.append)
+        c0, l0 = store.commits, store.ledger_commits
+        for t in range(turns):
+            Session.open(store, f"turn-{t}", tools, lazy_create=True).execute_message(
+                1, message, lambda a: "sent")
+        store.connection.set_trace_callback(None)
+        traced = sum(1 for s in statements if s.strip().upper() == "COMMIT")
+        n = turns * MESSAGE_CALLS
+        return {
+            "calls_per_message": MESSAGE_CALLS,
             "commits_per_call": (store.commits - c0) / n,
             "ledger_commits_per_call": (store.ledger_commits - l0) / n,
             "traced_commit_statements_per_call": traced / n,
@@ -375,19 +416,27 @@ def run(smoke: bool = False) -> Result:
                                       if v) or "0"
             rows.append((kind, f"{c['ledger_commits_per_call']:g}", f"{c['commits_per_call']:g}",
                          f"{c['traced_commit_statements_per_call']:g}", sync_text))
+        message = count_message_commits(d, n_count)
+        rows.append((f"protected, a new session's {MESSAGE_CALLS}-call message "
+                     "(execute_message)", f"{message['ledger_commits_per_call']:g}",
+                     f"{message['commits_per_call']:g}",
+                     f"{message['traced_commit_statements_per_call']:g}", "-"))
         print(table(("call", "ledger commits", "all commits", "COMMITs traced",
                      "sync syscalls (strace)"), rows))
 
         protected = counts["protected (idempotent), no approval"]
         readonly = counts["readonly, no approval"]
+        message_goal = (MESSAGE_CALLS + 1) / MESSAGE_CALLS
         commits_goal = all(
             c["ledger_commits_per_call"] == (0 if "readonly" in k else 2)
             for k, c in counts.items()
-        )
+        ) and message["commits_per_call"] == message["ledger_commits_per_call"] == message_goal
         agree = all(c["commits_per_call"] == c["traced_commit_statements_per_call"]
-                    for c in counts.values())
+                    for c in [*counts.values(), message])
         print(f"ledger commits: {protected['ledger_commits_per_call']:g} per protected call, "
-              f"{readonly['ledger_commits_per_call']:g} per readonly call; goal exactly 2 and 0: "
+              f"{readonly['ledger_commits_per_call']:g} per readonly call, "
+              f"{message['commits_per_call']:g} per call of a new session's "
+              f"{MESSAGE_CALLS}-call message; goal exactly 2, 0 and {message_goal:g}: "
               f"{'met' if commits_goal else 'NOT met'}; store counters and the SQL trace "
               f"{'agree' if agree else 'DISAGREE'}")
         sync_call = "fdatasync"
@@ -484,6 +533,8 @@ def run(smoke: bool = False) -> Result:
         "commits": counts,
         "ledger_commits_per_protected_call": protected["ledger_commits_per_call"],
         "ledger_commits_per_readonly_call": readonly["ledger_commits_per_call"],
+        "message_commits": message,
+        "commits_per_call_of_a_message": message["commits_per_call"],
         "counters_agree_with_sql_trace": agree,
         "commits_goal_met": commits_goal,
         "sqlite_sync_syscall": sync_call,

@@ -151,9 +151,11 @@ class Killer:
     def __init__(self, kill_at: int) -> None:
         self.kill_at = kill_at
         self.count = 0
+        self.labels: list[str] = []  # of a counting run (--count-io): where each boundary is
 
     def boundary(self, label: str) -> None:
         self.count += 1
+        self.labels.append(label)
         if self.count == self.kill_at:
             sys.stderr.write(f"KILLED-AT {self.count} {label}\n")
             sys.stderr.flush()
@@ -253,13 +255,16 @@ def open_store(d: Path, postgres: str | None) -> Store:
 
 def _drive(mode: EngineMode, policy: RecoveryPolicy, store: Store | None,
            conversations: FileConversationStore, system: CountingExternalSystem,
-           crash: CrashInjector, final: bool) -> str:
+           crash: CrashInjector, final: bool, fused: bool = False) -> str:
+    # fused: the tool needs no approval and the engine runs each message with
+    # Session.execute_message on a lazily created session, so the first commit
+    # creates the session, records the call and dispatches it (TurnEngine(fused=True))
     registry = ToolRegistry()
     registry.register(TOOL, CountingAdapter(system, TOOL, on_request_sent=crash.request_sent),
-                      policy=policy, requires_approval=True)
+                      policy=policy, requires_approval=not fused)
     engine = TurnEngine(session_id=SESSION, mode=mode, registry=registry,
                         provider=ScriptedProvider(SCRIPT), human=ScriptedHuman(default="approve"),
-                        conversations=conversations, store=store, crash=crash)
+                        conversations=conversations, store=store, crash=crash, fused=fused)
 
     def users() -> int:
         return sum(1 for m in engine.messages if m.get("role") == "user")
@@ -292,6 +297,7 @@ def child_main(argv: Sequence[str]) -> int:
     p.add_argument("--fault", action="append", default=[])
     p.add_argument("--deliver-first", action="store_true")
     p.add_argument("--final", action="store_true")
+    p.add_argument("--fused", action="store_true", help="TurnEngine(fused=True), no approval")
     p.add_argument("--postgres", help="conninfo: the store is a PostgresStore on this server")
     p.add_argument("--pg-fault", default="", help="a server fault (bench_pg_faults.FAULTS)")
     p.add_argument("--pg-fault-at", type=int, default=0, help="... at this SQL statement")
@@ -333,7 +339,7 @@ def child_main(argv: Sequence[str]) -> int:
     point = parse_crash_point(mode, a.crash_at) if a.crash_at else None
     crash = CrashInjector(point, how="sigkill")
     try:
-        status = _drive(mode, policy, store, conversations, system, crash, a.final)
+        status = _drive(mode, policy, store, conversations, system, crash, a.final, a.fused)
     except (StoreCorrupt, UnsupportedSchema) as exc:
         # The store checks what it reads when it reads it: damage in the rows
         # a recovery needs is found on the first read of them, before any
@@ -348,6 +354,7 @@ def child_main(argv: Sequence[str]) -> int:
     if store is not None:
         store.close()
     print(json.dumps({"status": status, "boundaries": killer.count,
+                      "labels": killer.labels if a.count_io else [],
                       "statements": statements.count,
                       "seconds": time.perf_counter() - started}), flush=True)
     return 0
@@ -373,12 +380,13 @@ class Phase:
 
 @dataclass(frozen=True)
 class RunSpec:
-    kind: str  # point | io | timer | multi | legacy-control
+    kind: str  # point | io | timer | multi | fused | legacy-control
     policy: RecoveryPolicy
     label: str
     phases: tuple[Phase, ...]
     mode: EngineMode = EngineMode.LEDGER
     postgres: str | None = None  # conninfo: PostgresStore instead of SqliteStore
+    fused: bool = False  # the engine's fused path (no approval, Session.execute_message)
 
 
 COUNTERS = ("duplicates", "lost", "fabricated", "contradicted", "unsettled",
@@ -410,6 +418,8 @@ def _child_cmd(spec: RunSpec, d: Path, phase: Phase, final: bool, count: bool = 
            "--policy", spec.policy.value]
     if spec.postgres is not None:
         cmd += ["--postgres", spec.postgres]
+    if spec.fused:
+        cmd.append("--fused")
     if phase.pg_fault:
         cmd += ["--pg-fault", phase.pg_fault, "--pg-fault-at", str(phase.pg_fault_at),
                 "--pg-postmaster", str(postmaster)]
@@ -656,17 +666,24 @@ def execute(spec: RunSpec, base: Path, *, postmaster: Callable[[], int] | None =
     return report
 
 
-def clean_profile(policy: RecoveryPolicy, base: Path, postgres: str | None = None
-                  ) -> tuple[int, float]:
+def clean_profile(policy: RecoveryPolicy, base: Path, postgres: str | None = None,
+                  fused: bool = False) -> tuple[int, float]:
     """I/O boundaries and seconds (after ready) of one complete run without a crash."""
+    n, secs, _ = clean_run(policy, base, postgres, fused)
+    return n, secs
+
+
+def clean_run(policy: RecoveryPolicy, base: Path, postgres: str | None = None,
+              fused: bool = False) -> tuple[int, float, list[str]]:
+    """:func:`clean_profile`, and the label of every I/O boundary, in order."""
     d = Path(tempfile.mkdtemp(prefix="clean-", dir=base))
     try:
-        spec = RunSpec("clean", policy, "clean", (), postgres=postgres)
+        spec = RunSpec("clean", policy, "clean", (), postgres=postgres, fused=fused)
         out = run_child(_child_cmd(spec, d, Phase(), final=True, count=True))
         if out.returncode != 0:
             raise RuntimeError(f"a clean run of {policy} failed: {out.stderr[-800:]}")
         data = json.loads(out.stdout.strip().splitlines()[-1])
-        return int(data["boundaries"]), float(data["seconds"])
+        return int(data["boundaries"]), float(data["seconds"]), list(data["labels"])
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -684,10 +701,21 @@ _FAULTS: Mapping[RecoveryPolicy, tuple[str, ...]] = {
 
 def plan(policies: Sequence[RecoveryPolicy], profiles: Mapping[RecoveryPolicy, tuple[int, float]],
          *, points: str, io: int, timer: int, multi: int, seed: int,
-         legacy_control: bool) -> list[RunSpec]:
-    """The runs of a campaign (deterministic for a seed)."""
+         legacy_control: bool,
+         fused: Mapping[RecoveryPolicy, tuple[int, float]] | None = None) -> list[RunSpec]:
+    """The runs of a campaign (deterministic for a seed).
+
+    ``fused``: the clean profiles of the engine's fused path per policy; each
+    gets a kill at every one of its I/O boundaries (with ``io < 0``; else
+    ``io`` random ones), so also before, inside and after the commit that
+    creates the session, records the call and dispatches it."""
     rng = random.Random(seed)
     specs: list[RunSpec] = []
+    for pol, (n, _) in (fused or {}).items():
+        ks = range(1, n + 1) if io < 0 else [rng.randint(1, n) for _ in range(io)]
+        for k in ks:
+            specs.append(RunSpec("fused", pol, f"fused io boundary {k}/{n}",
+                                 (Phase(kill_at_io=k),), fused=True))
     for pol in policies:
         if points == "all":
             chosen = [p for p in crash_points("ledger") if p.reached_by(pol)]
@@ -792,15 +820,16 @@ def corruption_trial(base_dir: Path, work: Path, how: str, rng: random.Random,
             elif "StoreCorrupt" not in out.stderr or str(db) not in out.stderr:
                 report.wrote_anyway += 1
                 report.problems.append(f"{what}: the error does not name StoreCorrupt and the "
-                                       f"file: {out.stderr[-300:]}")
+                                       f"file: {out.stderr[-300:].replace(str(d), '<run>')}")
             else:
                 report.detected += 1
         elif out.returncode == 0 and _logical_of_copy(base_dir, db, damaged) == original:
             report.harmless += 1
         else:
             report.silent += 1
-            report.problems.append(f"{what}: exit {out.returncode}, not failed closed: "
-                                   f"{out.stderr[-300:]}")
+            # the run's scratch directory is no part of the finding (results.json is tracked)
+            said = out.stderr[-300:].replace(str(d), "<run>")
+            report.problems.append(f"{what}: exit {out.returncode}, not failed closed: {said}")
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -968,7 +997,7 @@ def summarize(reports: Sequence[RunReport]) -> dict[str, Any]:
     for r in reports:
         if r.kind in ("point", "legacy-control"):
             label = r.label
-        elif r.kind == "io":
+        elif r.kind in ("io", "fused"):
             label = r.killed_at[0] if r.killed_at else "(not reached)"
         else:
             label = r.kind
@@ -995,6 +1024,7 @@ def run_campaign(
     corruption_trials: int = 40,
     fuzz_examples: int = 300,
     legacy_control: bool = True,
+    fused: bool = True,
     parallel: int = 2,
     seed: int = 443,
     verbose: bool = True,
@@ -1011,8 +1041,13 @@ def run_campaign(
         profiles = {p: clean_profile(p, base) for p in policies}
         for p, (n, secs) in profiles.items():
             say(f"  clean run, {p.value}: {n} I/O boundaries, {secs * 1000:.0f} ms after ready")
+        fused_profiles = {p: clean_profile(p, base, fused=True) for p in policies} if fused \
+            else {}
+        for p, (n, secs) in fused_profiles.items():
+            say(f"  clean run, fused, {p.value}: {n} I/O boundaries, "
+                f"{secs * 1000:.0f} ms after ready")
         specs = plan(policies, profiles, points=points, io=io, timer=timer, multi=multi,
-                     seed=seed, legacy_control=legacy_control)
+                     seed=seed, legacy_control=legacy_control, fused=fused_profiles)
         say(f"  {len(specs)} runs, {parallel} at a time")
         reports: list[RunReport] = []
         with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
@@ -1033,7 +1068,7 @@ def run_campaign(
     totals = {k: sum(r.counts[k] for r in ledger_reports) for k in COUNTERS}
     kills = sum(r.kills for r in ledger_reports)
     by_kind = {k: sum(r.kills for r in ledger_reports if r.kind == k)
-               for k in ("point", "io", "timer", "multi")}
+               for k in ("point", "io", "timer", "multi", "fused")}
     control_dups = sum(r.counts["duplicates"] for r in control)
     all_zero = (not any(totals.values()) and corruption.silent == 0
                 and corruption.wrote_anyway == 0

@@ -373,6 +373,16 @@ def _peers(pe: dict[str, Any]) -> list[str]:
                     f"model @{ms.get('slow', '-')} ms", "toolledger / it", "model error",
                     "syncs / call", "KB written / call", "CPU ms / call"),
                    rows, right=tuple(range(1, 13))))
+    bounds = [(peer, gl) for peer, gl in (pe.get("goals") or {}).items()
+              if isinstance(gl, dict) and "ratio_sync_bound" in gl]
+    if bounds:
+        out += ["", "Where syncs bound the work (a slow enough disk), toolledger / it tends to "
+                "its syncs per call over toolledger's: " + ", ".join(
+                    f"{peer} {gl['ratio_sync_bound']:.2f}" for peer, gl in bounds)
+                + "; at one sync per sequential protected call (the protocol's floor: "
+                "`dispatched` is durable before the tool runs) it would be " + ", ".join(
+                    f"{peer} {gl['ratio_sync_bound_at_one_sync_per_call']:.2f}"
+                    for peer, gl in bounds) + "."]
     out += ["", "A SIGKILL between the effect and the system's checkpoint, then the "
             "documented resume; effects the external system applied:", ""]
     out.append(_md(("system", "policy", "effects", "duplicates"),
@@ -384,10 +394,11 @@ def _peers(pe: dict[str, Any]) -> list[str]:
 def _bytes(by: dict[str, Any]) -> list[str]:
     """Where a protected call's bytes go (bench_bytes), and the top of its CPU profile."""
     m = by["measured"]
-    out = ["", f"**Bytes per protected call** (`bench_bytes.py`): 5-call turns with "
-           f"`execute_many` on a SqliteStore (page size {m['page_size']}), the `-wal` parsed "
-           f"frame by frame and each page attributed by `dbstat`: {m['commits_per_call']:.2f} "
-           f"commits, {m['wal_frames_per_call']:.2f} WAL frames "
+    out = ["", f"**Bytes per protected call** (`bench_bytes.py`): 5-call turns, each a new "
+           "session run with `lazy_create` + `execute_message` (n + 1 commits for n calls, "
+           f"the session's creation included) on a SqliteStore (page size {m['page_size']}), "
+           "the `-wal` parsed frame by frame and each page attributed by `dbstat`: "
+           f"{m['commits_per_call']:.2f} commits, {m['wal_frames_per_call']:.2f} WAL frames "
            f"({m['wal_frames_per_commit']:.2f} per commit), "
            f"{m['wal_bytes_per_call'] / 1024:.1f} KB of WAL, "
            f"{m['checkpoint_bytes_per_call'] / 1024:.1f} KB checkpointed; the floor of this "

@@ -96,8 +96,11 @@ def goals(b: dict[str, Any]) -> list[dict[str, Any]]:
          " vs TLC with dump)", _get(c, "goal_met"))
     lp = _get(s, "ledger_commits_per_protected_call")
     lr = _get(s, "ledger_commits_per_readonly_call")
-    goal("ledger commits per protected / readonly call", "2 / 0",
-         None if lp is None else f"{lp:g} / {lr:g}", _get(s, "commits_goal_met"))
+    lm = _get(s, "commits_per_call_of_a_message")
+    goal("ledger commits per protected / readonly call (one call per message); all commits "
+         "per call of a new session's 5-call message", "2 / 0; 6 / 5",
+         None if lp is None else f"{lp:g} / {lr:g}; "
+         + ("not measured" if lm is None else f"{lm:g}"), _get(s, "commits_goal_met"))
     gv, against = _get(s, "goal_ratio_value"), _get(s, "goal_ratio_against")
     goal("protected calls/s x 2 / raw syncs/s", ">= 0.8",
          None if gv is None else f"{gv:.2f} (against raw {against})", _get(s, "ratio_goal_met"))

@@ -74,7 +74,9 @@ class BlindMemoryStore(MemoryStore):
         *,
         arguments: Mapping[p.CallPosition, Mapping[str, Any]] | None = None,
         epoch: int | None = None,
+        create: bool = False,
     ) -> None:
+        assert not create, "the engines of this test open sessions that exist"
         s = self._session(session_id)
         plan = plan_commit(session_id, before, after, audit_rows, arguments)
         if plan.empty:

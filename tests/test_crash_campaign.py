@@ -135,3 +135,29 @@ def test_the_framework_checks_catch_a_broken_integration(tmp_path: Path) -> None
                            fork=True)
     assert fixed.applied == 1 and frameworks.check(fixed).counts == dict.fromkeys(
         frameworks.COUNTERS, 0)
+
+
+@pytest.mark.parametrize("policy", [RecoveryPolicy.MANUAL, RecoveryPolicy.IDEMPOTENT])
+def test_fused_path_kills_around_the_commit_that_creates_the_session(
+    tmp_path: Path, policy: RecoveryPolicy
+) -> None:
+    """TurnEngine(fused=True): the first commit creates the session, records the call and
+    dispatches it.  A SIGKILL before its BEGIN, inside it, right before its COMMIT and
+    right after it: a restarted engine re-records (nothing was durable) or finds the
+    call dispatched-and-unknown; every run ends all zero, the effect at most once."""
+    n, _, labels = cc.clean_run(policy, tmp_path, fused=True)
+    assert len(labels) == n
+    created = labels.index("before SQL INSERT sessions")
+    begin = max(i for i in range(created) if labels[i] == "before SQL BEGIN IMMEDIATE")
+    commit = labels.index("before SQL COMMIT", created)
+    # the fused transaction holds the session's row, the call and its ledger record
+    inside = labels[begin:commit]
+    assert any("INSERT calls" in x for x in inside) and any("INSERT ledger" in x
+                                                            for x in inside), inside
+    assert "before external request" not in " ".join(labels[:commit])  # nothing sent before
+    for k in sorted({begin + 1, (begin + commit) // 2 + 1, commit + 1, commit + 2}):
+        r = cc.execute(cc.RunSpec("fused", policy, f"k{k}", (cc.Phase(kill_at_io=k),),
+                                  fused=True), tmp_path)
+        assert r.kills == 1, (k, labels[k - 1])
+        assert r.counts == dict.fromkeys(cc.COUNTERS, 0), (k, labels[k - 1], r.problems)
+        assert r.final_status == "done", (k, r.final_status)

@@ -113,6 +113,7 @@ class Kit:
         *,
         crash_at: str | None = None,
         human: ScriptedHuman | None = None,
+        fused: bool = False,
     ) -> TurnEngine:
         for store in self.stores:
             store.close()  # the previous process is gone
@@ -127,7 +128,7 @@ class Kit:
         return TurnEngine(session_id=SESSION_ID, registry=registry,
                           provider=ScriptedProvider(script), human=human or ScriptedHuman(),
                           conversations=FileConversationStore(self.dir / "conversation"),
-                          store=store, crash=crash)
+                          store=store, crash=crash, fused=fused)
 
     def close(self) -> None:
         for store in self.stores:
@@ -406,3 +407,44 @@ def test_a_stop_before_dispatch_is_a_spec_behaviour(tmp_path: Path) -> None:
     assert "EnginePersistDispatched" not in actions and "EngineInvokeAdapter" not in actions
     i = actions.index("HumanCancel")
     assert actions[i + 1] == "Recover"
+
+
+@pytest.mark.parametrize("policy", ["manual", "idempotent", "reconcile"])
+def test_fused_runs_of_the_engine_are_spec_behaviours(policy: str, tmp_path: Path) -> None:
+    """TurnEngine(fused=True), a tool needing no approval: the first commit creates the
+    session, records the call and dispatches it.  A clean run, a run with a lost answer,
+    and a run that crashes right after that first commit (then a new process resumes;
+    a halted manual call is resolved by a human who looked at the outbox) are
+    validated by TLC; the fused batch is one
+    ``Logged`` entry whose actions are consecutive spec steps."""
+    tools = {TOOL: (policy, False)}
+    script: list[Sequence[dict[str, Any]] | str] = [
+        [tool_call("call_0", TOOL, ARGUMENTS)], "The email is sent."]
+    runs = []
+    for name, faults, crash_at in (("clean", [], None),
+                                   ("lost-answer", [Fault.LOSE_ANSWER], None),
+                                   ("crash", [], "after EnginePersistDispatched")):
+        kit = Kit(tmp_path, f"fused-{policy}-{name}")
+        kit.system.fault(*faults)
+        with kt.KitRecorder() as recorder:
+            try:
+                result = kit.engine(tools, script, crash_at=crash_at, fused=True).run(USER_TEXT)
+            except SimulatedCrash:
+                result = kit.engine(tools, script, fused=True).resume()
+            if result.status is TurnStatus.RECOVERY_REQUIRED:
+                # manual: a careful human looks at the outbox first
+                applied = CountingExternalSystem(kit.system.path).effects() > 0
+                result = kit.engine(tools, script, fused=True).resolve_recovery(
+                    result.halted[0], "applied" if applied else "retry",
+                    result_text="a human checked the outbox" if applied else None)
+        kit.close()
+        assert result.status is TurnStatus.DONE, (name, result)
+        world = CountingExternalSystem(kit.system.path)
+        assert world.effects() == 1, name  # once, whatever happened
+        runs.append(KitRun(f"fused {policy} {name}", recorder.of(SESSION_ID), world))
+    first = next([ev.action.value for ev in e.events] for e in runs[0].recording if e.events)
+    assert first == ["ProviderEmitCall", "EnginePersistCall", "EnginePersistDispatched"]
+    cfg = kt.kit_config([r.recording for r in runs])
+    result_, _ = validate(cfg, runs)
+    assert result_.ok, result_.describe() + "\n" + result_.tlc.output[-2000:]
+    assert "Crash" in runs[2].actions(cfg)

@@ -721,3 +721,18 @@ def test_text_that_is_not_utf8_fails_closed(tmp_path: Path) -> None:
     by_hand(path, "UPDATE calls SET tool_call_id = CAST(x'ff00fe' AS TEXT) WHERE slot = 0")
     error = refuse(path, StoreCorrupt, "Could not decode to UTF-8")
     assert "reading failed" in str(error)
+
+
+def test_a_damaged_byte_in_the_schema_text_is_refused_as_corrupt(tmp_path: Path) -> None:
+    """The crash campaign's damaged-byte trial: 'approved' -> '&pproved' in the text of
+    the approvals table's CHECK constraint.  The columns are unchanged, but SQLite would
+    now refuse every approved row; the open compares the schema's text and fails closed."""
+    path = tmp_path / "s.sqlite3"
+    with SqliteStore(path) as store:
+        store.create_session("s", marker=0, max_attempts=3)
+    data = path.read_bytes()
+    at = data.index(b"'approved'")
+    path.write_bytes(data[:at + 1] + b"&" + data[at + 2:])
+    with pytest.raises(StoreCorrupt, match="schema text of approvals"):
+        SqliteStore(path)
+    assert path.read_bytes()[at + 1:at + 2] == b"&"  # nothing was written

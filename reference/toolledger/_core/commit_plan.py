@@ -47,6 +47,7 @@ __all__ = [
     "CommitPlan",
     "arguments_json",
     "call_view",
+    "check_new_session",
     "durable_projection",
     "last_durable_turn",
     "plan_commit",
@@ -225,6 +226,10 @@ RELOAD: Final = (
     "durable state, volatile stages dropped)"
 )
 """How every error that asks for a reload says it: naming the method to call."""
+_CREATED_SINCE: Final = (
+    "session {session_id!r} was created by another engine since this one opened it (this "
+    "commit was to create it): nothing was written; " + RELOAD
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -529,6 +534,25 @@ def _identity(c: CallState) -> tuple[object, ...]:
 def _check_session_values(session_id: str, marker: int, max_attempts: int) -> None:
     # new_session validates exactly as the core does, with its messages.
     new_session(session_id, marker=marker, max_attempts=max_attempts)
+
+
+def check_new_session(session_id: str, before: SessionState) -> tuple[int, int]:
+    """The ``(marker, max_attempts)`` of a session a commit creates (``commit(create=True)``).
+
+    A session created by its first commit starts from the core's initial
+    state (:func:`~toolledger._core.state.new_session`): ``before`` must be
+    exactly that, for this session id, or the commit would write the changes
+    of a history that is not durable anywhere.
+    """
+    _check_session_values(session_id, before.marker, before.max_attempts)
+    initial = new_session(session_id, marker=before.marker, max_attempts=before.max_attempts)
+    if before != initial:
+        raise InvalidInput(
+            f"a commit that creates session {session_id!r} must start from its initial "
+            "state (no calls, approvals, records or audit keys): open the session's "
+            "ledger with Ledger.new() and commit its first step; nothing was written"
+        )
+    return before.marker, before.max_attempts
 
 
 def _resumed(call: CallState) -> CallState:

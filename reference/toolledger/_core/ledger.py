@@ -20,6 +20,14 @@ ledger commits: ``dispatched``, then ``succeeded`` + the tool result.  A
 transition that changes nothing durable (``EngineInvokeAdapter``,
 ``EngineTimeout``, a readonly tool's invocation) commits nothing.
 
+A session may be created by its first commit (:meth:`Ledger.new`): until
+then it exists in memory only, as the core's initial state, and its first
+non-empty commit inserts the session together with what that step made
+durable, in ONE transaction.  A crash before that commit leaves no trace of
+the session (the engine re-runs the turn from its conversation, as for a
+crash before any commit); after it the session is as if it had been
+created first and the step committed next.
+
 Audit rows are derived from the audit keys the transition adds
 (``after.audit - before.audit``), enriched with the call (tool_call_id,
 position), the attempt's authorization, the recovery decision the row
@@ -83,9 +91,17 @@ from .protocol import (
     args_digest,
     check_call_position,
     decide_recovery,
+    new_session,
     recovery_inputs,
 )
-from .stores import AuditRow, Store, arguments_json, last_durable_turn, working_set
+from .stores import (
+    AuditRow,
+    Store,
+    UnknownSession,
+    arguments_json,
+    last_durable_turn,
+    working_set,
+)
 
 __all__ = ["RESOLUTIONS", "Ledger"]
 
@@ -157,6 +173,9 @@ class Ledger:
         # Seconds since the epoch: the dispatch time kept in each record, and
         # the "now" that decides whether an idempotency key is still retained.
         self._clock = clock
+        # True until the first commit of a session that does not exist yet (new()):
+        # that commit creates it.
+        self._create = False
         self._state = store.load_working_set(session_id)
         # Volatile, like the stages: lost by crash().
         self._arguments: dict[CallPosition, str] = {}
@@ -175,6 +194,47 @@ class Ledger:
         """Create the session in ``store`` (durably) and return its ledger."""
         store.create_session(session_id, marker=marker, max_attempts=max_attempts)
         return cls(store, session_id, clock=clock)
+
+    @classmethod
+    def new(
+        cls,
+        store: Store,
+        session_id: str,
+        *,
+        marker: int = 0,
+        max_attempts: int = 3,
+        clock: Callable[[], float] = time.time,
+    ) -> Ledger:
+        """The ledger of a new session that its first commit creates (nothing is written now).
+
+        Unlike :meth:`create` (one transaction for the empty session, then one
+        per step), the session's row is inserted by the first commit that
+        writes anything, in that same transaction (``Store.commit(...,
+        create=True)``): opening a session, recording an assistant message's
+        calls and dispatching the first of them can be ONE transaction.
+        Nothing is read either: if the session exists by then (it did
+        already, or another engine created it since), that commit raises
+        :class:`~toolledger._core.stores.StaleState` and writes nothing; the
+        ledger reloads (:meth:`reload`) and its engine decides again on what
+        is durable.
+        """
+        initial = new_session(session_id, marker=marker, max_attempts=max_attempts)
+        ledger = cls.__new__(cls)
+        ledger._store = store
+        ledger._session_id = session_id
+        ledger._epoch = None
+        ledger._clock = clock
+        ledger._create = True
+        ledger._state = initial
+        ledger._arguments = {}
+        ledger._decisions = {}
+        return ledger
+
+    @property
+    def created(self) -> bool:
+        """Whether the session is in the store (``False``: a :meth:`new` one before its
+        first commit)."""
+        return not self._create
 
     def __repr__(self) -> str:
         return f"Ledger({self._store!r}, {self._session_id!r})"
@@ -220,6 +280,8 @@ class Ledger:
         calls outside the working set sit at stage ``NONE``, as they would in
         memory.
         """
+        if self._create:  # nothing is stored yet (new())
+            return self._state
         stored = self._store.load(self._session_id)
         mine = {c.position: c for c in self._state.calls}
         calls = tuple(
@@ -306,7 +368,15 @@ class Ledger:
         :class:`~toolledger._core.stores.StaleState`: another engine changed the
         session), then decide again on what is durable.
         """
-        self._state = self._store.load_working_set(self._session_id)
+        try:
+            self._state = self._store.load_working_set(self._session_id)
+            self._create = False
+        except UnknownSession:
+            if not self._create:
+                raise
+            # a new() session before its first commit: nothing of it is durable
+            self._state = new_session(self._session_id, marker=self._state.marker,
+                                      max_attempts=self._state.max_attempts)
         self._arguments.clear()
         self._decisions.clear()
         return self._state
@@ -389,6 +459,8 @@ class Ledger:
 
     def audit(self) -> list[AuditRow]:
         """The session's audit rows, as stored, oldest first."""
+        if self._create:  # nothing is stored yet (new())
+            return []
         return self._store.audit(self._session_id)
 
     def call_arguments(self, position: CallPosition) -> dict[str, Any] | None:
@@ -510,7 +582,12 @@ class Ledger:
                 and c.position not in was_durable
                 and c.position in pending
             }
-            if self._epoch is None:
+            if self._create:  # the session's first commit creates it (new())
+                self._store.commit(
+                    self._session_id, start, state, rows, arguments=new_args, create=True
+                )
+                self._create = False
+            elif self._epoch is None:
                 self._store.commit(self._session_id, start, state, rows, arguments=new_args)
             else:
                 self._store.commit(

@@ -90,6 +90,7 @@ from .rows import (
     stored_difference,
 )
 from .stores import (
+    _CREATED_SINCE,
     RELOAD,
     AuditRow,
     CallView,
@@ -99,6 +100,7 @@ from .stores import (
     UnknownSession,
     _check_session_values,
     check_lease,
+    check_new_session,
     plan_commit,
 )
 
@@ -548,20 +550,30 @@ class PostgresStore(PgConnection):
         *,
         arguments: Mapping[CallPosition, Mapping[str, Any]] | None = None,
         epoch: int | None = None,
+        create: bool = False,
     ) -> None:
         """Make the transition ``before -> after`` durable in one transaction.
 
+        With ``create=True`` the transaction first inserts the session's row
+        (the session's first commit creates it; one that exists by then is
+        :class:`~toolledger._core.stores.StaleState`, nothing written).
         Takes the session's row lock, checks the lease epoch if ``epoch`` is
         given (:class:`~toolledger._core.stores.LeaseLost` when another worker
         took the session since, nothing written), checks that what the commit was decided
         on is still stored (else :class:`~toolledger._core.stores.StaleState`,
         nothing written), writes, and returns after ``COMMIT``.
         """
+        created = check_new_session(session_id, before) if create else None
         plan = plan_commit(session_id, before, after, audit_rows, arguments)
         if plan.empty:
             return
 
         def body(conn: psycopg.Connection[Any]) -> None:
+            if created is not None:
+                row = {"session_id": session_id, "marker": created[0],
+                       "max_attempts": created[1], "epoch": 0}
+                if self._insert(conn, "sessions", row).rowcount != 1:
+                    raise StaleState(_CREATED_SINCE.format(session_id=session_id))
             if epoch is not None:
                 check_lease(
                     session_id,

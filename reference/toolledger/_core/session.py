@@ -24,6 +24,12 @@ the order and with the transactions the spec checks:
   attempt number (:class:`Attempt`); the outcome is classified and recorded,
   ``succeeded`` + the tool result in ONE transaction.  A protected call costs
   exactly two transactions, a ``readonly`` call no ledger transaction.
+- :meth:`Session.execute_many` runs calls in sequence with fewer commits
+  (``succeeded(k)`` + ``dispatched(k+1)`` in one), and
+  :meth:`Session.execute_message` records a message and runs its calls that
+  need no human, the first ``dispatched`` in the record's transaction (and,
+  on a session opened with ``lazy_create=True``, the session's creation
+  too): n + 1 commits for a new session's n protected calls.
 - :meth:`Session.recover` says, for every call the restarted (or the live)
   engine must still act on, what to do next (:class:`Next`), with the core's
   recovery decision and its inputs; a retry runs through :meth:`Session.execute`
@@ -225,8 +231,16 @@ class Session(LedgerGuard):
         legacy_approvals: Mapping[str, str] | None = None,
         take_session: bool = False,
         clock: Callable[[], float] = time.time,
+        lazy_create: bool = False,
     ) -> Session:
         """The session ``session_id`` of ``store``, created if it does not exist.
+
+        ``lazy_create=True``: a session that does not exist is created by its
+        first commit, in that commit's transaction, instead of by a commit of
+        its own now (:meth:`~toolledger._core.ledger.Ledger.new`); with
+        :meth:`execute_message`, opening the session, recording the
+        message's calls and dispatching the first one are then ONE
+        transaction.  A crash before it leaves no trace of the session.
 
         With ``legacy_messages`` (the conversation so far, of a session that
         ran without the ledger), a new session is adopted (:meth:`adopt`).
@@ -244,7 +258,8 @@ class Session(LedgerGuard):
             if legacy_messages:
                 return cls.adopt(store, session_id, legacy_messages, tools,
                                  approvals=legacy_approvals, max_attempts=max_attempts)
-            ledger = Ledger.create(store, session_id, max_attempts=max_attempts, clock=clock)
+            make = Ledger.new if lazy_create else Ledger.create
+            ledger = make(store, session_id, max_attempts=max_attempts, clock=clock)
         else:
             marker = ledger.state.marker
             if legacy_messages and marker > 0 and not ledger.state.calls:
@@ -356,6 +371,58 @@ class Session(LedgerGuard):
         nothing new and returns the calls' status (a call interrupted by a
         restart gets its recovery decision first, as in :meth:`recover`).
         """
+        return self._record(seq, calls, requires_approval, dispatch_first=False)
+
+    def execute_message(
+        self,
+        seq: int,
+        calls: Sequence[Mapping[str, Any]],
+        fn: Callable[[Attempt], object],
+        *,
+        requires_approval: Sequence[bool | None] | None = None,
+    ) -> list[CallStatus]:
+        """Record the calls of the assistant message ``seq`` and run those that need no human.
+
+        What an engine does with an assistant message: :meth:`record` its
+        calls, then run, in the message's order, every call that can run
+        now (needs no approval, or is a re-recorded call to execute or
+        retry), each as ``fn(attempt)`` (``attempt.call`` names the call and
+        its tool; the return is the result, as in :meth:`execute`), as
+        :meth:`execute_many` does.  Calls waiting for an approval, halted or
+        to be reconciled are left as they are; their status says what next.
+        Returns the status of every call of the message, in order.
+
+        The difference is the number of commits.  When the first call to run
+        is protected, its ``dispatched`` goes into the transaction that
+        records the message (the spec's ``EnginePersistCall`` ... then
+        ``EnginePersistDispatched``, consecutive steps, one commit); with
+        :meth:`open` ``(lazy_create=True)`` on a new session, that same
+        transaction creates the session.  Then ``succeeded(k)`` + its result
+        and ``dispatched(k+1)`` share one commit (:meth:`execute_many`).  So n
+        protected calls of a new session take n + 1 commits in all, instead
+        of n + 2 (record, then n + 1) or 2n + 2.  Nothing is acted on before
+        the commit that makes it durable: a crash before the first commit
+        leaves nothing (the engine re-runs the turn from its conversation);
+        after it, the first call is dispatched-and-unknown, exactly as after
+        its own dispatch commit.  Bad input is refused before anything is
+        written or run.
+        """
+        if not callable(fn):
+            raise InvalidInput(f"execute_message: fn must be a callable taking the Attempt, got "
+                               f"{fn!r}; nothing was recorded")
+        recorded = self._record(seq, calls, requires_approval, dispatch_first=True)
+        runnable = [st.call.key for st in recorded if st.next in (Next.EXECUTE, Next.RETRY)]
+        ran = dict(zip(runnable, self.execute_many([(k, fn) for k in runnable]), strict=True))
+        return [ran.get(st.call.key, st) for st in recorded]
+
+    def _record(
+        self,
+        seq: int,
+        calls: Sequence[Mapping[str, Any]],
+        requires_approval: Sequence[bool | None] | None,
+        *,
+        dispatch_first: bool,
+    ) -> list[CallStatus]:
         check_seq(seq)
         if isinstance(calls, Mapping) or not isinstance(calls, Sequence):
             raise InvalidInput(f"calls must be a list of call dicts, got {type(calls).__name__}")
@@ -402,6 +469,12 @@ class Session(LedgerGuard):
             events += [Event(Action.EngineParkApproval, pos)
                        for pos, prof in zip(positions, profiles, strict=True)
                        if prof.requires_approval]
+            runnable = [(pos, prof) for pos, prof in zip(positions, profiles, strict=True)
+                        if not prof.requires_approval]
+            if dispatch_first and runnable and runnable[0][1].protected:
+                # execute_message runs this call next: its dispatched joins the record
+                # commit (a readonly first call runs with no commit: nothing to join)
+                events.append(Event(Action.EnginePersistDispatched, runnable[0][0]))
             arguments = {pos: args for pos, (_, _, args) in zip(positions, parsed, strict=True)}
             self._step_many(events, arguments=arguments)
             return [self._status_now(self._find_at(pos)) for pos in positions]

@@ -12,6 +12,7 @@ file's bytes before SQLite touches it (never writing).
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
@@ -170,6 +171,29 @@ _SCHEMA: Final[tuple[str, ...]] = (
 _OBJECTS: Final = frozenset(
     {"calls_open", "audit_by_session", "audit_no_update", "audit_no_delete"}
 )
+
+
+_SCHEMA_TEXT: dict[str, str] = {}
+
+
+def schema_text() -> Mapping[str, str]:
+    """Name -> the SQL text SQLite keeps in ``sqlite_master`` for each table, index and
+    trigger of this schema version (as SQLite stores it: from an in-memory database).
+
+    Opening a store compares its objects' text with this: a damaged byte in the
+    schema's own text (a CHECK constraint's list, a column's type) changes what
+    SQLite enforces without changing the column names, so only the text tells."""
+    if not _SCHEMA_TEXT:
+        conn = sqlite3.connect(":memory:")
+        try:
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            _SCHEMA_TEXT.update(
+                (str(name), str(sql)) for name, sql in conn.execute(
+                    "SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL"))
+        finally:
+            conn.close()
+    return _SCHEMA_TEXT
 
 
 # --------------------------------------------------------------------------

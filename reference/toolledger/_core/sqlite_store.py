@@ -149,8 +149,10 @@ from .sqlite_schema import (
     PAGE_SIZE,
     SCHEMA_VERSION,
     _check_file,
+    schema_text,
 )
 from .stores import (
+    _CREATED_SINCE,
     RELOAD,
     AuditRow,
     SessionExists,
@@ -161,6 +163,7 @@ from .stores import (
     UnsupportedSchema,
     _check_session_values,
     check_lease,
+    check_new_session,
     plan_commit,
 )
 
@@ -378,6 +381,15 @@ class SqliteStore(SqliteRows):
             missing = sorted(_OBJECTS - objects)
             if missing:
                 raise self._corrupt(f"its indexes or triggers {', '.join(missing)} are missing")
+            texts = schema_text()
+            for name, sql in conn.execute(
+                "SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL"
+            ):
+                if name in texts and sql != texts[name]:
+                    raise self._corrupt(
+                        f"the schema text of {name} is not schema version {SCHEMA_VERSION}'s "
+                        "(a damaged byte changes what SQLite enforces)"
+                    )
             conn.execute("PRAGMA query_only = OFF")
         except sqlite3.DatabaseError as exc:
             raise self._corrupt(f"SQLite cannot read it ({exc})") from exc
@@ -713,10 +725,14 @@ class SqliteStore(SqliteRows):
         *,
         arguments: Mapping[CallPosition, Mapping[str, Any]] | None = None,
         epoch: int | None = None,
+        create: bool = False,
     ) -> None:
         """Make the transition ``before -> after`` durable in one transaction.
 
-        First, inside the transaction, the lease: with ``epoch`` given, a
+        With ``create=True`` the transaction first inserts the session's row
+        (the session's first commit creates it; one that exists by then is
+        :class:`~toolledger._core.stores.StaleState`, nothing written).
+        Then, inside the transaction, the lease: with ``epoch`` given, a
         session taken since by another worker raises
         :class:`~toolledger._core.stores.LeaseLost` before anything is written.
         Writes ``durable_changes(before, after)`` and ``audit_rows`` (see
@@ -725,11 +741,17 @@ class SqliteStore(SqliteRows):
         :class:`~toolledger._core.stores.StaleState`, nothing written).  Returns
         after ``COMMIT``, i.e. after the fsync.
         """
+        created = check_new_session(session_id, before) if create else None
         plan = plan_commit(session_id, before, after, audit_rows, arguments)
         if plan.empty:
             return
 
         def body(conn: sqlite3.Connection) -> None:
+            if created is not None:
+                if self._select(conn, "sessions", "WHERE session_id = ?", (session_id,)):
+                    raise StaleState(_CREATED_SINCE.format(session_id=session_id))
+                self._insert(conn, "sessions", {"session_id": session_id, "marker": created[0],
+                                                "max_attempts": created[1], "epoch": 0})
             if epoch is not None:
                 check_lease(session_id, self._epoch_row(conn, session_id)[1], epoch)
             plan.check_session(

@@ -61,6 +61,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
+from .commit_plan import _CREATED_SINCE as _CREATED_SINCE
+
 # The errors and the commit plan live in their own modules; this module
 # re-exports them, so ``toolledger._core.stores`` stays the one place a store
 # imports from.  MemoryStore looks ``check_lease`` up here (a test replaces it).
@@ -72,6 +74,7 @@ from .commit_plan import (
     _resumed,
     arguments_json,
     call_view,
+    check_new_session,
     durable_projection,
     last_durable_turn,
     plan_commit,
@@ -116,6 +119,7 @@ __all__ = [
     "arguments_json",
     "call_view",
     "check_lease",
+    "check_new_session",
     "durable_projection",
     "last_durable_turn",
     "plan_commit",
@@ -127,6 +131,7 @@ __all__ = [
 # --------------------------------------------------------------------------
 # The port
 # --------------------------------------------------------------------------
+
 
 
 @runtime_checkable
@@ -193,6 +198,7 @@ class Store(Protocol):
         *,
         arguments: Mapping[CallPosition, Mapping[str, Any]] | None = None,
         epoch: int | None = None,
+        create: bool = False,
     ) -> None:
         """Make ``durable_changes(before, after)`` and ``audit_rows`` durable atomically.
 
@@ -200,10 +206,14 @@ class Store(Protocol):
         durable in this commit (checked against their digest).  ``epoch``: the
         lease epoch the caller took (:meth:`take_session`); if given, the
         commit is refused with :class:`LeaseLost` unless it is still the
-        session's.  A commit with nothing to write writes nothing and is not
-        counted.  Raises :class:`StaleState` if ``before`` is not what is
-        durable now, ``InvalidInput`` if the audit rows do not match the new
-        audit keys.
+        session's.  ``create=True``: the session does not exist yet and this
+        commit creates it, in the same transaction (``before`` must be its
+        initial state, see :func:`check_new_session`; its marker and
+        max_attempts are the session's): a session that exists by then is
+        refused with :class:`StaleState`, nothing written.  A commit with
+        nothing to write writes nothing and is not counted.  Raises
+        :class:`StaleState` if ``before`` is not what is durable now,
+        ``InvalidInput`` if the audit rows do not match the new audit keys.
         """
         ...
 
@@ -380,12 +390,21 @@ class MemoryStore:
         *,
         arguments: Mapping[CallPosition, Mapping[str, Any]] | None = None,
         epoch: int | None = None,
+        create: bool = False,
     ) -> None:
         """Make the transition ``before -> after`` durable, all or nothing."""
-        s = self._session(session_id)
+        if create:
+            marker, max_attempts = check_new_session(session_id, before)
+            self._open()
+        else:
+            s = self._session(session_id)
         plan = plan_commit(session_id, before, after, audit_rows, arguments)
         if plan.empty:
             return
+        if create:
+            if session_id in self._sessions:
+                raise StaleState(_CREATED_SINCE.format(session_id=session_id))
+            s = _MemorySession(marker, max_attempts)  # staged below, stored at the commit point
         check_lease(session_id, s.epoch, epoch)
         plan.check_session(
             session_id,

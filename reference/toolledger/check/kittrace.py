@@ -146,8 +146,17 @@ class KitRecorder:
         if self._saved:
             raise RuntimeError("this KitRecorder is already recording")
         init, advance, crash = Ledger.__init__, Ledger._advance, Ledger.crash
-        self._saved = {"__init__": init, "_advance": advance, "crash": crash}
+        new = Ledger.__dict__["new"]  # the classmethod object itself, restored as such
+        self._saved = {"__init__": init, "_advance": advance, "crash": crash, "new": new}
         entries = self.entries
+
+        def recording_new(cls: type[Ledger], store: Any, session_id: str, /,
+                          **kwargs: Any) -> Ledger:
+            # a session its first commit creates: it starts from the initial state,
+            # exactly as one created by create_session() and then loaded
+            ledger: Ledger = new.__func__(cls, store, session_id, **kwargs)
+            entries.append(Logged(session_id, (), ledger.full_state(), ledger.state))
+            return ledger
 
         def recording_init(
             ledger: Ledger, store: Any, session_id: str, **kwargs: Any
@@ -171,6 +180,7 @@ class KitRecorder:
         Ledger.__init__ = recording_init  # type: ignore[method-assign,assignment]
         Ledger._advance = recording_advance  # type: ignore[method-assign,assignment]
         Ledger.crash = recording_crash  # type: ignore[method-assign,assignment]
+        Ledger.new = classmethod(recording_new)  # type: ignore[method-assign,assignment]
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -366,6 +366,7 @@ class TurnEngine:
         crash: CrashInjector | None = None,
         max_iterations: int = 12,
         max_attempts: int = 3,
+        fused: bool = False,
     ) -> None:
         if not isinstance(session_id, str) or not session_id:
             raise InvalidInput(f"session_id must be a non-empty string, got {session_id!r}")
@@ -383,6 +384,12 @@ class TurnEngine:
         self.crash = crash or CrashInjector(None)
         self.max_iterations = max_iterations
         self.max_attempts = max_attempts
+        # fused: a message whose calls need no human runs through
+        # Session.execute_message on a lazily created session (its first commit
+        # creates it, records the calls and dispatches the first).  The host
+        # declares every conversation of this engine ledger-governed from its
+        # first message: a missing session is a new one, never a legacy one.
+        self.fused = fused
         self.log: list[str] = []
         self.decisions: list[DecisionTaken] = []
         self._messages: list[Message] = conversations.load_messages(session_id)
@@ -563,7 +570,11 @@ class TurnEngine:
                 # different call at the same position under a reused id.
                 self._checkpoint()
                 self.crash.at(self.mode, Moment.CALLS_SAVED)
-                self._record(turn, calls)
+                if self.fused and not any(self.registry.get(name).profile.requires_approval
+                                          for _, name, _ in calls):
+                    self._execute_message(turn, calls)
+                else:
+                    self._record(turn, calls)
                 outcome = self._handle(positions)
             if outcome is not None:
                 return outcome
@@ -578,6 +589,11 @@ class TurnEngine:
         assert self.store is not None
         if self.session_id in self.store.sessions():
             opened = Session.open(self.store, self.session_id, tools)
+        elif self.fused:
+            # LEDGER: no commit of its own; a crash before the first one leaves the
+            # conversation ahead of the ledger, and resume records its calls
+            opened = Session.open(self.store, self.session_id, tools,
+                                  max_attempts=self.max_attempts, lazy_create=True)
         elif self._messages:
             # A session that ran under the legacy engine: calls before this
             # point are legacy (the protocol marker), and its unanswered
@@ -599,6 +615,23 @@ class TurnEngine:
         self.session.record(turn, [{"id": cid, "name": name, "arguments": args}
                                    for cid, name, args in calls])
         self.log.append(f"recorded the calls of message {turn}")
+
+    def _execute_message(self, turn: int, calls: Sequence[tuple[str, str, dict[str, Any]]]
+                         ) -> None:
+        # LEDGER (fused): record the calls and run them in order, in n + 1 commits:
+        # [record + dispatched(1)], [succeeded(k) + result + dispatched(k+1)] ...,
+        # [succeeded(n) + result].  Outcomes other than "applied" are recorded as
+        # in _run; _handle then appends the tool messages and settles the rest.
+        def body(a: Attempt) -> object:
+            return self._body(a.call)(a)
+
+        for status in self.session.execute_message(
+                turn, [{"id": cid, "name": name, "arguments": args}
+                       for cid, name, args in calls], body):
+            if status.outcome is Outcome.UNKNOWN:
+                self.log.append(f"outcome unknown {status.call.position}: {status.error}")
+            self._taken(status)
+        self.log.append(f"recorded and ran the calls of message {turn}")
 
     def _recorded(self) -> list[tuple[CallPosition, bool]]:
         """(position, has a result) of every call in the session's working set."""
@@ -699,6 +732,13 @@ class TurnEngine:
         # unknown".  The body's return is applied (succeeded + the tool result,
         # ONE transaction), NotApplied a definite failure, anything else
         # unknown: the session then makes the decision a restart would.
+        status = self.session.execute(call.key, self._body(call))
+        if status.outcome is Outcome.UNKNOWN:
+            self.log.append(f"outcome unknown {call.position}: {status.error}")
+        self._taken(status)
+
+    def _body(self, call: CallRef) -> Callable[[Attempt], str]:
+        """The tool body of ``call``: its adapter, with the crash points around the request."""
         pos, readonly = call.position, call.policy is RecoveryPolicy.READONLY
         adapter = self.registry.get(call.name).adapter
 
@@ -729,10 +769,7 @@ class TurnEngine:
             reason = outcome.error if isinstance(outcome, DefiniteFailure) else outcome.reason
             return json.dumps({"error": reason, "error_type": type(outcome).__name__})
 
-        status = self.session.execute(call.key, body)
-        if status.outcome is Outcome.UNKNOWN:
-            self.log.append(f"outcome unknown {pos}: {status.error}")
-        self._taken(status)
+        return body
 
     def _taken(self, status: CallStatus) -> None:
         if status.recovered and status.decision is not None and status.inputs is not None:

@@ -315,9 +315,10 @@ class _Child:
 
         class KillingStore(SqliteStore):
             def commit(self, session_id: str, before: Any, after: Any, audit_rows: Any, *,
-                       arguments: Any = None, epoch: int | None = None) -> None:
+                       arguments: Any = None, epoch: int | None = None,
+                       create: bool = False) -> None:
                 super().commit(session_id, before, after, audit_rows, arguments=arguments,
-                               epoch=epoch)
+                               epoch=epoch, create=create)
                 for where in _points_of(before, after):
                     child.die(where)
                 child.die("commit")
