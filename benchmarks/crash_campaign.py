@@ -62,7 +62,10 @@ Also: the store file truncated at, or corrupted in, a random byte: a
 resuming process must fail closed (a clear ``StoreCorrupt`` error, exit
 status 3, nothing executed: the external log and the store byte for byte
 unchanged), unless the damage hit bytes the store does not use (then the
-data read back must be identical).  And a fuzz of bad inputs through the
+data read back must be identical) or rows the resume does not read, such as
+an audit row's index entry (then the resume may complete, must apply no
+effect twice, and every later read of those rows must fail closed with
+``StoreCorrupt``).  Anything else is ``silent``.  And a fuzz of bad inputs through the
 public API (tool-call ids, arguments, policies, events, resolutions, paths):
 only the documented typed errors may come out.
 
@@ -786,13 +789,18 @@ class CorruptionReport:
     trials: int = 0
     detected: int = 0  # fail closed: StoreCorrupt, exit 3, nothing written or executed
     harmless: int = 0  # damage in bytes the store does not use: same data read back
-    silent: int = 0  # opened with different data: BAD
+    # damage in rows the resume never reads (e.g. an audit row): the resume
+    # completed, applied no effect twice, and the store refuses the damaged
+    # rows with StoreCorrupt whenever they are read (audit(), verify-store)
+    detected_on_read: int = 0
+    silent: int = 0  # opened with different data that no read refuses: BAD
     wrote_anyway: int = 0  # failed closed but the external log or the store changed: BAD
     problems: list[str] = field(default_factory=list)
 
 
 def corruption_trial(base_dir: Path, work: Path, how: str, rng: random.Random,
-                     report: CorruptionReport) -> None:
+                     report: CorruptionReport, at: int | None = None) -> None:
+    """Damage a copy of the base store (``how``: truncate or flip; ``at``: a fixed byte), resume."""
     d = Path(tempfile.mkdtemp(prefix="corrupt-", dir=work))
     try:
         shutil.copytree(base_dir, d, dirs_exist_ok=True)
@@ -804,7 +812,7 @@ def corruption_trial(base_dir: Path, work: Path, how: str, rng: random.Random,
             db.write_bytes(bytes(data[:cut]))
             what = f"truncated to {cut} of {len(data)} bytes"
         else:
-            at = rng.randrange(0, len(data))
+            at = rng.randrange(0, len(data)) if at is None else at
             data[at] = (data[at] + rng.randint(1, 255)) % 256
             db.write_bytes(bytes(data))
             what = f"byte {at} of {len(data)} changed"
@@ -825,6 +833,9 @@ def corruption_trial(base_dir: Path, work: Path, how: str, rng: random.Random,
                 report.detected += 1
         elif out.returncode == 0 and _logical_of_copy(base_dir, db, damaged) == original:
             report.harmless += 1
+        elif (out.returncode == 0 and _store_corrupt(db)
+              and not _applied_twice(d / EXTERNAL)):
+            report.detected_on_read += 1
         else:
             report.silent += 1
             # the run's scratch directory is no part of the finding (results.json is tracked)
@@ -832,6 +843,29 @@ def corruption_trial(base_dir: Path, work: Path, how: str, rng: random.Random,
             report.problems.append(f"{what}: exit {out.returncode}, not failed closed: {said}")
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def _store_corrupt(db: Path) -> bool:
+    """Does the store, read whole after the resume, refuse the damage (StoreCorrupt)?"""
+    try:
+        with SqliteStore(db) as store:
+            store.load(SESSION)
+            store.audit(SESSION)
+    except StoreCorrupt as e:
+        return str(db) in str(e)
+    return False
+
+
+def _applied_twice(external: Path) -> bool:
+    """Did the external system apply any arguments more than once?"""
+    seen: set[str] = set()
+    for r in CountingExternalSystem(external).requests:
+        if r.status is RequestStatus.APPLIED:
+            key = json.dumps([r.tool, r.arguments], sort_keys=True)
+            if key in seen:
+                return True
+            seen.add(key)
+    return False
 
 
 def _read(path: Path) -> bytes | None:
@@ -1158,7 +1192,9 @@ def render(result: Mapping[str, Any]) -> str:
                  f"duplicate effects seen, at {lc['points_with_duplicates']}")
     c = result["corruption"]
     lines.append(f"corruption: {c['trials']} trials: {c['detected']} failed closed, "
-                 f"{c['harmless']} harmless (unused bytes, same data), {c['silent']} silent, "
+                 f"{c['harmless']} harmless (unused bytes, same data), "
+                 f"{c.get('detected_on_read', 0)} refused when read (rows the resume does not "
+                 f"read), {c['silent']} silent, "
                  f"{c['wrote_anyway']} wrote/executed anyway")
     f = result["fuzz"]
     if f is not None:

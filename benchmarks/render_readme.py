@@ -208,7 +208,9 @@ def render(doc: dict[str, Any]) -> str:
                 f"damaged at a random byte ({cr['trials']} trials, truncated or changed): "
                 f"{cr['detected']} failed closed (`StoreCorrupt` naming the file, exit 3, store "
                 f"and external log byte for byte unchanged), {cr['harmless']} hit "
-                f"unused bytes (same data read back), {cr['silent']} silent.  Fuzz of the public "
+                f"unused bytes (same data read back), {cr.get('detected_on_read', 0)} hit rows the "
+                f"resume does not read (it completed, no effect twice, and every read of those "
+                f"rows is refused with `StoreCorrupt`), {cr['silent']} silent.  Fuzz of the public "
                 f"API: {_n(fz.get('examples'))} calls, {_n(fz.get('unhandled'))} exceptions "
                 "other than the documented typed errors"
                 + (": " + "; ".join(f"{n} x {kind}" for kind, n in

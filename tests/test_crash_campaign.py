@@ -75,6 +75,24 @@ def test_a_damaged_store_fails_closed(tmp_path: Path) -> None:
     assert report.detected >= 1  # the truncation: never in unused bytes of a small store
 
 
+def test_a_damaged_audit_row_is_refused_when_read_not_silent(tmp_path: Path) -> None:
+    # The resume never reads the audit rows, so it completes; the damage must
+    # still be refused (StoreCorrupt) by every read of those rows, and no effect
+    # may be applied twice.  A damage nothing refuses would count as silent.
+    import random
+
+    base = cc.corruption_base(tmp_path)
+    data = (base / cc.STORE).read_bytes()
+    # the audit_by_session index entry (session_id, execution_id) of the dispatch's
+    # audit row: the last copy of that key in the file (the index's page is the last)
+    at = data.rfind(b"campaigntlx1-") + 20
+    assert at > 20 and data.find(b"campaigntlx1-") < at - 20, "an audit row and its index entry"
+    report = cc.CorruptionReport()
+    cc.corruption_trial(base, tmp_path, "flip", random.Random(1), report, at=at)
+    assert (report.detected_on_read, report.silent, report.wrote_anyway) == (1, 0, 0), \
+        report.problems
+
+
 def test_fuzz_of_provider_and_config_inputs_raises_only_typed_errors(tmp_path: Path) -> None:
     out = cc.fuzz(25, 443, tmp_path)
     not_ledger = {t: r for t, r in out["by_target"].items() if t != "Ledger.step"}
