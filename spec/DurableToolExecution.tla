@@ -1293,6 +1293,15 @@ Witness_DigestMismatch ==
     ~\E c \in Calls : stage[c] = "resume" /\ Rec(c).status # "none"
                       /\ ~DecisionInputs(c).digestMatches
 
+\* A human is to resolve a record halted against other arguments than the
+\* call now at its position, after its outcome was known: the moment the old
+\* rule offered a retry of that known outcome (NoReinvokeAfterKnownOutcome:
+\* HumanMayRetry refuses it, the human may only resolve or abandon).
+Witness_HumanAfterDigestHalt ==
+    ~\E c \in Calls : /\ msg[c] = "durable" /\ result[c] = NoResult
+                      /\ stage[c] = "none" /\ Rec(c).status = "recovery_required"
+                      /\ Rec(c).args # args[c] /\ Rec(c).result # NoResult
+
 \* A call that was already invoked is about to be resumed after its
 \* position was renumbered (ExecutionIdStable: the moment an id derived
 \* from the position again would differ from the one its requests carried).
