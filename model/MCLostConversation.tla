@@ -3,10 +3,12 @@
 (* The conversation loses or renumbers an unanswered call while the ledger *)
 (* and the approval survive: one manual call that needs approval, whose    *)
 (* arguments the provider may change when it emits a call at the same      *)
-(* position again; one crash and one load-time repair                      *)
-(* (ConversationRepair).  One attempt: a human                             *)
-(* retry of a digest-mismatched record would send the OTHER call under     *)
-(* the first call's id, a limit the spec states (docs/protocol.md).        *)
+(* position again; one crash, one load-time repair (ConversationRepair)    *)
+(* and two attempts, so that a human retry is possible after the repair.   *)
+(* With the old halt (a halt rebinds the record to the call now at its     *)
+(* position, and a human may retry any halted record) a human retry sends  *)
+(* attempt 2 of an execution whose outcome a human declared known          *)
+(* (HaltRebindsRecord twin: NoReinvokeAfterKnownOutcome, 14 states).       *)
 (* Every constant is a literal: the Python checkers read them from here.   *)
 (***************************************************************************)
 EXTENDS DurableToolExecution
@@ -20,7 +22,7 @@ MCNeedsApproval == [c1 |-> TRUE]
 MCArgChoices == [c1 |-> {"a1", "a2"}]
 MCMarkerTurn == 0
 MCMaxCrashes == 1
-MCMaxAttempts == 1
+MCMaxAttempts == 2
 MCKeyByPosition == TRUE
 MCFenceOnReconcile == TRUE
 MCMaxRepairs == 1
@@ -31,4 +33,7 @@ MCMaxRepairs == 1
 (* call's result.                                                          *)
 DecideIgnoresDigest(c) ==
     Decide([DecisionInputs(c) EXCEPT !.digestMatches = TRUE])
+
+(* HaltRebindsRecord twin: the old rule (HaltKeepsRecord = FALSE).         *)
+MCHaltKeepsRecord == FALSE
 =============================================================================

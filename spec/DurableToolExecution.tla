@@ -71,7 +71,10 @@
 (* digest (Decide's digestMatches).  A freshly persisted call whose id     *)
 (* already has a record is not dispatched live: it goes through Recover    *)
 (* like a resumed one (EnginePersistCall), so a different call emitted at  *)
-(* the position of a lost one meets the digest rule and halts.  What the   *)
+(* the position of a lost one meets the digest rule and halts; the halt    *)
+(* keeps the record's digest and result, and no human retry is offered on  *)
+(* it (Halt, HumanMayRetry), so a known outcome is never retried and the   *)
+(* other call is never sent under the record's id.  What the               *)
 (* digest does not cover: an approval is not bound to arguments, so a      *)
 (* call lost after its approval but BEFORE its first record leaves an      *)
 (* approval the different call at that position is dispatched on (the      *)
@@ -730,8 +733,31 @@ StageAfter(d) ==
       [] d = "reconcile" -> "reconciling"
       [] d = "recovery_required" -> "none"
 
+(***************************************************************************)
+(* A halt never rebinds a record to another call.  The record keeps the    *)
+(* argument digest it was written for and, if its outcome was known (a     *)
+(* succeeded, failed or abandoned record halted on a digest mismatch), its *)
+(* result: the record's result is what says "the outcome of this execution *)
+(* was known".  Only a call with no record yet (a legacy call) is bound to *)
+(* the arguments at its position by its halt.  HumanMayRetry: a human may  *)
+(* send another attempt only of a halted record whose outcome is unknown   *)
+(* and whose digest matches the call at its position; elsewhere the only   *)
+(* human choices (HumanResolveApplied, HumanResolveAbandon) invoke         *)
+(* nothing, and they bind the record to the call they resolve.             *)
+(* HaltKeepsRecord is a design switch: FALSE is the old rule (a halt       *)
+(* rebinds the record to the call now at its position and a human may      *)
+(* retry any halted record), the HaltRebindsRecord twin, which overrides   *)
+(* it in its .cfg: no other model has to name it.                          *)
+(***************************************************************************)
+HaltKeepsRecord == TRUE
+
 Halt(c) ==
-    [Rec(c) EXCEPT !.status = "recovery_required", !.args = args[c], !.call = c]
+    IF HaltKeepsRecord /\ Rec(c).status # "none"
+    THEN [Rec(c) EXCEPT !.status = "recovery_required"]
+    ELSE [Rec(c) EXCEPT !.status = "recovery_required", !.args = args[c], !.call = c]
+
+HumanMayRetry(c) ==
+    ~HaltKeepsRecord \/ (Rec(c).result = NoResult /\ Rec(c).args = args[c])
 
 \* The decision's row, with its inputs.  The store's audit key is
 \* (execution, kind, attempt): a decision taken again for the same attempt
@@ -838,7 +864,8 @@ HumanResolveApplied(c) ==
     /\ msg[c] = "durable" /\ result[c] = NoResult
     /\ Rec(c).status = "recovery_required" /\ stage[c] = "none"
     /\ ledger' = [ledger EXCEPT ![e].status = "succeeded",
-                                ![e].result = Result("human", e, args[c])]
+                                ![e].result = Result("human", e, args[c]),
+                                ![e].args = args[c], ![e].call = c]
     /\ Audited(e, "human_applied", Rec(c).attempt)
     /\ Decided(c, "human_applied", Rec(c).attempt)
     /\ OutcomeKnown(c)
@@ -856,6 +883,7 @@ HumanResolveRetry(c) ==
     IN
     /\ msg[c] = "durable" /\ result[c] = NoResult
     /\ Rec(c).status = "recovery_required" /\ stage[c] = "none" /\ n <= MaxAttempts
+    /\ HumanMayRetry(c)
     /\ ledger' = [ledger EXCEPT ![e] = [status |-> "dispatched", attempt |-> n,
                       args |-> args[c], auth |-> "human", result |-> NoResult,
                       call |-> c]]
@@ -876,7 +904,8 @@ HumanResolveAbandon(c) ==
     /\ msg[c] = "durable" /\ result[c] = NoResult
     /\ Rec(c).status = "recovery_required" /\ stage[c] = "none"
     /\ ledger' = [ledger EXCEPT ![e].status = "abandoned",
-                                ![e].result = Result("abandoned", e, args[c])]
+                                ![e].result = Result("abandoned", e, args[c]),
+                                ![e].args = args[c], ![e].call = c]
     /\ Audited(e, "human_abandon", Rec(c).attempt)
     /\ Decided(c, "human_abandon", Rec(c).attempt)
     /\ stage' = [stage EXCEPT ![c] = "resume"]
@@ -1313,6 +1342,15 @@ Witness_DecideSkip ==
 Witness_DigestMismatch ==
     ~\E c \in Calls : stage[c] = "resume" /\ Rec(c).status # "none"
                       /\ ~DecisionInputs(c).digestMatches
+
+\* A human is to resolve a record halted against other arguments than the
+\* call now at its position, after its outcome was known: the moment the old
+\* rule offered a retry of that known outcome (NoReinvokeAfterKnownOutcome:
+\* HumanMayRetry refuses it, the human may only resolve or abandon).
+Witness_HumanAfterDigestHalt ==
+    ~\E c \in Calls : /\ msg[c] = "durable" /\ result[c] = NoResult
+                      /\ stage[c] = "none" /\ Rec(c).status = "recovery_required"
+                      /\ Rec(c).args # args[c] /\ Rec(c).result # NoResult
 
 \* A call that was already invoked is about to be resumed after its
 \* position was renumbered (ExecutionIdStable: the moment an id derived

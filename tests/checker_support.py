@@ -169,14 +169,6 @@ def resolves_before_recover() -> Iterator[None]:
         handlers.update(originals)
 
 
-BROKEN = {
-    "manual_retries": manual_retries,
-    "skips_dispatched_write": skips_dispatched_write,
-    "keyed_by_tool_call_id": keyed_by_tool_call_id,
-    "takes_late_answer": takes_late_answer,
-    "resolves_before_recover": resolves_before_recover,
-    "ignores_key_retention": ignores_key_retention,
-}
 
 
 def race_two_resumers(script: str, args: list[str], sync: Path) -> list[dict[str, object]]:
@@ -215,3 +207,54 @@ def race_two_resumers(script: str, args: list[str], sync: Path) -> list[dict[str
             if child.poll() is None:
                 child.kill()
                 child.wait()
+
+
+@contextmanager
+def halt_rebinds_record() -> Iterator[None]:
+    """Broken: the old rule (the HaltRebindsRecord twin).  A halt rebinds the
+    record to the call now at its position (its digest and position, whatever
+    the record held), and a human retry is offered on every halted record."""
+    handlers = p._HANDLERS
+    original_halt, original_retry = p._halt_record, handlers[p.Action.HumanResolveRetry]
+
+    def rebinding(state: p.SessionState, c: p.CallState) -> p.ExecutionRecord:
+        return replace(
+            state.record(c.execution_id),
+            status=p.LedgerStatus.RECOVERY_REQUIRED,
+            args_digest=c.args_digest,
+            position=c.position,
+        )
+
+    def any_retry(state: p.SessionState, ev: p.Event) -> p.SessionState:
+        c, rec = p._halted_call(state, ev)
+        n = rec.attempt + 1
+        if n > state.max_attempts:
+            raise p.ProtocolError(ev.action, ev.position, f"attempt {n} exceeds max_attempts")
+        new_rec = p.ExecutionRecord(
+            c.execution_id, p.LedgerStatus.DISPATCHED, n, c.args_digest,
+            p.Authorization.HUMAN, None, c.position, rec.dispatched_at,
+        )
+        return (
+            state._with_record(new_rec)
+            ._with_audit((c.execution_id, "human_retry", n), (c.execution_id, "dispatch", n))
+            ._with_call(replace(c, stage=p.Stage.DISPATCHED))
+        )
+
+    p._halt_record = rebinding
+    handlers[p.Action.HumanResolveRetry] = any_retry
+    try:
+        yield
+    finally:
+        p._halt_record = original_halt
+        handlers[p.Action.HumanResolveRetry] = original_retry
+
+
+BROKEN = {
+    "manual_retries": manual_retries,
+    "skips_dispatched_write": skips_dispatched_write,
+    "keyed_by_tool_call_id": keyed_by_tool_call_id,
+    "takes_late_answer": takes_late_answer,
+    "resolves_before_recover": resolves_before_recover,
+    "ignores_key_retention": ignores_key_retention,
+    "halt_rebinds_record": halt_rebinds_record,
+}

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from checker_support import model_config
+from checker_support import halt_rebinds_record, model_config
 from toolledger._core import protocol as p
 from toolledger._core.ledger import Ledger
 from toolledger._core.stores import MemoryStore
@@ -65,8 +66,66 @@ def test_lost_conversation_holds_and_reaches_the_digest_rule() -> None:
             if c.stage is p.Stage.RESUME and s.session.record(c.execution_id).status \
                     is not p.LedgerStatus.NONE:
                 mismatched += not p.recovery_inputs(s.session, c).digest_matches
-    assert states == 1884  # the manifest's count for LostConversation
+    assert states == 7140  # the manifest's count for LostConversation
     assert repaired and mismatched
+
+
+def test_the_old_halt_and_retry_break_no_reinvoke_after_known_outcome() -> None:
+    """HaltRebindsRecord in Python: the Python invariants catch the core that
+    rebinds a halted record and offers a retry on any halted record."""
+    with halt_rebinds_record():
+        found = violations(model_config("LostConversation"))
+    assert "NoReinvokeAfterKnownOutcome" in found, found
+
+
+def _halted_after_mismatch(known: bool) -> tuple[ModelConfig, p.SessionState, p.CallState]:
+    """The call at the position after a digest-mismatch halt: the lost call
+    (args a1) was dispatched and halted; if ``known``, a human resolved it as
+    applied before the conversation lost it; then a2 is emitted there."""
+    cfg = model_config("LostConversation")
+    (cc,) = cfg.calls
+    pos = cc.position
+    s = initial_states(cfg)[0].session
+
+    def step(state: p.SessionState, action: p.Action, **kw: object) -> p.SessionState:
+        return p.apply(state, p.Event(action, pos, **kw))  # type: ignore[arg-type]
+
+    s = p.apply(s, p.Event(A.ProviderEmitCall, pos, cc.tool_call_id, cc.tool, cc.digest("a1")))
+    for action in (A.EnginePersistCall, A.EngineParkApproval, A.HumanApprove,
+                   A.EnginePersistDispatched):
+        s = step(s, action)
+    s = p.apply(s, p.Event(A.Crash))
+    s = step(s, A.Recover)
+    # known: a human resolves it as applied; else another crash leaves it halted
+    s = step(s, A.HumanResolveApplied) if known else p.apply(s, p.Event(A.Crash))
+    s = step(s, A.ConversationRepair)
+    s = p.apply(s, p.Event(A.ProviderEmitCall, pos, cc.tool_call_id, cc.tool, cc.digest("a2")))
+    s = step(s, A.EnginePersistCall)
+    s = step(s, A.Recover)
+    (c,) = s.calls
+    return cfg, s, c
+
+
+@pytest.mark.parametrize("known", [True, False])
+def test_a_mismatched_halt_keeps_the_record_and_refuses_a_retry(known: bool) -> None:
+    cfg, s, c = _halted_after_mismatch(known)
+    (cc,) = cfg.calls
+    rec = s.record(c.execution_id)
+    assert rec.status is p.LedgerStatus.RECOVERY_REQUIRED
+    assert rec.args_digest == cc.digest("a1") != c.args_digest  # not rebound
+    assert (rec.result is not None) is known  # a known outcome stays known
+    why = "outcome is known" if known else "written for other arguments"
+    with pytest.raises(p.ProtocolError, match=why):
+        p.apply(s, p.Event(A.HumanResolveRetry, c.position))
+    # the choices that invoke nothing bind the record to the call they resolve
+    for action, kind in ((A.HumanResolveApplied, p.ResultKind.HUMAN),
+                         (A.HumanResolveAbandon, p.ResultKind.ABANDONED)):
+        out = p.apply(s, p.Event(action, c.position))
+        res = out.record(c.execution_id)
+        assert res.args_digest == c.args_digest and res.result is not None
+        assert res.result.kind is kind
+        nxt = p.apply(out, p.Event(A.Recover, c.position))
+        assert nxt.call(c.position).stage is p.Stage.RECORDED  # type: ignore[union-attr]
 
 
 def test_a_fresh_call_meeting_a_record_is_recovered_not_dispatched() -> None:
@@ -221,3 +280,107 @@ def test_a_late_return_of_a_repaired_away_call_is_discarded() -> None:
     assert p.apply(empty, ev) == empty
     with pytest.raises(p.ProtocolError):
         p.apply(empty, p.Event(A.EngineDiscardLateReturn, (1, 0)))
+
+
+def test_tlc_pins_the_old_rules_counterexample() -> None:
+    """The HaltRebindsRecord twin's counterexample is the one found by the
+    review: a human's "applied" resolution, the conversation loses the call,
+    other arguments at its position, the digest halt, and a human retry that
+    sends attempt 2 of the execution whose outcome was known."""
+    from checker_support import ROOT
+    from toolledger.check.tlc import Outcome, run_tlc
+
+    result = run_tlc(
+        "MCLostConversation",
+        ROOT / "model" / "HaltRebindsRecord.cfg",
+        search_dirs=[ROOT / "spec", ROOT / "model"],
+        check_deadlock=False,
+    )
+    assert result.outcome is Outcome.INVARIANT_VIOLATED
+    assert result.violated == "NoReinvokeAfterKnownOutcome"
+    assert [s.action for s in result.trace] == [
+        "Init", "ProviderEmitCall", "EnginePersistCall", "EngineParkApproval",
+        "HumanApprove", "EnginePersistDispatched", "Crash",
+        "Recover",  # manual, dispatched: recovery_required
+        "HumanResolveApplied",  # the outcome is known
+        "ConversationRepair",  # the conversation loses the call
+        "ProviderEmitCall", "EnginePersistCall",  # other arguments at its position
+        "Recover",  # the digest differs: recovery_required
+        "HumanResolveRetry",  # attempt 2 of a known outcome
+    ]
+    first, last = result.trace[1].state["args"], result.trace[10].state["args"]
+    assert first != last  # the provider emitted other arguments
+    assert result.trace[-1].state["ledger"]  # the record was rewritten for them
+
+
+def test_conformance_catches_the_old_halt(tmp_path: Path) -> None:
+    """The LostConversation graph against the core with the old rule: the
+    core allows a human retry the spec does not have (an extra step)."""
+    from checker_support import ROOT
+    from toolledger.check import conformance
+    from toolledger.check.stategraph import load_dot
+    from toolledger.check.tlc import Outcome, run_tlc
+
+    dot = tmp_path / "LostConversation.dot"
+    result = run_tlc(
+        "MCLostConversation",
+        ROOT / "model" / "LostConversation.cfg",
+        search_dirs=[ROOT / "spec", ROOT / "model"],
+        check_deadlock=False,
+        dump_dot=dot,
+    )
+    assert result.outcome is Outcome.PASS
+    graph = load_dot(dot)
+    cfg = model_config("LostConversation")
+    assert conformance.check_graph(cfg, graph, model="LostConversation").ok
+    with halt_rebinds_record():
+        report = conformance.check_graph(cfg, graph, model="LostConversation",
+                                         max_mismatches=1000)
+    assert not report.ok
+    # the halt writes another record than the spec's Halt (Recover), and a
+    # retry is offered where HumanMayRetry forbids it
+    found = {(m.kind, m.action) for m in report.mismatches}
+    assert found == {("extra", "Recover"), ("missing", "Recover"),
+                     ("extra", "HumanResolveRetry")}, found
+
+
+def _scripted_walk(cfg: ModelConfig, script: list[tuple[p.Action, str | None]]) -> list[
+        tuple[str, SystemState]]:
+    """The reference's run that takes each scripted action (an emission with
+    the given argument); fails if the core does not enable a step."""
+    (cc,) = cfg.calls
+    s = initial_states(cfg)[0]
+    run: list[tuple[str, SystemState]] = [("Init", s)]
+    for action, arg in script:
+        options = [n for a, n in successors(cfg, s) if a is action and (
+            arg is None or any(c.args_digest == cc.digest(arg) for c in n.session.calls))]
+        assert options, f"{action.value} is not enabled"
+        s = options[0]
+        run.append((action.value, s))
+    return run
+
+
+_OLD_RULES_WALK: list[tuple[p.Action, str | None]] = [
+    (A.ProviderEmitCall, "a1"), (A.EnginePersistCall, None), (A.EngineParkApproval, None),
+    (A.HumanApprove, None), (A.EnginePersistDispatched, None), (A.Crash, None),
+    (A.Recover, None), (A.HumanResolveApplied, None), (A.ConversationRepair, None),
+    (A.ProviderEmitCall, "a2"), (A.EnginePersistCall, None), (A.Recover, None),
+]
+
+
+def test_trace_validation_catches_the_old_halt() -> None:
+    """Trace validation: the run up to the digest halt is a spec behaviour
+    with today's core; with the old rule its halt is not a spec step, and the
+    core goes on to the retry TLC's counterexample ends with."""
+    from checker_support import ROOT
+    from toolledger.check import tracecheck as tc
+
+    cfg = model_config("LostConversation")
+    good = tc.trace_of(cfg, _scripted_walk(cfg, _OLD_RULES_WALK))
+    assert tc.validate_traces(ROOT, cfg, [good]).ok
+    with halt_rebinds_record():
+        run = _scripted_walk(cfg, [*_OLD_RULES_WALK, (A.HumanResolveRetry, None)])
+    report = tc.validate_traces(ROOT, cfg, [tc.trace_of(cfg, run)])
+    assert not report.ok
+    assert report.failure is not None, report.describe()
+    assert (report.failure.step, report.failure.action) == (12, "Recover"), report.describe()

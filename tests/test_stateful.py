@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, note, settings
+from hypothesis import HealthCheck, Phase, note, settings, target
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -30,7 +30,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from checker_support import manual_retries, skips_dispatched_write
+from checker_support import (
+    halt_rebinds_record,
+    manual_retries,
+    model_config,
+    skips_dispatched_write,
+)
 from toolledger._core import protocol as p
 from toolledger.check.invariants import INVARIANTS, settled
 from toolledger.check.system import CallConfig, ModelConfig, SystemState, initial_states, successors
@@ -208,5 +213,70 @@ def test_the_machine_catches_a_broken_reference(broken: Any, expected: str) -> N
                 deadline=None,
                 suppress_health_check=list(HealthCheck),
                 phases=[Phase.explicit, Phase.generate],  # finding it is the point
+            ),
+        )
+
+
+class LostConversationMachine(ProtocolMachine):
+    """The same machine on the LostConversation model: the conversation may
+    lose an unanswered call (ConversationRepair) and the provider emit other
+    arguments at its position, with two attempts, so the digest rule's halt
+    and the human choices after it (HumanMayRetry) are driven at random."""
+
+    @initialize(pick=st.integers(0, 31))
+    def start(self, pick: int) -> None:
+        self.cfg = model_config("LostConversation")
+        inits = initial_states(self.cfg)
+        self.state = inits[pick % len(inits)]
+
+
+class GuidedLostConversationMachine(LostConversationMachine):
+    """LostConversationMachine with Hypothesis's targeted search: each run
+    scores how far it got towards a human's choice after a digest halt (a
+    known outcome, the conversation's repair, a call halted against a record
+    of other arguments), and the search climbs that score.  Uniformly random
+    runs reach that situation in about 1 of 700 runs of 30 steps."""
+
+    best = 0
+
+    @invariant()
+    def progress(self) -> None:
+        if not hasattr(self, "state"):
+            return
+        s = self.state
+        score = len(s.ghosts.known_outcome) + min(s.repairs, 1)
+        for c in s.session.calls:
+            rec = s.session.record(c.execution_id)
+            if rec.status is p.LedgerStatus.RECOVERY_REQUIRED and rec.position is not None:
+                score += 1 + (rec.result is not None)
+        self.best = max(self.best, score)
+
+    def teardown(self) -> None:
+        target(float(self.best), label="towards a retry after a digest halt")  # once a run
+        super().teardown()
+
+
+LostConversationMachine.TestCase.settings = settings(
+    settings.default,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestLostConversationMachine = LostConversationMachine.TestCase
+
+
+def test_the_lost_conversation_machine_catches_the_old_halt() -> None:
+    """The machine finds the HaltRebindsRecord core: a human retry of a known
+    outcome after the conversation lost the call (NoReinvokeAfterKnownOutcome)."""
+    with halt_rebinds_record(), pytest.raises(AssertionError,
+                                              match="NoReinvokeAfterKnownOutcome"):
+        run_state_machine_as_test(
+            GuidedLostConversationMachine,
+            settings=settings(
+                max_examples=2000,
+                stateful_step_count=30,
+                derandomize=True,
+                database=None,
+                deadline=None,
+                suppress_health_check=list(HealthCheck),
+                phases=[Phase.explicit, Phase.generate, Phase.target],
             ),
         )

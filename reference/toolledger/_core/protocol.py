@@ -487,12 +487,22 @@ def _timeout(state: SessionState, ev: Event) -> SessionState:
 
 
 def _halt_record(state: SessionState, c: CallState) -> ExecutionRecord:
+    # The spec's Halt: a halt never rebinds a record to another call.  The
+    # record keeps the argument digest it was written for and, when it is
+    # halted on a digest mismatch after its outcome was known, its result:
+    # that result is what says "this execution's outcome was known", so no
+    # human retry is offered on it (_human_retry).  Only a call with no record
+    # yet (a legacy call) is bound to its own arguments by the halt.
+    rec = state.record(c.execution_id)
+    if rec.status is not LedgerStatus.NONE:
+        return replace(rec, status=LedgerStatus.RECOVERY_REQUIRED)
     return replace(
-        state.record(c.execution_id),
+        rec,
         status=LedgerStatus.RECOVERY_REQUIRED,
         args_digest=c.args_digest,
         position=c.position,
     )
+
 
 
 @_handles(Action.Recover)
@@ -563,8 +573,14 @@ def _halted_call(state: SessionState, ev: Event) -> tuple[CallState, ExecutionRe
 def _human_applied(state: SessionState, ev: Event) -> SessionState:
     c, rec = _halted_call(state, ev)
     res = ToolResult(ResultKind.HUMAN, c.execution_id, c.args_digest)
+    # the human resolves the call at the position: the record is bound to it
+    # (a no-op unless the halt was a digest mismatch); nothing is invoked
+    resolved = replace(
+        rec, status=LedgerStatus.SUCCEEDED, result=res,
+        args_digest=c.args_digest, position=c.position,
+    )
     return (
-        state._with_record(replace(rec, status=LedgerStatus.SUCCEEDED, result=res))
+        state._with_record(resolved)
         ._with_audit((c.execution_id, "human_applied", rec.attempt))
         ._with_call(replace(c, stage=Stage.RESUME))
     )
@@ -575,6 +591,23 @@ def _human_retry(state: SessionState, ev: Event) -> SessionState:
     c, rec = _halted_call(state, ev)
     n = rec.attempt + 1
     _require(n <= state.max_attempts, ev, f"attempt {n} exceeds max_attempts")
+    # HumanMayRetry: a retry would otherwise send an attempt of an execution
+    # whose outcome is known, or these arguments under another call's
+    # execution id and approval; the human's other choices invoke nothing
+    known = None if rec.result is None else rec.result.kind.value
+    _require(
+        known is None,
+        ev,
+        f"the execution's outcome is known (its record holds a {known} result): "
+        "a retry would invoke it again; resolve it as applied or abandon it",
+    )
+    _require(
+        rec.args_digest == c.args_digest,
+        ev,
+        "the record was written for other arguments than the call at its position "
+        "(the conversation lost that call): a retry would send these arguments under "
+        "the other call's execution id and approval; resolve it as applied or abandon it",
+    )
     new_rec = ExecutionRecord(
         c.execution_id,
         LedgerStatus.DISPATCHED,
@@ -596,8 +629,12 @@ def _human_retry(state: SessionState, ev: Event) -> SessionState:
 def _human_abandon(state: SessionState, ev: Event) -> SessionState:
     c, rec = _halted_call(state, ev)
     res = ToolResult(ResultKind.ABANDONED, c.execution_id, c.args_digest, "abandoned by a human")
+    resolved = replace(
+        rec, status=LedgerStatus.ABANDONED, result=res,
+        args_digest=c.args_digest, position=c.position,
+    )
     return (
-        state._with_record(replace(rec, status=LedgerStatus.ABANDONED, result=res))
+        state._with_record(resolved)
         ._with_audit((c.execution_id, "human_abandon", rec.attempt))
         ._with_call(replace(c, stage=Stage.RESUME))
     )
