@@ -87,9 +87,14 @@ def goals(b: dict[str, Any]) -> list[dict[str, Any]]:
                     "met": None if met is None else bool(met)})
 
     par, seq = _get(m, "ci_set", "parallel_seconds"), _get(m, "ci_set", "sequential_sum_seconds")
-    goal("CI model set, wall time", "<= 60 s",
+    # Issue 6's goal for its 11 models, one TLC run each; the set has grown
+    # (twins, probes, concurrency, retention) and issue 11's budget for the
+    # whole `make check` (batched runs and conformance too) replaces it: the
+    # figure stays, the goal is not judged.
+    goal("CI model set, one TLC run per model, wall time", "superseded by the `make check` "
+         "budget below (was <= 60 s for issue 6's 11 models)",
          None if par is None else f"{par:.1f} s two at a time ({seq:.1f} s sequential sum)",
-         _get(m, "ci_set", "goal_met"))
+         None)
     ratio = _get(c, "ratio_vs_tlc")
     goal("exhaustive conformance / TLC (TwoCalls)", "<= 3x",
          None if ratio is None else f"{ratio:.2f}x vs TLC ({_get(c, 'ratio_vs_tlc_with_dump'):.2f}x"
