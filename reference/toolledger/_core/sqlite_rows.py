@@ -18,7 +18,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Final
 
-from .protocol import ApprovalState, SessionState
+from .protocol import ApprovalState, CallState, SessionState
 from .rows import (
     _DATA,
     _KEY,
@@ -29,7 +29,7 @@ from .rows import (
     _enum,
     stored_difference,
 )
-from .sqlite_schema import _COLUMNS
+from .sqlite_schema import _COLUMNS, _RECORD_COLUMNS
 from .stores import CallView
 
 __all__ = ["SqliteRows"]
@@ -65,8 +65,40 @@ class SqliteRows(RowDecoder):
                     f"the {table} row ({key}) does not match its checksum: its content was "
                     "altered or damaged on disk"
                 )
+            if table == "calls":
+                self._record_row(row)  # the record it holds is checked too
             rows.append(row)
         return rows
+
+    def _record_row(self, call: Row) -> Row | None:
+        """The execution record a ``calls`` row holds, as a ``ledger`` row (None: no record).
+
+        Checked against ``record_checksum`` (the record's own checksum, the
+        one PostgreSQL's ``ledger`` row has): a record column set without a
+        checksum, or a checksum that does not match, is corruption.
+        """
+        row: Row = {"execution_id": call["execution_id"], "session_id": call["session_id"]}
+        row.update((ledger, call[column]) for ledger, column in _RECORD_COLUMNS)
+        if row["row_checksum"] is None:
+            if any(call[c] is not None for _, c in _RECORD_COLUMNS):
+                raise self._corrupt(
+                    f"the calls row ({call['session_id']!r}, {call['turn']!r}, "
+                    f"{call['slot']!r}) has record columns but no record_checksum: its "
+                    "content was altered or damaged on disk"
+                )
+            return None
+        row.update(_unpacked(call, row))
+        try:
+            ok = row["row_checksum"] == _checksum("ledger", row)
+        except (TypeError, ValueError):
+            ok = False  # a value of a type this store never writes
+        if not ok:
+            raise self._corrupt(
+                f"the ledger record of execution {call['execution_id']!r} (in the calls row "
+                f"({call['session_id']!r}, {call['turn']!r}, {call['slot']!r})) does not "
+                "match its checksum: its content was altered or damaged on disk"
+            )
+        return row
 
     def _insert(self, conn: sqlite3.Connection, table: str, row: Row) -> None:
         columns = (*_DATA[table], "row_checksum")
@@ -96,7 +128,7 @@ class SqliteRows(RowDecoder):
         """
         found = conn.execute(
             f"SELECT c.execution_id, {', '.join(f'c.{r}' for r in _RESULT)}, "
-            "(SELECT row_checksum FROM ledger WHERE execution_id = c.execution_id), "
+            "c.record_checksum, "
             "(SELECT state FROM approvals WHERE execution_id = c.execution_id), "
             "(SELECT group_concat(kind || ' ' || attempt, ',') FROM audit "
             "WHERE session_id = c.session_id AND execution_id = c.execution_id) "
@@ -145,9 +177,11 @@ class SqliteRows(RowDecoder):
                 ApprovalState, r["state"], f"approvals[{r['execution_id']!r}].state", self
             )
         ledger = {}
-        for r in self._owned(conn, session_id, "ledger", eids):
-            rec = self._decode_record(r)
-            ledger[rec.execution_id] = rec
+        for c in call_rows:  # a call's row holds its record (schema 7)
+            held = self._record_row(c)
+            if held is not None:
+                rec = self._decode_record(held)
+                ledger[rec.execution_id] = rec
         audit = frozenset(
             self._decode_audit(session_id, r).key
             for r in self._owned(conn, session_id, "audit", eids)
@@ -184,3 +218,50 @@ class SqliteRows(RowDecoder):
                     f"{r['session_id']!r}, but that execution is a call of {session_id!r}"
                 )
         return rows
+
+
+# A record mostly repeats its call: its arguments' digest, and once it has a
+# result, the call's execution id, digest and result content.  Such a value is
+# stored as NULL in the call's row and read back from the call's own column
+# (bench_bytes: a call's row with its record must stay well under a page).
+# The record's checksum is over its values, not over this encoding, so a
+# damaged byte either way still fails its check.  A record's ``args_digest``
+# is never empty (``_decode_record``), so '' stands for None.
+
+
+def packed_record(call: CallState, values: Row) -> Row:
+    """The ``calls`` columns (without ``record_checksum``) that store ``values`` in ``call``'s row.
+
+    ``values`` is the record as a ``ledger`` row (``_record_values``); ``call``
+    is the call as it is stored once the commit is done (results are written
+    before records in a commit, and a stored result never changes).
+    """
+    out = {column: values[ledger] for ledger, column in _RECORD_COLUMNS[:-1]}
+    digest = values["args_digest"]
+    out["record_args_digest"] = (
+        "" if digest is None else None if digest == call.args_digest else digest
+    )
+    if values["result_kind"] is not None:
+        if values["result_execution_id"] == call.execution_id:
+            out["record_result_execution_id"] = None
+        if values["result_args_digest"] == call.args_digest:
+            out["record_result_args_digest"] = None
+        if call.result is not None and values["result_content"] == call.result.content:
+            out["record_result_content"] = None
+    return out
+
+
+def _unpacked(call: Row, row: Row) -> Row:
+    """The record's values that ``packed_record`` stored as references to the call's row."""
+    out: Row = {}
+    digest = row["args_digest"]
+    out["args_digest"] = None if digest == "" else call["args_digest"] if digest is None else digest
+    if row["result_kind"] is not None:
+        for ledger, own in (
+            ("result_execution_id", "execution_id"),
+            ("result_args_digest", "args_digest"),
+            ("result_content", "result_content"),
+        ):
+            if row[ledger] is None:
+                out[ledger] = call[own]
+    return out
