@@ -194,7 +194,7 @@ _SCHEMA: Final[tuple[str, ...]] = (
         recorded_at TEXT NOT NULL,
         row_checksum TEXT NOT NULL)""",
     "CREATE INDEX calls_open ON calls (session_id, turn, slot) WHERE result_kind IS NULL",
-    "CREATE INDEX audit_by_session ON audit (session_id, execution_id)",
+    "CREATE INDEX audit_by_session ON audit (session_id, turn, slot)",
     """CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
         BEGIN SELECT RAISE(ABORT, 'audit rows are append-only'); END""",
     """CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
