@@ -1,4 +1,4 @@
-"""Leaner SQLite stores: the measured page size and the lean schema (version 6).
+"""Leaner SQLite stores: the measured page size and the lean schema (versions 6 and 7).
 
 Under test: :data:`toolledger._core.sqlite_schema.PAGE_SIZE` at creation, and
 that an existing store with another page size (4096, what earlier versions

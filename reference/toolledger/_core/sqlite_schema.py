@@ -47,9 +47,15 @@ PostgreSQL keeps its ``ledger`` table and the same checksums).  A record
 always belongs to a durable call of its session (``plan_commit`` refuses
 others), so the call's row is its natural home, and a commit that writes a
 record touches one B-tree fewer plus its index (``benchmarks/bench_bytes.py``:
-WAL frames per call by table).  A version-6 file keeps its records in the
-old table, so it is refused at open like every other version; no migration
-exists (copying each ledger row into its call's row would be one).
+WAL frames per call by table).  Values a record or a result repeats from its
+call are stored once (``sqlite_rows``: NULL, read back from the call's
+column), so a call's row with its record stays well under a 1 KiB page.
+``audit_by_session`` is on ``(session_id, turn, slot)`` (it was
+``(session_id, execution_id)``): narrower entries, so fewer of its pages split
+per commit; a call's audit rows are found by its position.  A version-6
+file keeps its records in the old table, so it is refused at open like every
+other version; no migration exists (copying each ledger row into its call's
+row would be one).
 
 Version 6 (from 5): leaner pages per commit, measured by
 ``benchmarks/bench_bytes.py``.  The ledger is a rowid table with

@@ -45,25 +45,37 @@ sessions    session_id PK, marker, max_attempts, epoch (the lease epoch)
 calls       session_id, turn, slot (PK together), tool_call_id, tool_name,
             policy, requires_approval, execution_id, args_digest,
             arguments, message_state, result_kind, result_content,
-            result_execution_id, result_args_digest, retention_window
+            result_execution_id, result_args_digest, retention_window,
+            row_checksum; then the call's execution record:
+            record_status, record_attempt, record_args_digest,
+            record_authorization, record_result_kind, record_result_content,
+            record_result_execution_id, record_result_args_digest,
+            record_turn, record_slot, record_dispatched_at, record_checksum
+            (all NULL: no record yet)
 approvals   execution_id PK, session_id, state (WITHOUT ROWID)
-ledger      execution_id UNIQUE, session_id, status, attempt, args_digest,
-            authorization, result_kind, result_content,
-            result_execution_id, result_args_digest, turn, slot,
-            dispatched_at
 audit       id (rowid: increasing, rows are never deleted), session_id,
             execution_id, tool_call_id, turn, slot, kind, attempt,
             authorization, recovery_decision, inputs (JSON), note,
             recorded_at; append-only (triggers refuse UPDATE and DELETE)
 ==========  ===============================================================
 
+A record always belongs to a durable call of its session, so it is kept in
+that call's row (schema 7; PostgreSQL keeps a ``ledger`` table): the
+``record_*`` columns hold the columns of a ``ledger`` row and
+``record_checksum`` its checksum, the same value PostgreSQL's ``ledger`` row
+has.  Values that repeat the call's own (the record's digest; once there is
+a result, its execution id, digest and content, and the same for the call's
+result) are stored as NULL and read back from the call's columns; every
+checksum is over the values, so damage either way fails its check.
+
 Indexes: ``calls_open`` (the calls without a result, partial) and
-``audit_by_session`` (session_id, execution_id).  They are what keeps a recovery independent of
+``audit_by_session`` (session_id, turn, slot).  They are what keeps a recovery independent of
 the history: :meth:`SqliteStore.load_working_set` reads the open calls and
-the last turn through them, and the approvals, records and audit keys of
-those calls by execution id.  A protected call's two commits touch a handful
-of pages (ledger row and its execution id; audit row and its index entry; the
-call's row and its ``calls_open`` entry), which is what each fsync carries.
+the last turn through them (with their records), and the approvals and
+audit keys of those calls by execution id and by position.  A protected
+call's two commits touch a handful of pages (the call's row, with its record
+and result, and its ``calls_open`` entry; the audit row and its index
+entry), which is what each fsync carries.
 
 ``calls.arguments`` keeps the JSON arguments the model emitted (NULL if the
 engine did not give them): only their digest is protocol-relevant, but a
