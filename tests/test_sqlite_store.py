@@ -780,3 +780,50 @@ def test_a_damaged_byte_in_the_schema_text_is_refused_as_corrupt(tmp_path: Path)
     with pytest.raises(StoreCorrupt, match="schema text of approvals"):
         SqliteStore(path)
     assert path.read_bytes()[at + 1:at + 2] == b"&"  # nothing was written
+
+
+def test_a_record_stored_in_its_calls_row_reads_back_as_it_was_written(tmp_path: Path) -> None:
+    """Schema 7 stores a record's values that repeat its call's as NULL (and None as ''):
+    every kind of record, repeating the call or not, with or without a result, reads
+    back as the ledger row it is, and its checksum is that row's."""
+    from dataclasses import replace
+
+    from toolledger._core.rows import _record_values
+    from toolledger._core.sqlite_rows import packed_record
+
+    with SqliteStore(with_history(tmp_path / "x.db")) as store:
+        conn = store.connection
+        (row,) = store._select(conn, "calls", "WHERE turn = 0 AND slot = 0", ())
+        (call,) = [c for c in store.load(SID).calls if c.position == (0, 0)]
+        assert call.result is not None
+        other = p.ToolResult(p.ResultKind.OK, "tlx1-" + "f" * 32, "sha256:" + "e" * 64, "y")
+        base = p.ExecutionRecord(
+            call.execution_id, p.LedgerStatus.SUCCEEDED, 2, call.args_digest,
+            p.Authorization.AUTO, call.result, call.position, 12.5,
+        )  # fmt: skip
+        records = [
+            base,  # repeats the call: digest and result stored once
+            replace(base, args_digest=None, result=None, status=p.LedgerStatus.DISPATCHED),
+            replace(base, args_digest="sha256:" + "d" * 64, result=other, position=None),
+            replace(base, result=replace(call.result, content="")),  # "" is not NULL
+        ]
+        for open_call in (False, True):
+            c = replace(call, result=None) if open_call else call
+            stored_row = dict(row)
+            if open_call:
+                stored_row.update(result_kind=None, result_content=None,
+                                  result_execution_id=None, result_args_digest=None)
+            for rec in records:
+                values = _record_values(SID, rec)
+                packed = packed_record(c, values)
+                held = {**stored_row, **packed, "record_checksum": _checksum("ledger", values)}
+                assert store._record_row(held) == {
+                    **values, "row_checksum": _checksum("ledger", values)}
+                assert store._decode_record(values | {"row_checksum": ""}) == rec
+        # a repeat is stored as NULL, a None digest as '' (never a valid digest)
+        packed = packed_record(call, _record_values(SID, base))
+        assert packed["record_args_digest"] is None
+        assert packed["record_result_execution_id"] is None
+        assert packed["record_result_args_digest"] is None
+        assert packed["record_result_content"] is None
+        assert packed_record(call, _record_values(SID, records[1]))["record_args_digest"] == ""
