@@ -2,11 +2,11 @@
 (***************************************************************************)
 (* Two calls of ONE assistant message (turn 1, slots 0 and 1), both with   *)
 (* the provider id "" (an OpenAI stream without ids): a manual call that   *)
-(* needs approval and an idempotent call that needs none (auto); no crash*)
+(* needs approval and an idempotent call that needs none (auto); no crash. *)
 (* Both may be in progress at once, as in openworker (all calls of a       *)
-(* message are persisted and authorized before the first is dispatched).
-(* Live time-outs still send both calls through Recover; with one crash   *)
-(* the model has 130k states, too many for the CI budget.                  *)   *)
+(* message are persisted and authorized before the first is dispatched).   *)
+(* Live time-outs still send both calls through Recover; with one crash    *)
+(* the model has 130k states, too many for the CI budget.                  *)
 (* Every constant is a literal: the Python checkers read them from here.   *)
 (***************************************************************************)
 EXTENDS DurableToolExecution

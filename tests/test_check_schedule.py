@@ -43,10 +43,11 @@ def test_a_temporal_property_and_a_state_graph_dump_cost_more() -> None:
 def test_the_liveness_runs_and_the_conformance_chain_start_first(tmp_path: Path) -> None:
     _, jobs = _ci_plan(tmp_path)
     order = [j.name for j in sorted(jobs, key=_Job.cost, reverse=True)]
-    first = set(order[:3])
-    assert {"Liveness", "LivenessNoHumanFairness"} <= first, order[:6]
-    # the biggest conformance model's TLC run (it dumps its graph) is in the first three
-    assert any(n.startswith("ReconcileReadonly") for n in first), order[:6]
+    assert {"Liveness", "LivenessNoHumanFairness"} <= set(order[:3]), order[:6]
+    # the biggest check-tier conformance model's TLC run (it dumps its graph,
+    # and its conformance check waits for it) starts before bigger plain runs
+    # such as DeepReconcile (58,846 states, no dump)
+    assert order.index("SameTurn") < order.index("DeepReconcile"), order[:8]
     # the old estimate put both Liveness runs after DeepReconcile (58,846 states)
     cost = {j.name: j.cost() for j in jobs}
     assert cost["Liveness"] > cost["DeepReconcile"]
