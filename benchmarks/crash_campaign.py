@@ -166,7 +166,7 @@ class Killer:
 
 
 def sql_label(sql: str) -> str:
-    """A short name of a statement: ``before SQL INSERT ledger``, ``before SQL COMMIT``."""
+    """A short name of a statement: ``before SQL INSERT calls``, ``before SQL COMMIT``."""
     words = sql.replace("(", " ").split()
     head = words[0].upper() if words else "?"
     upper = [w.upper() for w in words]

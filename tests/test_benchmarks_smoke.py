@@ -190,9 +190,10 @@ def test_bytes_breakdown(smoke: dict[str, Any]) -> None:
     # the floor: one page per table or index a commit touches, at most every frame
     assert m["commits_per_call"] <= m["floor_frames_per_call"] <= m["wal_frames_per_call"]
     frames = m["wal_frames_per_call_by_object"]
-    assert {"ledger", "calls", "audit"} <= set(frames)
+    # schema 7: a call's record is in its row (no ledger table, nor its id index)
+    assert {"calls", "audit"} <= set(frames) and not any("ledger" in t for t in frames)
     assert abs(sum(frames.values()) - m["wal_frames_per_call"]) < 1e-9
-    assert m["rows_per_call"]["ledger"] == 1 and m["rows_per_call"]["audit"] >= 1
+    assert m["rows_per_call"]["calls"] == 1 and m["rows_per_call"]["audit"] >= 1
     p = smoke["benchmarks"]["bytes"]["profile"]
     assert p["cpu_ms_per_call_nosync"] > 0 and p["top"]
 

@@ -80,13 +80,27 @@ def test_a_damaged_audit_row_is_refused_when_read_not_silent(tmp_path: Path) -> 
     # still be refused (StoreCorrupt) by every read of those rows, and no effect
     # may be applied twice.  A damage nothing refuses would count as silent.
     import random
+    import sqlite3
 
     base = cc.corruption_base(tmp_path)
     data = (base / cc.STORE).read_bytes()
-    # the audit_by_session index entry (session_id, execution_id) of the dispatch's
-    # audit row: the last copy of that key in the file (the index's page is the last)
-    at = data.rfind(b"campaigntlx1-") + 20
-    assert at > 20 and data.find(b"campaigntlx1-") < at - 20, "an audit row and its index entry"
+    # the audit_by_session index entry (session_id, turn, slot) of the dispatch's audit
+    # row, in the index's one page (a small store): the byte of its record header that
+    # holds the turn (turn 1 is SQLite serial type 9, a constant with no body bytes).
+    # A read of the rows takes the turn from the index, so it no longer matches the
+    # row's checksum.  (A damaged session id in an index entry hides the row from the
+    # session's reads: silent, for this schema and the one before it alike.)
+    conn = sqlite3.connect(f"file:{base / cc.STORE}?mode=ro", uri=True)
+    try:
+        (root,) = conn.execute(
+            "SELECT rootpage FROM sqlite_master WHERE name = 'audit_by_session'").fetchone()
+        (size,) = conn.execute("PRAGMA page_size").fetchone()
+    finally:
+        conn.close()
+    page = data[(root - 1) * size:root * size]
+    assert page.count(b"campaign") >= 1, "the audit rows' index entries"
+    at = (root - 1) * size + page.rfind(b"campaign") - 3
+    assert data[at - 2:at + 1] == bytes([5, 2 * len(b"campaign") + 13, 9]), "hdr, text, 1"
     report = cc.CorruptionReport()
     cc.corruption_trial(base, tmp_path, "flip", random.Random(1), report, at=at)
     assert (report.detected_on_read, report.silent, report.wrote_anyway) == (1, 0, 0), \
@@ -169,8 +183,9 @@ def test_fused_path_kills_around_the_commit_that_creates_the_session(
     begin = max(i for i in range(created) if labels[i] == "before SQL BEGIN IMMEDIATE")
     commit = labels.index("before SQL COMMIT", created)
     # the fused transaction holds the session's row, the call and its ledger record
+    # (schema 7: the record is an UPDATE of the call's row, in the same transaction)
     inside = labels[begin:commit]
-    assert any("INSERT calls" in x for x in inside) and any("INSERT ledger" in x
+    assert any("INSERT calls" in x for x in inside) and any("UPDATE calls" in x
                                                             for x in inside), inside
     assert "before external request" not in " ".join(labels[:commit])  # nothing sent before
     for k in sorted({begin + 1, (begin + commit) // 2 + 1, commit + 1, commit + 2}):

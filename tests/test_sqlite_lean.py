@@ -1,4 +1,4 @@
-"""Leaner SQLite stores: the measured page size and the lean schema (version 6).
+"""Leaner SQLite stores: the measured page size and the lean schema (versions 6 and 7).
 
 Under test: :data:`toolledger._core.sqlite_schema.PAGE_SIZE` at creation, and
 that an existing store with another page size (4096, what earlier versions
@@ -77,11 +77,13 @@ def test_the_lean_schema_a_new_store_gets(tmp_path: Path) -> None:
     with SqliteStore(path) as store:
         _turn(store, "s")
     sql = _sql_of(path)
-    # the ledger is a rowid table (no whole rows in interior pages), keyed by a UNIQUE id
-    assert "WITHOUT ROWID" not in sql["ledger"] and "sqlite_autoindex_ledger_1" in sql
-    # one index on the audit rows, serving the session's audit and a call's keys
+    # schema 7: no ledger table (nor its execution id index): a record is in its call's row
+    assert "ledger" not in sql and not any("ledger" in n for n in sql)
+    assert "record_checksum" in sql["calls"] and "WITHOUT ROWID" not in sql["calls"]
+    # one index on the audit rows, by the call's position (narrow entries), serving the
+    # session's audit and a call's keys
     assert [n for n in sql if n.startswith("audit_by")] == ["audit_by_session"]
-    assert "(session_id, execution_id)" in sql["audit_by_session"]
+    assert "(session_id, turn, slot)" in sql["audit_by_session"]
     # calls: the primary key's index only (the execution id is derived from it)
     assert [n for n in sql if n.startswith("sqlite_autoindex_calls")] == [
         "sqlite_autoindex_calls_1"]
@@ -101,16 +103,23 @@ def test_a_store_of_the_previous_schema_version_is_refused_by_name(tmp_path: Pat
 
 
 @pytest.mark.parametrize(
-    "query",
+    ("query", "search"),
     [
-        # what a commit's compare-and-set and a recovery's load read, per call
-        "SELECT group_concat(kind) FROM audit WHERE session_id = 's' AND execution_id = 'e'",
-        "SELECT id FROM audit WHERE session_id = 's' AND execution_id IN ('e', 'f')",
-        "SELECT row_checksum FROM ledger WHERE execution_id = 'e'",
-        "SELECT id FROM audit WHERE session_id = 's'",
+        # what a commit's compare-and-set and a recovery's load read, per call: the
+        # audit rows of one call (or of several calls of a turn) by the whole index key
+        ("SELECT group_concat(kind) FROM audit WHERE session_id = 's' AND turn = 0 "
+         "AND slot = 1 AND execution_id = 'e'", "(session_id=? AND turn=? AND slot=?)"),
+        ("SELECT id FROM audit WHERE session_id = 's' AND turn = 0 AND slot IN (0, 1)",
+         "(session_id=? AND turn=? AND slot=?)"),
+        # a call's record: in the call's row, by its primary key
+        ("SELECT record_checksum FROM calls WHERE session_id = 's' AND turn = 0 "
+         "AND slot = 1", "(session_id=? AND turn=? AND slot=?)"),
+        ("SELECT id FROM audit WHERE session_id = 's'", "(session_id=?)"),
     ],
 )
-def test_the_per_call_reads_go_through_an_index(tmp_path: Path, query: str) -> None:
+def test_the_per_call_reads_go_through_an_index(
+    tmp_path: Path, query: str, search: str
+) -> None:
     """Recovery stays flat in the history: no read of a call's rows scans a table."""
     path = tmp_path / "plan.db"
     SqliteStore(path).close()
@@ -119,4 +128,4 @@ def test_the_per_call_reads_go_through_an_index(tmp_path: Path, query: str) -> N
         plan = " / ".join(str(r[3]) for r in conn.execute(f"EXPLAIN QUERY PLAN {query}"))
     finally:
         conn.close()
-    assert "SCAN" not in plan, plan
+    assert "SCAN" not in plan and search in plan, plan

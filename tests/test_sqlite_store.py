@@ -137,7 +137,8 @@ def test_a_missing_path_gets_the_schema(tmp_path: Path) -> None:
     with SqliteStore(path) as store:
         conn = store.connection
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        assert {"meta", "sessions", "calls", "approvals", "ledger", "audit"} <= tables
+        assert {"meta", "sessions", "calls", "approvals", "audit"} <= tables
+        assert "ledger" not in tables  # schema 7: a record lives in its call's row
         assert conn.execute("SELECT schema_version FROM meta").fetchall() == [(SCHEMA_VERSION,)]
         assert conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
         assert store.sessions() == []
@@ -211,7 +212,15 @@ def transactions(statements: list[str]) -> list[list[str]]:
 
 
 def writes(tx: list[str], table: str) -> bool:
-    return any(re.match(rf"(INSERT INTO|UPDATE) {table}\b", s) for s in tx)
+    """Whether the transaction writes ``table``; "ledger": a record, which schema 7 keeps
+    in its call's row (an UPDATE of the call's ``record_*`` columns, and nothing else)."""
+    if table == "ledger":
+        return any(s.startswith("UPDATE calls SET record_status") for s in tx)
+    return any(
+        re.match(rf"(INSERT INTO|UPDATE) {table}\b", s)
+        and not s.startswith("UPDATE calls SET record_")
+        for s in tx
+    )
 
 
 def test_a_protected_call_costs_two_ledger_commits_counted_by_sqlite(tmp_path: Path) -> None:
@@ -287,7 +296,9 @@ def test_a_failed_dispatch_commit_leaves_nothing_after_reopening(
     with SqliteStore(path) as reopened:
         assert reopened.load(SID) == durable_projection(state)
         assert reopened.audit(SID) == []
-        assert reopened.connection.execute("SELECT count(*) FROM ledger").fetchone()[0] == 0
+        assert reopened.connection.execute(
+            "SELECT count(*) FROM calls WHERE record_checksum IS NOT NULL OR "
+            "record_status IS NOT NULL").fetchone()[0] == 0
 
 
 def test_a_failed_success_commit_leaves_neither_record_nor_tool_result(tmp_path: Path) -> None:
@@ -540,9 +551,43 @@ def test_another_applications_database(tmp_path: Path) -> None:
 def test_a_row_altered_by_hand(tmp_path: Path) -> None:
     path = populated(tmp_path / "x.db")
     by_hand(
-        path, "UPDATE ledger SET status = 'succeeded' WHERE attempt = 1 AND result_kind IS NULL"
+        path,
+        "UPDATE calls SET record_status = 'succeeded' "
+        "WHERE record_attempt = 1 AND record_result_kind IS NULL",
     )
-    refuse(path, StoreCorrupt, r"the ledger row \(execution_id='tlx1-.*'\) does not match")
+    refuse(path, StoreCorrupt, r"the ledger record of execution 'tlx1-.*' .* does not match")
+
+
+def test_record_columns_without_their_checksum(tmp_path: Path) -> None:
+    """A record's values in a call's row with its checksum gone: damage, not "no record"."""
+    path = populated(tmp_path / "x.db")
+    by_hand(path, "UPDATE calls SET record_checksum = NULL WHERE record_attempt = 1")
+    refuse(path, StoreCorrupt, "has record columns but no record_checksum")
+
+
+def test_a_record_repeating_its_call_is_stored_once_and_read_back_whole(
+    tmp_path: Path,
+) -> None:
+    """The record's digest and result name the call's own: stored as NULL (bench_bytes),
+    read back as the values, and the checksum is over the values."""
+    path = with_history(tmp_path / "x.db")
+    raw = sqlite3.connect(path)
+    settled = raw.execute(
+        "SELECT count(*) FROM calls WHERE record_result_kind IS NOT NULL AND "
+        "record_args_digest IS NULL AND record_result_execution_id IS NULL AND "
+        "record_result_args_digest IS NULL AND record_result_content IS NULL AND "
+        "result_execution_id IS NULL AND result_args_digest IS NULL").fetchone()[0]
+    raw.close()
+    assert settled > 0
+    with SqliteStore(path) as store:
+        state = store.load(SID)
+        store.verify()
+    done = [c for c in state.calls if c.result is not None and c.execution_id in state.ledger]
+    assert done
+    for c in done:
+        rec = state.ledger[c.execution_id]
+        assert rec.args_digest == c.args_digest and rec.result == c.result
+        assert c.result is not None and c.result.execution_id == c.execution_id
 
 
 def test_a_row_altered_with_its_checksum_still_fails_closed(tmp_path: Path) -> None:
@@ -690,15 +735,14 @@ def test_verify_passes_a_healthy_store_and_writes_nothing(
     assert cli_main(["verify-store", str(tmp_path / "missing.db")]) == 2
 
 
-def test_verify_finds_a_record_that_belongs_to_no_call(tmp_path: Path) -> None:
+def test_verify_finds_an_approval_that_belongs_to_no_call(tmp_path: Path) -> None:
+    # (a ledger record cannot: schema 7 keeps it in its call's row)
     path = with_history(tmp_path / "x.db")
     raw = sqlite3.connect(path)
-    raw.row_factory = sqlite3.Row
-    row = dict(raw.execute("SELECT * FROM ledger LIMIT 1").fetchone())
-    row["execution_id"] = "tlx1-" + "0" * 32
-    row["row_checksum"] = _checksum("ledger", row)
+    row = {"execution_id": "tlx1-" + "0" * 32, "session_id": SID, "state": "approved"}
+    row["row_checksum"] = _checksum("approvals", row)
     raw.execute(
-        f"INSERT INTO ledger ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+        f"INSERT INTO approvals ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
         tuple(row.values()),
     )
     raw.commit()
@@ -736,3 +780,50 @@ def test_a_damaged_byte_in_the_schema_text_is_refused_as_corrupt(tmp_path: Path)
     with pytest.raises(StoreCorrupt, match="schema text of approvals"):
         SqliteStore(path)
     assert path.read_bytes()[at + 1:at + 2] == b"&"  # nothing was written
+
+
+def test_a_record_stored_in_its_calls_row_reads_back_as_it_was_written(tmp_path: Path) -> None:
+    """Schema 7 stores a record's values that repeat its call's as NULL (and None as ''):
+    every kind of record, repeating the call or not, with or without a result, reads
+    back as the ledger row it is, and its checksum is that row's."""
+    from dataclasses import replace
+
+    from toolledger._core.rows import _record_values
+    from toolledger._core.sqlite_rows import packed_record
+
+    with SqliteStore(with_history(tmp_path / "x.db")) as store:
+        conn = store.connection
+        (row,) = store._select(conn, "calls", "WHERE turn = 0 AND slot = 0", ())
+        (call,) = [c for c in store.load(SID).calls if c.position == (0, 0)]
+        assert call.result is not None
+        other = p.ToolResult(p.ResultKind.OK, "tlx1-" + "f" * 32, "sha256:" + "e" * 64, "y")
+        base = p.ExecutionRecord(
+            call.execution_id, p.LedgerStatus.SUCCEEDED, 2, call.args_digest,
+            p.Authorization.AUTO, call.result, call.position, 12.5,
+        )  # fmt: skip
+        records = [
+            base,  # repeats the call: digest and result stored once
+            replace(base, args_digest=None, result=None, status=p.LedgerStatus.DISPATCHED),
+            replace(base, args_digest="sha256:" + "d" * 64, result=other, position=None),
+            replace(base, result=replace(call.result, content="")),  # "" is not NULL
+        ]
+        for open_call in (False, True):
+            c = replace(call, result=None) if open_call else call
+            stored_row = dict(row)
+            if open_call:
+                stored_row.update(result_kind=None, result_content=None,
+                                  result_execution_id=None, result_args_digest=None)
+            for rec in records:
+                values = _record_values(SID, rec)
+                packed = packed_record(c, values)
+                held = {**stored_row, **packed, "record_checksum": _checksum("ledger", values)}
+                assert store._record_row(held) == {
+                    **values, "row_checksum": _checksum("ledger", values)}
+                assert store._decode_record(values | {"row_checksum": ""}) == rec
+        # a repeat is stored as NULL, a None digest as '' (never a valid digest)
+        packed = packed_record(call, _record_values(SID, base))
+        assert packed["record_args_digest"] is None
+        assert packed["record_result_execution_id"] is None
+        assert packed["record_result_args_digest"] is None
+        assert packed["record_result_content"] is None
+        assert packed_record(call, _record_values(SID, records[1]))["record_args_digest"] == ""

@@ -210,7 +210,15 @@ def transactions(statements: list[str]) -> list[list[str]]:
 
 
 def writes(tx: list[str], table: str) -> bool:
-    return any(re.match(rf"(INSERT INTO|UPDATE) {table}\b", s) for s in tx)
+    """Whether the transaction writes ``table``; "ledger" on SQLite (schema 7, a record
+    in its call's row): an UPDATE of the call's ``record_*`` columns, and nothing else."""
+    if table == "ledger" and any(s.startswith("UPDATE calls SET record_") for s in tx):
+        return True
+    return any(
+        re.match(rf"(INSERT INTO|UPDATE) {table}\b", s)
+        and not s.startswith("UPDATE calls SET record_")
+        for s in tx
+    )
 
 
 def audit_keys(store: Store) -> list[tuple[str, int]]:
@@ -483,6 +491,11 @@ def settled(backend: Backend) -> Store:
 def test_an_altered_row_fails_closed(durable: Backend, statement: str) -> None:
     settled(durable)
     assert durable.sql is not None
+    if durable.name == "sqlite":  # schema 7: the record is in its call's row
+        statement = statement.replace(
+            "UPDATE ledger SET attempt = attempt + 1",
+            "UPDATE calls SET record_attempt = record_attempt + 1",
+        )
     durable.sql(statement)
     with pytest.raises(StoreCorrupt, match="does not match its checksum"):
         Ledger(durable.new(), SID)

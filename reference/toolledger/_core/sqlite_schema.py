@@ -22,6 +22,7 @@ from .protocol import (
     Authorization,
     LedgerStatus,
     RecoveryPolicy,
+    ResultKind,
 )
 from .rows import (
     _DATA,
@@ -34,8 +35,27 @@ from .stores import (
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION: Final = 6
+SCHEMA_VERSION: Final = 7
 """The schema this version writes and reads; a file with another one is refused.
+
+Version 7 (from 6): the execution record lives in its call's row.  The
+``ledger`` table and its ``execution_id`` index are gone; ``calls`` has the
+record's columns (``record_status`` ... ``record_dispatched_at``, see
+``_RECORD_COLUMNS``) and ``record_checksum``, the checksum of the record as
+the ``ledger`` row it was (so ``_differs`` compares it as before, and
+PostgreSQL keeps its ``ledger`` table and the same checksums).  A record
+always belongs to a durable call of its session (``plan_commit`` refuses
+others), so the call's row is its natural home, and a commit that writes a
+record touches one B-tree fewer plus its index (``benchmarks/bench_bytes.py``:
+WAL frames per call by table).  Values a record or a result repeats from its
+call are stored once (``sqlite_rows``: NULL, read back from the call's
+column), so a call's row with its record stays well under a 1 KiB page.
+``audit_by_session`` is on ``(session_id, turn, slot)`` (it was
+``(session_id, execution_id)``): narrower entries, so fewer of its pages split
+per commit; a call's audit rows are found by its position.  A version-6
+file keeps its records in the old table, so it is refused at open like every
+other version; no migration exists (copying each ledger row into its call's
+row would be one).
 
 Version 6 (from 5): leaner pages per commit, measured by
 ``benchmarks/bench_bytes.py``.  The ledger is a rowid table with
@@ -91,11 +111,29 @@ _SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 # Schema
 # --------------------------------------------------------------------------
 
+# The columns of the ``calls`` row that hold its execution record: (the
+# record's column as PostgreSQL's ``ledger`` table and the checksum name it,
+# the column of ``calls``).  ``execution_id`` and ``session_id`` are the
+# call's own; ``record_checksum`` is ``_checksum("ledger", ...)`` of the
+# record's values, NULL with every other record column when there is no record.
+_RECORD_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
+    *(
+        (c, f"record_{c}")
+        for c in _DATA["ledger"]
+        if c not in ("execution_id", "session_id")
+    ),
+    ("row_checksum", "record_checksum"),
+)
+
 _COLUMNS: Final[Mapping[str, tuple[str, ...]]] = {
     "meta": ("singleton", "schema_version", "created"),
     **{
-        t: (("id",) if t == "audit" else ()) + cols + ("row_checksum",)
+        t: (("id",) if t == "audit" else ())
+        + cols
+        + ("row_checksum",)
+        + (tuple(c for _, c in _RECORD_COLUMNS) if t == "calls" else ())
         for t, cols in _DATA.items()
+        if t != "ledger"
     },
 }
 
@@ -125,24 +163,27 @@ _SCHEMA: Final[tuple[str, ...]] = (
         {_RESULT_DDL},
         retention_window REAL CHECK (retention_window IS NULL OR retention_window > 0),
         row_checksum TEXT NOT NULL,
+        record_status TEXT
+            CHECK (record_status IS NULL OR record_status IN ({_one_of(LedgerStatus)})),
+        record_attempt INTEGER CHECK (record_attempt IS NULL OR record_attempt >= 0),
+        record_args_digest TEXT,
+        record_authorization TEXT CHECK (
+            record_authorization IS NULL OR record_authorization IN ({_one_of(Authorization)})),
+        record_result_kind TEXT CHECK (
+            record_result_kind IS NULL OR record_result_kind IN ({_one_of(ResultKind)})),
+        record_result_content TEXT,
+        record_result_execution_id TEXT,
+        record_result_args_digest TEXT,
+        record_turn INTEGER,
+        record_slot INTEGER,
+        record_dispatched_at REAL,
+        record_checksum TEXT,
         PRIMARY KEY (session_id, turn, slot))""",
     f"""CREATE TABLE approvals (
         execution_id TEXT PRIMARY KEY,
         session_id TEXT NOT NULL REFERENCES sessions (session_id),
         state TEXT NOT NULL CHECK (state IN ({_one_of(ApprovalState)})),
         row_checksum TEXT NOT NULL) WITHOUT ROWID""",
-    f"""CREATE TABLE ledger (
-        execution_id TEXT NOT NULL UNIQUE,
-        session_id TEXT NOT NULL REFERENCES sessions (session_id),
-        status TEXT NOT NULL CHECK (status IN ({_one_of(LedgerStatus)})),
-        attempt INTEGER NOT NULL CHECK (attempt >= 0),
-        args_digest TEXT,
-        authorization TEXT NOT NULL CHECK (authorization IN ({_one_of(Authorization)})),
-        {_RESULT_DDL},
-        turn INTEGER,
-        slot INTEGER,
-        dispatched_at REAL,
-        row_checksum TEXT NOT NULL)""",
     """CREATE TABLE audit (
         id INTEGER PRIMARY KEY,
         session_id TEXT NOT NULL REFERENCES sessions (session_id),
@@ -159,7 +200,7 @@ _SCHEMA: Final[tuple[str, ...]] = (
         recorded_at TEXT NOT NULL,
         row_checksum TEXT NOT NULL)""",
     "CREATE INDEX calls_open ON calls (session_id, turn, slot) WHERE result_kind IS NULL",
-    "CREATE INDEX audit_by_session ON audit (session_id, execution_id)",
+    "CREATE INDEX audit_by_session ON audit (session_id, turn, slot)",
     """CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
         BEGIN SELECT RAISE(ABORT, 'audit rows are append-only'); END""",
     """CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit

@@ -45,25 +45,37 @@ sessions    session_id PK, marker, max_attempts, epoch (the lease epoch)
 calls       session_id, turn, slot (PK together), tool_call_id, tool_name,
             policy, requires_approval, execution_id, args_digest,
             arguments, message_state, result_kind, result_content,
-            result_execution_id, result_args_digest, retention_window
+            result_execution_id, result_args_digest, retention_window,
+            row_checksum; then the call's execution record:
+            record_status, record_attempt, record_args_digest,
+            record_authorization, record_result_kind, record_result_content,
+            record_result_execution_id, record_result_args_digest,
+            record_turn, record_slot, record_dispatched_at, record_checksum
+            (all NULL: no record yet)
 approvals   execution_id PK, session_id, state (WITHOUT ROWID)
-ledger      execution_id UNIQUE, session_id, status, attempt, args_digest,
-            authorization, result_kind, result_content,
-            result_execution_id, result_args_digest, turn, slot,
-            dispatched_at
 audit       id (rowid: increasing, rows are never deleted), session_id,
             execution_id, tool_call_id, turn, slot, kind, attempt,
             authorization, recovery_decision, inputs (JSON), note,
             recorded_at; append-only (triggers refuse UPDATE and DELETE)
 ==========  ===============================================================
 
+A record always belongs to a durable call of its session, so it is kept in
+that call's row (schema 7; PostgreSQL keeps a ``ledger`` table): the
+``record_*`` columns hold the columns of a ``ledger`` row and
+``record_checksum`` its checksum, the same value PostgreSQL's ``ledger`` row
+has.  Values that repeat the call's own (the record's digest; once there is
+a result, its execution id, digest and content, and the same for the call's
+result) are stored as NULL and read back from the call's columns; every
+checksum is over the values, so damage either way fails its check.
+
 Indexes: ``calls_open`` (the calls without a result, partial) and
-``audit_by_session`` (session_id, execution_id).  They are what keeps a recovery independent of
+``audit_by_session`` (session_id, turn, slot).  They are what keeps a recovery independent of
 the history: :meth:`SqliteStore.load_working_set` reads the open calls and
-the last turn through them, and the approvals, records and audit keys of
-those calls by execution id.  A protected call's two commits touch a handful
-of pages (ledger row and its execution id; audit row and its index entry; the
-call's row and its ``calls_open`` entry), which is what each fsync carries.
+the last turn through them (with their records), and the approvals and
+audit keys of those calls by execution id and by position.  A protected
+call's two commits touch a handful of pages (the call's row, with its record
+and result, and its ``calls_open`` entry; the audit row and its index
+entry), which is what each fsync carries.
 
 ``calls.arguments`` keeps the JSON arguments the model emitted (NULL if the
 engine did not give them): only their digest is protocol-relevant, but a
@@ -132,7 +144,6 @@ from .protocol import (
     SessionState,
 )
 from .rows import (
-    _DATA,
     Row,
     _checksum,
     _int,
@@ -140,7 +151,7 @@ from .rows import (
     _record_values,
     _result_values,
 )
-from .sqlite_rows import SqliteRows
+from .sqlite_rows import SqliteRows, packed_record
 from .sqlite_schema import (
     _COLUMNS,
     _OBJECTS,
@@ -674,9 +685,12 @@ class SqliteStore(SqliteRows):
             problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check(5)")]
             if problems != ["ok"]:
                 raise self._corrupt("PRAGMA quick_check found: " + "; ".join(problems))
-            rows = {table: self._select(conn, table, "", ()) for table in _DATA}  # checksums
+            # every row's checksum (a call's record too: schema 7 keeps it in the call's row,
+            # so a record always belongs to its call)
+            rows = {table: self._select(conn, table, "", ()) for table in _COLUMNS
+                    if table != "meta"}
             owner = {r["execution_id"]: r["session_id"] for r in rows["calls"]}
-            for table in ("approvals", "ledger", "audit"):
+            for table in ("approvals", "audit"):
                 for r in rows[table]:
                     if owner.get(r["execution_id"]) != r["session_id"]:
                         raise self._corrupt(
@@ -746,6 +760,9 @@ class SqliteStore(SqliteRows):
         if plan.empty:
             return
 
+        # plan_commit refuses a record that is not a durable call's of ``after``
+        owners = {c.execution_id: c for c in after.calls}
+
         def body(conn: sqlite3.Connection) -> None:
             if created is not None:
                 if self._select(conn, "sessions", "WHERE session_id = ?", (session_id,)):
@@ -766,7 +783,9 @@ class SqliteStore(SqliteRows):
                 approval=lambda eid, was, now: self._write_approval(
                     conn, session_id, eid, was, now
                 ),
-                record=lambda old, new: self._write_record(conn, session_id, old, new),
+                record=lambda old, new: self._write_record(
+                    conn, session_id, owners[new.execution_id], old, new
+                ),
                 audit=lambda row: self._write_audit(conn, row),
             )
 
@@ -847,42 +866,40 @@ class SqliteStore(SqliteRows):
         self,
         conn: sqlite3.Connection,
         session_id: str,
+        call: CallState,
         old: ExecutionRecord | None,
         new: ExecutionRecord,
     ) -> None:
-        """Insert or replace a ledger row, only if it still is ``old``: one statement.
+        """Set the record in its call's row, only if it still is ``old``: one statement.
 
-        A ledger row holds nothing but the record, so the checksum of the row
-        this engine saw is known without reading it: the UPDATE matches only
-        that row (same key, same checksum), and the INSERT only an absent one.
+        The record's columns hold nothing but the record, so the checksum of
+        the record this engine saw is known without reading it: the UPDATE
+        matches only the call's row whose ``record_checksum`` is that one
+        (NULL: no record yet).  Only non-indexed columns are SET (the key and
+        ``result_kind``, which ``calls_open`` names, are not), so SQLite
+        rewrites no index entry (bench_bytes: pages per commit).
         """
         values = _record_values(session_id, new)
-        stale = StaleState(
-            f"the ledger record of {new.execution_id} in session {session_id!r} is not the "
-            f"one this engine saw: another engine wrote it; {RELOAD}"
-        )
-        if old is None:
-            try:
-                self._insert(conn, "ledger", values)
-            except sqlite3.IntegrityError as exc:
-                raise stale from exc
-            return
-        # The key columns are not SET: the WHERE fixes them (the old checksum
-        # covers session_id), and a SET that names an indexed column makes
-        # SQLite rewrite that index entry too (bench_bytes: pages per commit).
-        columns = tuple(c for c in _DATA["ledger"] if c not in ("execution_id", "session_id"))
+        expected = None if old is None else _checksum("ledger", _record_values(session_id, old))
+        columns = list(packed_record(call, values).items())
         cursor = conn.execute(
-            f"UPDATE ledger SET {', '.join(f'{c} = ?' for c in columns)}, row_checksum = ? "
-            "WHERE execution_id = ? AND row_checksum = ?",
+            f"UPDATE calls SET {', '.join(f'{c} = ?' for c, _ in columns)}, "
+            "record_checksum = ? WHERE session_id = ? AND turn = ? AND slot = ? "
+            "AND execution_id = ? AND record_checksum IS ?",
             (
-                *(values[c] for c in columns),
+                *(v for _, v in columns),
                 _checksum("ledger", values),
+                session_id,
+                *call.position,
                 new.execution_id,
-                _checksum("ledger", _record_values(session_id, old)),
+                expected,
             ),
         )
         if cursor.rowcount != 1:
-            raise stale
+            raise StaleState(
+                f"the ledger record of {new.execution_id} in session {session_id!r} is not the "
+                f"one this engine saw: another engine wrote it; {RELOAD}"
+            )
 
     def _write_audit(self, conn: sqlite3.Connection, row: AuditRow) -> None:
         self._insert(
