@@ -107,8 +107,12 @@ def goals(b: dict[str, Any]) -> list[dict[str, Any]]:
          None if lp is None else f"{lp:g} / {lr:g}; "
          + ("not measured" if lm is None else f"{lm:g}"), _get(s, "commits_goal_met"))
     gv, against = _get(s, "goal_ratio_value"), _get(s, "goal_ratio_against")
-    goal("protected calls/s x 2 / raw syncs/s", ">= 0.8",
-         None if gv is None else f"{gv:.2f} (against raw {against})", _get(s, "ratio_goal_met"))
+    # Issue 15 retired issue 6's ratio against a raw sync (its zero-work
+    # ceiling was measured at 0.52; disk noise moves it by 3x run to run): the
+    # peers on the same disk are the yardstick.  The figure stays, unjudged.
+    goal("protected calls/s x 2 / raw syncs/s", "retired by issue 15 (was >= 0.8): the peers "
+         "below are the yardstick",
+         None if gv is None else f"{gv:.2f} (against raw {against})", None)
     rr = _get(r, "ratio_largest_to_smallest")
     sizes = _get(r, "history_sizes") or []
     goal("recovery t(100k) / t(1k)", "<= 1.5",
