@@ -782,6 +782,33 @@ def test_a_damaged_byte_in_the_schema_text_is_refused_as_corrupt(tmp_path: Path)
     assert path.read_bytes()[at + 1:at + 2] == b"&"  # nothing was written
 
 
+def test_a_damaged_byte_that_is_not_utf8_is_refused_as_corrupt(tmp_path: Path) -> None:
+    """The crash campaign's trial at a table's name in sqlite_master: the byte became
+    0xEC, which is not UTF-8, and sqlite3's decoding raised UnicodeDecodeError out of
+    the open (a traceback, not a StoreCorrupt naming the file).  The same damage in a
+    row's text, on a read and on a write."""
+    path = tmp_path / "s.sqlite3"
+    with SqliteStore(path) as store:
+        store.create_session("s", marker=0, max_attempts=3)
+    data = path.read_bytes()
+    at = data.index(b"approvals")  # sqlite_master's name column comes first
+    path.write_bytes(data[:at] + b"\xec" + data[at + 1:])
+    with pytest.raises(StoreCorrupt, match="not valid UTF-8") as e:
+        SqliteStore(path)
+    assert str(path) in str(e.value)
+    assert path.read_bytes()[at:at + 1] == b"\xec"  # nothing was written
+
+    rows = tmp_path / "rows.sqlite3"
+    with SqliteStore(rows) as store:
+        store.create_session("s", marker=0, max_attempts=3)
+    conn = sqlite3.connect(rows)
+    conn.execute("UPDATE sessions SET session_id = CAST(x'73ec' AS TEXT)")
+    conn.commit()
+    conn.close()
+    with SqliteStore(rows) as store, pytest.raises(StoreCorrupt, match=r"(?i)utf-8"):
+        store.sessions()
+
+
 def test_a_record_stored_in_its_calls_row_reads_back_as_it_was_written(tmp_path: Path) -> None:
     """Schema 7 stores a record's values that repeat its call's as NULL (and None as ''):
     every kind of record, repeating the call or not, with or without a result, reads

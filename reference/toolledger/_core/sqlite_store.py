@@ -183,6 +183,12 @@ __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteStore"]
 _T = TypeVar("_T")
 
 
+def _not_utf8(exc: UnicodeDecodeError) -> str:
+    # sqlite3 decodes TEXT as UTF-8 before any checksum can be compared: a
+    # damaged byte in a name, a schema text or a row's text shows up here
+    return f"a stored text is not valid UTF-8, a damaged byte ({exc})"
+
+
 class SqliteStore(SqliteRows):
     """A :class:`~toolledger._core.stores.Store` on one SQLite file (see the module doc).
 
@@ -404,6 +410,8 @@ class SqliteStore(SqliteRows):
             conn.execute("PRAGMA query_only = OFF")
         except sqlite3.DatabaseError as exc:
             raise self._corrupt(f"SQLite cannot read it ({exc})") from exc
+        except UnicodeDecodeError as exc:
+            raise self._corrupt(_not_utf8(exc)) from exc
         return False
 
     def _configure(self, conn: sqlite3.Connection) -> None:
@@ -543,6 +551,8 @@ class SqliteStore(SqliteRows):
                 self._rollback(conn, what)
                 if isinstance(exc, sqlite3.Error):
                     raise self._sql_error(what, exc) from exc
+                if isinstance(exc, UnicodeDecodeError):
+                    raise self._corrupt(_not_utf8(exc)) from exc
                 raise
 
     def _rollback(self, conn: sqlite3.Connection, what: str) -> None:
@@ -569,6 +579,8 @@ class SqliteStore(SqliteRows):
                         conn.execute("ROLLBACK")
             except sqlite3.Error as exc:
                 raise self._sql_error("reading", exc, reading=True) from exc
+            except UnicodeDecodeError as exc:
+                raise self._corrupt(_not_utf8(exc)) from exc
 
     # -- the port -----------------------------------------------------------------
 
