@@ -216,6 +216,10 @@ class Session(LedgerGuard):
         # execute_many: (key, next key) while key runs; its success commit may
         # carry next key's dispatched (see execute_many)
         self._chain: tuple[str, str] | None = None
+        # execute_message(together=True): keys whose outcome commit is deferred, and
+        # the deferred outcomes (events, result text) by key, committed together
+        self._defer_keys: set[str] = set()
+        self._deferred: dict[str, tuple[list[Event], str]] = {}
 
     # -- opening --------------------------------------------------------------
 
@@ -371,7 +375,7 @@ class Session(LedgerGuard):
         nothing new and returns the calls' status (a call interrupted by a
         restart gets its recovery decision first, as in :meth:`recover`).
         """
-        return self._record(seq, calls, requires_approval, dispatch_first=False)
+        return self._record(seq, calls, requires_approval, dispatch="none")
 
     def execute_message(
         self,
@@ -380,6 +384,7 @@ class Session(LedgerGuard):
         fn: Callable[[Attempt], object],
         *,
         requires_approval: Sequence[bool | None] | None = None,
+        together: bool = False,
     ) -> list[CallStatus]:
         """Record the calls of the assistant message ``seq`` and run those that need no human.
 
@@ -406,14 +411,110 @@ class Session(LedgerGuard):
         after it, the first call is dispatched-and-unknown, exactly as after
         its own dispatch commit.  Bad input is refused before anything is
         written or run.
+
+        ``together=True``: the message's calls are dispatched together and
+        their outcomes recorded together, so the whole message takes TWO
+        commits however many calls it has: [record + ``dispatched`` of every
+        protected call that can run now], then every call runs in the
+        message's order, then [every outcome + its result].  The calls of one
+        assistant message are independent (the model wrote them all before it
+        saw any result), and in the spec each call is its own process: these
+        are consecutive steps of a behaviour of the spec (the n
+        ``EnginePersistDispatched`` steps, the calls' invocations and
+        answers, then the n ``EngineRecordSucceeded`` / ``EngineRecordFailed``
+        + ``EngineAppendResult`` steps), so every invariant holds of them.
+        The price is the crash window: a crash between the two commits
+        leaves EVERY dispatched call of the message dispatched-and-unknown,
+        including those whose body had not started, and recovery decides
+        each by its policy (idempotent: retried under its key; reconcile:
+        asked; manual: halted for a human, one recovery item per call where
+        the default would leave one).  Choose it for messages of idempotent
+        or reconcilable tools, or where throughput matters more than a
+        human's work after a crash.  A call whose outcome is unknown is
+        decided at once, with the outcomes before it recorded first; an
+        exception from the session (not from a tool body) records the
+        outcomes known so far before it propagates; a ``BaseException`` in a
+        tool body records nothing more, as a crash would.
         """
         if not callable(fn):
             raise InvalidInput(f"execute_message: fn must be a callable taking the Attempt, got "
                                f"{fn!r}; nothing was recorded")
-        recorded = self._record(seq, calls, requires_approval, dispatch_first=True)
+        if not isinstance(together, bool):
+            raise InvalidInput(f"execute_message: together must be True or False, got "
+                               f"{together!r}; nothing was recorded")
+        recorded = self._record(seq, calls, requires_approval,
+                                dispatch="all" if together else "first")
         runnable = [st.call.key for st in recorded if st.next in (Next.EXECUTE, Next.RETRY)]
-        ran = dict(zip(runnable, self.execute_many([(k, fn) for k in runnable]), strict=True))
+        if together:
+            ran = dict(zip(runnable, self._execute_together(runnable, fn), strict=True))
+        else:
+            ran = dict(zip(runnable, self.execute_many([(k, fn) for k in runnable]),
+                           strict=True))
         return [ran.get(st.call.key, st) for st in recorded]
+
+    def _execute_together(
+        self, keys: list[str], fn: Callable[[Attempt], object]
+    ) -> list[CallStatus]:
+        """Run ``keys`` (dispatched together, see :meth:`execute_message`); ONE outcome commit."""
+        with self._usable():
+            # a message recorded before (a resume): its runnable calls are dispatched
+            # here, together; a new message's were dispatched in its record commit
+            pending = [Event(Action.EnginePersistDispatched, c.position)
+                       for c in map(self._find, keys) if self._dispatchable(c)]
+            if pending:
+                self._step_many(pending)
+        out: list[CallStatus] = []
+        try:
+            for key in keys:
+                with self._lock:
+                    self._defer_keys.add(key)
+                try:
+                    out.append(self.execute(key, fn))
+                finally:
+                    with self._lock:
+                        self._defer_keys.discard(key)
+        except Exception:
+            with self._lock:  # the session's own error: what is known is recorded first
+                self._flush_deferred(keys)
+            raise
+        except BaseException:
+            with self._lock:  # the process is going away: nothing more is recorded
+                for key in keys:
+                    self._deferred.pop(key, None)
+            raise
+        with self._lock:
+            self._flush_deferred(keys)
+            return [replace(self._status_now(self._find(st.call.key)), outcome=st.outcome,
+                            error=st.error) for st in out]
+
+    def _dispatchable(self, c: CallState) -> bool:
+        """Call ``c`` can be dispatched right now (the checks of :meth:`_start`)."""
+        return (c.result is None and c.execution_id not in self._running and c.tool.protected
+                and (c.stage is Stage.RETRY
+                     or (c.stage is Stage.LIVE and approved(self._ledger.state, c))))
+
+    def _defer(self, a: Attempt, events: list[Event], text: str) -> bool:
+        """Keep the outcome of a call run together with others for the one outcome commit."""
+        key = a.call.key
+        if key not in self._defer_keys:
+            return False
+        self._deferred[key] = (events, text)
+        return True
+
+    def _flush_deferred(self, keys: Sequence[str] | None = None) -> None:
+        """ONE commit of the outcomes kept by :meth:`_defer` (of ``keys``, or all)."""
+        if not self._deferred:
+            return
+        taken = [k for k in (keys if keys is not None else list(self._deferred))
+                 if k in self._deferred]
+        events: list[Event] = []
+        content: dict[CallPosition, str] = {}
+        for k in taken:
+            evs, text = self._deferred.pop(k)
+            events += evs
+            content[self._find(k).position] = text
+        if events:
+            self._step_many(events, result_content=content)
 
     def _record(
         self,
@@ -421,7 +522,7 @@ class Session(LedgerGuard):
         calls: Sequence[Mapping[str, Any]],
         requires_approval: Sequence[bool | None] | None,
         *,
-        dispatch_first: bool,
+        dispatch: str,
     ) -> list[CallStatus]:
         check_seq(seq)
         if isinstance(calls, Mapping) or not isinstance(calls, Sequence):
@@ -471,10 +572,13 @@ class Session(LedgerGuard):
                        if prof.requires_approval]
             runnable = [(pos, prof) for pos, prof in zip(positions, profiles, strict=True)
                         if not prof.requires_approval]
-            if dispatch_first and runnable and runnable[0][1].protected:
+            if dispatch == "first" and runnable and runnable[0][1].protected:
                 # execute_message runs this call next: its dispatched joins the record
                 # commit (a readonly first call runs with no commit: nothing to join)
                 events.append(Event(Action.EnginePersistDispatched, runnable[0][0]))
+            elif dispatch == "all":  # execute_message(together=True): every protected one
+                events += [Event(Action.EnginePersistDispatched, pos)
+                           for pos, prof in runnable if prof.protected]
             arguments = {pos: args for pos, (_, _, args) in zip(positions, parsed, strict=True)}
             self._step_many(events, arguments=arguments)
             return [self._status_now(self._find_at(pos)) for pos in positions]
@@ -677,10 +781,7 @@ class Session(LedgerGuard):
             c = self._find(self._chain[1])
         except InvalidInput:
             return []
-        ok = (c.result is None and c.execution_id not in self._running and c.tool.protected
-              and (c.stage is Stage.RETRY
-                   or (c.stage is Stage.LIVE and approved(self._ledger.state, c))))
-        return [Event(Action.EnginePersistDispatched, c.position)] if ok else []
+        return [Event(Action.EnginePersistDispatched, c.position)] if self._dispatchable(c) else []
 
     def _start(self, key: str) -> tuple[Attempt, bool]:
         with self._usable():
@@ -744,6 +845,8 @@ class Session(LedgerGuard):
         self._invoked(a)
         self._step(Event(Action.ExternalApply, pos, attempt=a.attempt))  # volatile
         done = [Event(Action.EngineRecordSucceeded, pos), Event(Action.EngineAppendResult, pos)]
+        if self._defer(a, done, text):  # together: the message's one outcome commit
+            return replace(self._status_now(self._find_at(pos)), outcome=Outcome.APPLIED)
         chained = self._chained_dispatch(a.call.key)
         try:  # commit 2: succeeded + the tool result (+ the next call's dispatched), ONE tx
             self._step_many(done + chained, result_content={pos: text})
@@ -762,10 +865,9 @@ class Session(LedgerGuard):
         pos = a.call.position
         self._invoked(a)  # not out, or refused: in the spec, a definite rejection
         self._step(Event(Action.ExternalRejectDefinite, pos, attempt=a.attempt))
-        self._step_many(
-            [Event(Action.EngineRecordFailed, pos), Event(Action.EngineAppendResult, pos)],
-            result_content={pos: _error_text(exc)},
-        )
+        failed = [Event(Action.EngineRecordFailed, pos), Event(Action.EngineAppendResult, pos)]
+        if not self._defer(a, failed, _error_text(exc)):
+            self._step_many(failed, result_content={pos: _error_text(exc)})
         return replace(self._status_now(self._find_at(pos)), outcome=Outcome.NOT_APPLIED,
                        error=str(exc))
 
@@ -788,13 +890,16 @@ class Session(LedgerGuard):
         # The live engine makes the decision a restarted one would make.
         pos = a.call.position
         self._invoked(a)
+        self._flush_deferred()  # together: the outcomes known so far first
         self._step(Event(Action.EngineTimeout, pos))  # volatile
         status = self._recover_one(self._find_at(pos))
         return replace(status, outcome=Outcome.UNKNOWN, error=f"{type(exc).__name__}: {exc}")
 
     def _finish_readonly(self, a: Attempt, text: str) -> CallStatus:
         pos = a.call.position
-        self._step_many([Event(Action.EngineAppendResult, pos)], result_content={pos: text})
+        done = [Event(Action.EngineAppendResult, pos)]
+        if not self._defer(a, done, text):
+            self._step_many(done, result_content={pos: text})
         return self._status_now(self._find_at(pos))
 
     # -- reconcile ----------------------------------------------------------------
