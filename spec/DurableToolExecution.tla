@@ -1292,6 +1292,16 @@ Witness_FencedRetry ==
 Witness_OkAfterCrash ==
     ~\E c \in Calls : Protected(c) /\ result[c].kind = "ok" /\ crashes >= 1
 
+\* Two calls of one message were both dispatched, one applied and the other
+\* never sent, when a crash left both to be recovered: the state
+\* Session.execute_message(together=True) leaves after a crash between its
+\* two commits (AtMostOnceEffect, NoReinvokeAfterKnownOutcome).
+Witness_MessageDispatchedTogether ==
+    ~\E c, d \in Calls :
+        /\ c # d /\ Turn[c] = Turn[d] /\ crashes >= 1
+        /\ \A x \in {c, d} : Rec(x).status = "dispatched" /\ stage[x] = "resume"
+        /\ effects[c] >= 1 /\ sent[d][Rec(d).attempt] = 0
+
 \* An error result stands beside an applied effect (ResultFidelity's
 \* error clause: a human retried, or an idempotent late original landed).
 Witness_ErrorBesideEffect ==

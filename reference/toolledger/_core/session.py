@@ -29,7 +29,10 @@ the order and with the transactions the spec checks:
   :meth:`Session.execute_message` records a message and runs its calls that
   need no human, the first ``dispatched`` in the record's transaction (and,
   on a session opened with ``lazy_create=True``, the session's creation
-  too): n + 1 commits for a new session's n protected calls.
+  too): n + 1 commits for a new session's n protected calls; with
+  ``together=True``, two commits per message (every ``dispatched`` in the
+  record's transaction, every outcome in one), at the price of a wider crash
+  window (every call of the message dispatched-and-unknown after a crash).
 - :meth:`Session.recover` says, for every call the restarted (or the live)
   engine must still act on, what to do next (:class:`Next`), with the core's
   recovery decision and its inputs; a retry runs through :meth:`Session.execute`
