@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -590,12 +590,24 @@ def dispatch_in_the_outcome_commit(monkeypatch: pytest.MonkeyPatch) -> Iterator[
         return record(self, seq, calls, requires_approval,
                       dispatch="none" if dispatch == "all" else dispatch)
 
+    together = Session._execute_together
+    running: list[bool] = []  # non-empty while a message runs together
+
+    def flagged(self: Session, keys: list[str],
+                fn: Callable[[Attempt], object]) -> list[CallStatus]:
+        running.append(True)
+        try:
+            return together(self, keys, fn)
+        finally:
+            running.pop()
+
     commit = SqliteStore.commit
     held: dict[int, tuple[SessionState, list[Any]]] = {}
 
     def holding(self: SqliteStore, session_id: str, before: SessionState,
                 after: SessionState, rows: Sequence[Any], **kwargs: Any) -> None:
-        if rows and all(r.kind == "dispatch" for r in rows) and not kwargs.get("create"):
+        if (running and rows and all(r.kind == "dispatch" for r in rows)
+                and not kwargs.get("create")):
             start = held.get(id(self), (before, []))[0]
             held[id(self)] = (start, [*held.get(id(self), (before, []))[1], *rows])
             return
@@ -612,6 +624,7 @@ def dispatch_in_the_outcome_commit(monkeypatch: pytest.MonkeyPatch) -> Iterator[
         close(self)
 
     monkeypatch.setattr(Session, "_record", no_dispatch)
+    monkeypatch.setattr(Session, "_execute_together", flagged)
     monkeypatch.setattr(SqliteStore, "commit", holding)
     monkeypatch.setattr(SqliteStore, "close", closing)
     yield
@@ -798,3 +811,14 @@ def test_messages_with_and_without_together_through_crashes() -> None:
         stateful_step_count=min(profile.stateful_step_count, 8),
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         deadline=None))
+
+
+@pytest.mark.usefixtures("dispatch_in_the_outcome_commit")
+def test_the_machine_finds_the_broken_variant() -> None:
+    """The machine bites: with the dispatch in the outcome commit it finds an effect
+    applied twice, or one with no durable dispatched record."""
+    with pytest.raises(AssertionError, match=r"applied twice|no durable dispatched record"):
+        run_state_machine_as_test(SettlingMachine, settings=settings(
+            max_examples=60, stateful_step_count=8, derandomize=True, database=None,
+            deadline=None, report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
+            phases=[Phase.generate]))
