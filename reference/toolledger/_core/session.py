@@ -487,8 +487,11 @@ class Session(LedgerGuard):
             raise
         with self._lock:
             self._flush_deferred(keys)
+            # an unknown outcome's recovery decision, applied by _unknown, stays in its
+            # status (decision, inputs, recovered), as execute_message without together says
             return [replace(self._status_now(self._find(st.call.key)), outcome=st.outcome,
-                            error=st.error) for st in out]
+                            error=st.error, decision=st.decision, inputs=st.inputs,
+                            recovered=st.recovered) for st in out]
 
     def _dispatchable(self, c: CallState) -> bool:
         """Call ``c`` can be dispatched right now (the checks of :meth:`_start`)."""
