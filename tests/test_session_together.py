@@ -301,6 +301,8 @@ def test_a_resumed_message_dispatches_its_runnable_calls_in_one_commit(tmp_path:
         dispatching = [c for c in log if any(x.startswith("dispatched") for x in c)]
         assert dispatching == [slots("dispatched", n)]  # one commit for the n retries
         assert log[-1] == outcomes(n)
+        # the n recovery decisions (as recover() makes them): one commit, before it
+        assert len(log) == 3, log
         assert ext.requests == [(o.key, 2) for o in out]
 
 

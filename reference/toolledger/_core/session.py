@@ -610,11 +610,23 @@ class Session(LedgerGuard):
         if len(positions) != sum(1 for c in st.calls if c.position[0] == positions[0][0]):
             raise InvalidInput(f"message {positions[0][0]} is recorded with another number of "
                                "calls; nothing was recorded")
-        out = []
+        # calls interrupted by a restart: what recover() would say for each, applied
+        # in ONE transaction, as recover() does
+        events: list[Event] = []
+        decided = {}
         for pos in positions:
             c = self._find_at(pos)
-            # interrupted by a restart: what recover() would say (and apply) for it
-            out.append(self._recover_one(c) if c.stage is Stage.RESUME else self._status_now(c))
+            if c.stage is Stage.RESUME:
+                evs, d = recovery_events(self._ledger.state, c)
+                events += evs
+                decided[pos] = d
+        if events:
+            self._step_many(events, result_content=denied_contents(events))
+        out = []
+        for pos in positions:
+            status, got = self._status_now(self._find_at(pos)), decided.get(pos)
+            out.append(status if got is None else replace(
+                status, decision=got.decision, inputs=got.inputs, recovered=True))
         return out
 
     # -- approvals ---------------------------------------------------------------
