@@ -182,10 +182,11 @@ def test_fused_path_kills_around_the_commit_that_creates_the_session(
     created = labels.index("before SQL INSERT sessions")
     begin = max(i for i in range(created) if labels[i] == "before SQL BEGIN IMMEDIATE")
     commit = labels.index("before SQL COMMIT", created)
-    # the fused transaction holds the session's row, the call and its ledger record
-    # (schema 7: the record is an UPDATE of the call's row, in the same transaction)
+    # the fused transaction holds the session's row, the call with its ledger record
+    # (schema 7: the record's columns ride in the call's INSERT when both are written by
+    # one commit) and the dispatch's audit row
     inside = labels[begin:commit]
-    assert any("INSERT calls" in x for x in inside) and any("UPDATE calls" in x
+    assert any("INSERT calls" in x for x in inside) and any("INSERT audit" in x
                                                             for x in inside), inside
     assert "before external request" not in " ".join(labels[:commit])  # nothing sent before
     for k in sorted({begin + 1, (begin + commit) // 2 + 1, commit + 1, commit + 2}):

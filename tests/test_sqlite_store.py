@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import shutil
 import signal
 import sqlite3
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_store_suite import transactions, writes
 
 from toolledger._core import protocol as p
 from toolledger._core.ledger import Ledger
@@ -195,34 +195,6 @@ def test_a_closed_store_refuses_work(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------
 
 
-def transactions(statements: list[str]) -> list[list[str]]:
-    """The committed write transactions among traced statements."""
-    out: list[list[str]] = []
-    current: list[str] | None = None
-    for s in statements:
-        if s.startswith("BEGIN"):
-            current = [s]
-        elif current is not None:
-            current.append(s)
-            if s in ("COMMIT", "ROLLBACK"):
-                if s == "COMMIT":
-                    out.append(current)
-                current = None
-    return out
-
-
-def writes(tx: list[str], table: str) -> bool:
-    """Whether the transaction writes ``table``; "ledger": a record, which schema 7 keeps
-    in its call's row (an UPDATE of the call's ``record_*`` columns, and nothing else)."""
-    if table == "ledger":
-        return any(s.startswith("UPDATE calls SET record_status") for s in tx)
-    return any(
-        re.match(rf"(INSERT INTO|UPDATE) {table}\b", s)
-        and not s.startswith("UPDATE calls SET record_")
-        for s in tx
-    )
-
-
 def test_a_protected_call_costs_two_ledger_commits_counted_by_sqlite(tmp_path: Path) -> None:
     with SqliteStore(tmp_path / "x.db") as store:
         statements: list[str] = []
@@ -271,6 +243,11 @@ class FailAfterWrite(SqliteStore):
         if self.fail_in == "record":
             raise self.error
 
+    def _write_result(self, *args: Any) -> None:
+        super()._write_result(*args)
+        if self.fail_in == "result":
+            raise self.error
+
     def _write_audit(self, *args: Any) -> None:
         super()._write_audit(*args)
         if self.fail_in == "audit":
@@ -311,7 +288,7 @@ def test_a_failed_success_commit_leaves_neither_record_nor_tool_result(tmp_path:
     ledger.step(E(A.EngineInvokeAdapter, (0, 0)))
     ledger.step(E(A.ExternalApply, (0, 0), attempt=1))
     durable = durable_projection(ledger.state)
-    store.fail_in = "record"  # runs after the call's result row was updated
+    store.fail_in = "result"  # runs after the call's row got its result and its record
     with pytest.raises(RuntimeError):
         ledger.step_many(
             [E(A.EngineRecordSucceeded, (0, 0)), E(A.EngineAppendResult, (0, 0))],

@@ -211,8 +211,11 @@ def transactions(statements: list[str]) -> list[list[str]]:
 
 def writes(tx: list[str], table: str) -> bool:
     """Whether the transaction writes ``table``; "ledger" on SQLite (schema 7, a record
-    in its call's row): an UPDATE of the call's ``record_*`` columns, and nothing else."""
-    if table == "ledger" and any(s.startswith("UPDATE calls SET record_") for s in tx):
+    in its call's row): the call's ``record_*`` columns, set by an UPDATE of their own, by
+    the INSERT of a call dispatched in the same commit or by the UPDATE of the result
+    recorded with it."""
+    if table == "ledger" and any(re.match(r"(INSERT INTO|UPDATE) calls\b", s)
+                                 and "record_status" in s for s in tx):
         return True
     return any(
         re.match(rf"(INSERT INTO|UPDATE) {table}\b", s)
@@ -589,6 +592,42 @@ def test_without_the_guards_the_record_writer_still_refuses_a_second_dispatch(
         loser.step(E(A.EnginePersistDispatched, POS))
     dispatches = Counter(r.attempt for r in store.audit(SID) if r.kind == "dispatch")
     assert dispatches == {1: 1, 2: 1}
+
+
+def test_a_stale_outcome_is_refused_by_the_record_check_of_its_result_write(
+    store_factory: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record written with a call's result (SQLite: one UPDATE of the call's row, the
+    record's columns riding in it) keeps the record's compare-and-set.
+
+    With the guards gone, a live engine still holding attempt 1 records its outcome after
+    another engine re-dispatched the call (attempt 2): the stored result is still none, so
+    only the record check can refuse it; nothing is written.  Dropping that check from the
+    result's UPDATE makes this test fail (attempt 2's record is overwritten with attempt 1's
+    success)."""
+    original = CommitPlan.check_session
+
+    def records_only(self: CommitPlan, *args: object, **kwargs: object) -> None:
+        original(replace(self, guards=()), *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(CommitPlan, "check_session", records_only)
+    store = store_factory.new()
+    live = Ledger.create(store, SID)
+    live.step(emit(POS, IDEMPOTENT, {}))
+    live.step(E(A.EnginePersistCall, POS))
+    live.step(E(A.EnginePersistDispatched, POS))
+    other = Ledger(store_factory.new(), SID)  # loads the call as a restart would: resume
+    other.step(E(A.Recover, POS))  # retry_same_id
+    other.step(E(A.EnginePersistDispatched, POS))  # attempt 2: the record changed
+    live.step(E(A.EngineInvokeAdapter, POS))
+    live.step(E(A.ExternalApply, POS, attempt=1))
+    with pytest.raises(StaleState, match=r"ledger record .* is not the one this engine saw"):
+        live.step_many([E(A.EngineRecordSucceeded, POS), E(A.EngineAppendResult, POS)],
+                       result_content={POS: "ticket 7"})
+    again = store_factory.new().load(SID)
+    assert again.calls[0].result is None
+    rec = again.ledger[again.calls[0].execution_id]
+    assert (rec.status, rec.attempt) == (p.LedgerStatus.DISPATCHED, 2)
 
 
 # --------------------------------------------------------------------------

@@ -101,24 +101,33 @@ class SqliteRows(RowDecoder):
             )
         return row
 
-    def _insert(self, conn: sqlite3.Connection, table: str, row: Row) -> None:
-        columns = (*_DATA[table], "row_checksum")
+    def _insert(self, conn: sqlite3.Connection, table: str, row: Row,
+                unchecked: Row | None = None) -> None:
+        """Insert ``row`` with its checksum; ``unchecked``: columns outside the row
+        checksum written by the same statement (a call's record, which has its own)."""
+        extra = unchecked or {}
+        columns = (*_DATA[table], "row_checksum", *extra)
         stored = {**row, **_packed_result(row)} if table == "calls" else row
         values = [stored[c] for c in _DATA[table]]
         conn.execute(
             f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-            (*values, _checksum(table, row)),
+            (*values, _checksum(table, row), *extra.values()),
         )
 
-    def _update(self, conn: sqlite3.Connection, table: str, current: Row, changes: Row) -> None:
+    def _update(self, conn: sqlite3.Connection, table: str, current: Row, changes: Row,
+                unchecked: Row | None = None) -> None:
+        """Set ``changes`` and the new checksum of ``current``'s row; ``unchecked``:
+        columns outside the row checksum set by the same statement."""
+        extra = unchecked or {}
         new = {**current, **changes}
-        sets = [*changes, "row_checksum"]
+        sets = [*changes, "row_checksum", *extra]
         keys = _KEY[table]
         stored = {**new, **_packed_result(new)} if table == "calls" else new
         conn.execute(
             f"UPDATE {table} SET {', '.join(f'{c} = ?' for c in sets)} "
             f"WHERE {' AND '.join(f'{k} = ?' for k in keys)}",
-            (*(stored[c] for c in changes), _checksum(table, new), *(current[k] for k in keys)),
+            (*(stored[c] for c in changes), _checksum(table, new), *extra.values(),
+             *(current[k] for k in keys)),
         )
 
     def _differs(self, conn: sqlite3.Connection, session_id: str, seen: CallView) -> str | None:

@@ -774,6 +774,15 @@ class SqliteStore(SqliteRows):
 
         # plan_commit refuses a record that is not a durable call's of ``after``
         owners = {c.execution_id: c for c in after.calls}
+        # A record written in the same commit as its call's row (a new call
+        # dispatched at once) or as its call's result (an outcome) rides in that
+        # row's one statement: one INSERT, or one UPDATE, per call
+        # (bench_peers: statements per call).
+        new_ids = {c.execution_id for c, _ in plan.new_calls}
+        result_ids = {new.execution_id for _, new in plan.results}
+        riding = {new.execution_id: (old, new) for old, new in plan.records
+                  if (old is None and new.execution_id in new_ids)
+                  or new.execution_id in result_ids}
 
         def body(conn: sqlite3.Connection) -> None:
             if created is not None:
@@ -790,13 +799,17 @@ class SqliteStore(SqliteRows):
                 lambda seen: self._differs(conn, session_id, seen),
             )
             plan.write(
-                call=lambda c, text: self._write_call(conn, session_id, c, text),
-                result=lambda old, new: self._write_result(conn, session_id, old, new),
+                call=lambda c, text: self._write_call(
+                    conn, session_id, c, text, riding.get(c.execution_id, (None, None))[1]
+                ),
+                result=lambda old, new: self._write_result(
+                    conn, session_id, old, new, riding.get(new.execution_id)
+                ),
                 approval=lambda eid, was, now: self._write_approval(
                     conn, session_id, eid, was, now
                 ),
-                record=lambda old, new: self._write_record(
-                    conn, session_id, owners[new.execution_id], old, new
+                record=lambda old, new: None if new.execution_id in riding else (
+                    self._write_record(conn, session_id, owners[new.execution_id], old, new)
                 ),
                 audit=lambda row: self._write_audit(conn, row),
             )
@@ -810,8 +823,15 @@ class SqliteStore(SqliteRows):
     # -- the writes of one commit (separate so tests can inject failures) ---------
 
     def _write_call(
-        self, conn: sqlite3.Connection, session_id: str, call: CallState, arguments: str | None
+        self,
+        conn: sqlite3.Connection,
+        session_id: str,
+        call: CallState,
+        arguments: str | None,
+        record: ExecutionRecord | None = None,
     ) -> None:
+        """Insert a new call's row; with ``record`` (its first, written in the same
+        commit) the record's columns and checksum go into the same INSERT."""
         row = {
             "session_id": session_id,
             "turn": call.position[0],
@@ -827,8 +847,12 @@ class SqliteStore(SqliteRows):
             **_result_values(call.result),
             "retention_window": call.tool.retention_window,
         }
+        extra: Row = {}
+        if record is not None:
+            values = _record_values(session_id, record)
+            extra = {**packed_record(call, values), "record_checksum": _checksum("ledger", values)}
         try:
-            self._insert(conn, "calls", row)
+            self._insert(conn, "calls", row, extra)
         except sqlite3.IntegrityError as exc:
             raise StaleState(
                 f"call {call.position} of session {session_id!r} is already durable ({exc}): "
@@ -836,8 +860,17 @@ class SqliteStore(SqliteRows):
             ) from exc
 
     def _write_result(
-        self, conn: sqlite3.Connection, session_id: str, old: CallState, new: CallState
+        self,
+        conn: sqlite3.Connection,
+        session_id: str,
+        old: CallState,
+        new: CallState,
+        record: tuple[ExecutionRecord | None, ExecutionRecord] | None = None,
     ) -> None:
+        """Set a call's result, only if it still is ``old``'s; with ``record`` (the
+        call's record, ``(before, after)``, changed in the same commit) the
+        record's columns go into the same UPDATE, only if the stored record is
+        still ``before`` (the check :meth:`_write_record` makes)."""
         rows = self._select(
             conn,
             "calls",
@@ -849,7 +882,18 @@ class SqliteStore(SqliteRows):
                 f"the result of call {new.position} of session {session_id!r} is not the one "
                 f"this engine saw: another engine wrote it; {RELOAD}"
             )
-        self._update(conn, "calls", rows[0], _result_values(new.result))
+        extra: Row = {}
+        if record is not None:
+            was, rec = record
+            expected = None if was is None else _checksum("ledger", _record_values(session_id, was))
+            if rows[0]["record_checksum"] != expected:
+                raise StaleState(
+                    f"the ledger record of {rec.execution_id} in session {session_id!r} is not "
+                    f"the one this engine saw: another engine wrote it; {RELOAD}"
+                )
+            values = _record_values(session_id, rec)
+            extra = {**packed_record(new, values), "record_checksum": _checksum("ledger", values)}
+        self._update(conn, "calls", rows[0], _result_values(new.result), extra)
 
     def _write_approval(
         self,
