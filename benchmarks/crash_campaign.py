@@ -34,7 +34,15 @@ How the child dies:
   (which can land inside a system call, a write or an fsync);
 - ``multi``: ``io`` kills in the first AND in later (resuming) processes,
   with scripted external faults (lost answers, time-outs, definite
-  rejections, a connector that cannot tell), so crashes hit recovery itself.
+  rejections, a connector that cannot tell), so crashes hit recovery itself;
+- ``fused``: ``io`` kills of the engine's fused path (``TurnEngine(fused=True)``,
+  the tool needs no approval): the first commit creates the session, records
+  the call and dispatches it;
+- ``together``: ``io`` kills of the together path (``TurnEngine(together=True)``,
+  ``Session.execute_message(..., together=True)``) on a script whose messages
+  have TWO calls each (:data:`SCRIPT_TOGETHER`): [record + both
+  ``dispatched``], both bodies, [both outcomes + results], so a kill between
+  the two commits leaves both calls dispatched-and-unknown.
 
 After every process the parent reads what survived (a copy of the store,
 the conversation file, the external log) and checks, against the external
@@ -95,13 +103,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from toolledger._core.commit_plan import AuditRow, plan_commit, working_set
 from toolledger._core.protocol import (
+    CallPosition,
     InvalidInput,
     LedgerStatus,
     ProtocolError,
@@ -109,6 +119,7 @@ from toolledger._core.protocol import (
     ResultKind,
 )
 from toolledger._core.sqlite_store import SqliteStore
+from toolledger._core.state import SessionState
 from toolledger._core.stores import Store, StoreCorrupt, StoreError, UnsupportedSchema
 from toolledger._core.tools import ToolRegistry
 from toolledger.kit.engine import (
@@ -136,12 +147,74 @@ SCRIPT: list[Any] = [
     [tool_call("call_0", TOOL, {"to": "bob@example.com", "subject": "Q4"})],
     "Sent to Bob.",
 ]
+# The together runs: two calls per assistant message (ids reused across turns,
+# each call with its own arguments), so one message's record commit dispatches
+# both and one commit records both outcomes.
+SCRIPT_TOGETHER: list[Any] = [
+    [tool_call("call_0", TOOL, {"to": "ada@example.com", "subject": "Q3"}),
+     tool_call("call_1", TOOL, {"to": "cy@example.com", "subject": "Q3"})],
+    "Sent to Ada and Cy.",
+    [tool_call("call_0", TOOL, {"to": "bob@example.com", "subject": "Q4"}),
+     tool_call("call_1", TOOL, {"to": "dee@example.com", "subject": "Q4"})],
+    "Sent to Bob and Dee.",
+]
 STORE = "ledger.sqlite3"
 CONVERSATION = "conversation"
 EXTERNAL = "external.jsonl"
 EXIT_FAIL_CLOSED = 3
 EXIT_UNAVAILABLE = 4  # a StoreError other than corruption: the server went away (PostgreSQL)
 THIS = Path(__file__).resolve()
+
+# ==========================================================================
+# Broken cores: the checks must see them (tests/test_crash_campaign.py)
+# ==========================================================================
+
+
+def _break_together_dispatch() -> None:
+    """Broken on purpose: a together message's ``dispatched`` joins its OUTCOME commit.
+
+    The record commit of a message (calls that become durable in it) makes the
+    calls durable but holds back their ``dispatched`` records and audit rows;
+    the bodies run; the held rows are written with the next commit (the
+    message's outcomes).  In memory the session believes they are durable, so
+    the engine acts as usual; on disk a kill between the two commits leaves
+    the calls recorded and never dispatched, though their effects may be out:
+    a restarted engine runs them again.  Installed in the child
+    (``--broken late-dispatch``) by patching :meth:`SqliteStore.commit`.
+    """
+    real = SqliteStore.commit
+    held: dict[int, tuple[SessionState, list[AuditRow]]] = {}  # by store object
+
+    def commit(self: SqliteStore, session_id: str, before: SessionState,
+               after: SessionState, audit_rows: Sequence[AuditRow], *,
+               arguments: Mapping[CallPosition, Mapping[str, Any]] | None = None,
+               epoch: int | None = None, create: bool = False) -> None:
+        rows = list(audit_rows)
+        if id(self) in held and plan_commit(session_id, before, after, rows, arguments).empty:
+            return  # a volatile step: nothing to write, the dispatches stay held
+        late = held.pop(id(self), None)
+        if late is not None:  # the held dispatches go with this (the outcome) commit
+            before, rows = late[0], [*late[1], *rows]
+        new_calls = ({c.execution_id for c in after.calls}
+                     - {c.execution_id for c in before.calls})
+        hold = [r for r in rows if r.kind == "dispatch" and r.execution_id in new_calls]
+        if late is None and hold:
+            eids = {r.execution_id for r in hold}
+            ledger = {e: rec for e, rec in after.ledger.items() if e not in eids}
+            ledger.update({e: before.ledger[e] for e in eids if e in before.ledger})
+            mid = replace(after, ledger=ledger, audit=after.audit - {
+                (r.execution_id, r.kind, r.attempt) for r in hold})
+            real(self, session_id, before, mid, [r for r in rows if r not in hold],
+                 arguments=arguments, epoch=epoch, create=create)
+            held[id(self)] = (working_set(mid), hold)  # what the ledger keeps, as it does
+            return
+        real(self, session_id, before, after, rows, arguments=arguments, epoch=epoch,
+             create=create)
+
+    SqliteStore.commit = commit  # type: ignore[method-assign]
+
+
+BROKEN: Mapping[str, Callable[[], None]] = {"late-dispatch": _break_together_dispatch}
 
 # ==========================================================================
 # The child process
@@ -258,16 +331,21 @@ def open_store(d: Path, postgres: str | None) -> Store:
 
 def _drive(mode: EngineMode, policy: RecoveryPolicy, store: Store | None,
            conversations: FileConversationStore, system: CountingExternalSystem,
-           crash: CrashInjector, final: bool, fused: bool = False) -> str:
+           crash: CrashInjector, final: bool, fused: bool = False,
+           together: bool = False) -> str:
     # fused: the tool needs no approval and the engine runs each message with
     # Session.execute_message on a lazily created session, so the first commit
-    # creates the session, records the call and dispatches it (TurnEngine(fused=True))
+    # creates the session, records the call and dispatches it (TurnEngine(fused=True));
+    # together: the same with execute_message(together=True) (TurnEngine(together=True)),
+    # on the two-call messages of SCRIPT_TOGETHER
     registry = ToolRegistry()
     registry.register(TOOL, CountingAdapter(system, TOOL, on_request_sent=crash.request_sent),
-                      policy=policy, requires_approval=not fused)
+                      policy=policy, requires_approval=not (fused or together))
     engine = TurnEngine(session_id=SESSION, mode=mode, registry=registry,
-                        provider=ScriptedProvider(SCRIPT), human=ScriptedHuman(default="approve"),
-                        conversations=conversations, store=store, crash=crash, fused=fused)
+                        provider=ScriptedProvider(SCRIPT_TOGETHER if together else SCRIPT),
+                        human=ScriptedHuman(default="approve"),
+                        conversations=conversations, store=store, crash=crash, fused=fused,
+                        together=together)
 
     def users() -> int:
         return sum(1 for m in engine.messages if m.get("role") == "user")
@@ -301,12 +379,18 @@ def child_main(argv: Sequence[str]) -> int:
     p.add_argument("--deliver-first", action="store_true")
     p.add_argument("--final", action="store_true")
     p.add_argument("--fused", action="store_true", help="TurnEngine(fused=True), no approval")
+    p.add_argument("--together", action="store_true",
+                   help="TurnEngine(together=True), no approval, two calls per message")
+    p.add_argument("--broken", default="", choices=["", *BROKEN],
+                   help="a deliberately broken core (tests only: the checks must see it)")
     p.add_argument("--postgres", help="conninfo: the store is a PostgresStore on this server")
     p.add_argument("--pg-fault", default="", help="a server fault (bench_pg_faults.FAULTS)")
     p.add_argument("--pg-fault-at", type=int, default=0, help="... at this SQL statement")
     p.add_argument("--pg-postmaster", type=int, default=0)
     a = p.parse_args(argv)
     mode, policy = EngineMode(a.mode), RecoveryPolicy(a.policy)
+    if a.broken:
+        BROKEN[a.broken]()
     killer = Killer(a.kill_at_io)
     statements = Killer(0)  # counts the statements a PostgresStore sends
     if (a.kill_at_io or a.count_io) and a.postgres is None:
@@ -342,7 +426,8 @@ def child_main(argv: Sequence[str]) -> int:
     point = parse_crash_point(mode, a.crash_at) if a.crash_at else None
     crash = CrashInjector(point, how="sigkill")
     try:
-        status = _drive(mode, policy, store, conversations, system, crash, a.final, a.fused)
+        status = _drive(mode, policy, store, conversations, system, crash, a.final, a.fused,
+                        a.together)
     except (StoreCorrupt, UnsupportedSchema) as exc:
         # The store checks what it reads when it reads it: damage in the rows
         # a recovery needs is found on the first read of them, before any
@@ -383,13 +468,20 @@ class Phase:
 
 @dataclass(frozen=True)
 class RunSpec:
-    kind: str  # point | io | timer | multi | fused | legacy-control
+    kind: str  # point | io | timer | multi | fused | together | legacy-control
     policy: RecoveryPolicy
     label: str
     phases: tuple[Phase, ...]
     mode: EngineMode = EngineMode.LEDGER
     postgres: str | None = None  # conninfo: PostgresStore instead of SqliteStore
     fused: bool = False  # the engine's fused path (no approval, Session.execute_message)
+    together: bool = False  # the together path (execute_message(together=True), SCRIPT_TOGETHER)
+    broken: str = ""  # a name of BROKEN: the child runs a deliberately broken core
+
+    def __post_init__(self) -> None:
+        if self.broken and self.broken not in BROKEN:
+            raise ValueError(f"RunSpec.broken: {self.broken!r} is not a broken variant; "
+                             f"known: {sorted(BROKEN)}")
 
 
 COUNTERS = ("duplicates", "lost", "fabricated", "contradicted", "unsettled",
@@ -423,6 +515,10 @@ def _child_cmd(spec: RunSpec, d: Path, phase: Phase, final: bool, count: bool = 
         cmd += ["--postgres", spec.postgres]
     if spec.fused:
         cmd.append("--fused")
+    if spec.together:
+        cmd.append("--together")
+    if spec.broken:
+        cmd += ["--broken", spec.broken]
     if phase.pg_fault:
         cmd += ["--pg-fault", phase.pg_fault, "--pg-fault-at", str(phase.pg_fault_at),
                 "--pg-postmaster", str(postmaster)]
@@ -670,18 +766,20 @@ def execute(spec: RunSpec, base: Path, *, postmaster: Callable[[], int] | None =
 
 
 def clean_profile(policy: RecoveryPolicy, base: Path, postgres: str | None = None,
-                  fused: bool = False) -> tuple[int, float]:
+                  fused: bool = False, together: bool = False) -> tuple[int, float]:
     """I/O boundaries and seconds (after ready) of one complete run without a crash."""
-    n, secs, _ = clean_run(policy, base, postgres, fused)
+    n, secs, _ = clean_run(policy, base, postgres, fused, together)
     return n, secs
 
 
 def clean_run(policy: RecoveryPolicy, base: Path, postgres: str | None = None,
-              fused: bool = False) -> tuple[int, float, list[str]]:
+              fused: bool = False, together: bool = False, broken: str = ""
+              ) -> tuple[int, float, list[str]]:
     """:func:`clean_profile`, and the label of every I/O boundary, in order."""
     d = Path(tempfile.mkdtemp(prefix="clean-", dir=base))
     try:
-        spec = RunSpec("clean", policy, "clean", (), postgres=postgres, fused=fused)
+        spec = RunSpec("clean", policy, "clean", (), postgres=postgres, fused=fused,
+                       together=together, broken=broken)
         out = run_child(_child_cmd(spec, d, Phase(), final=True, count=True))
         if out.returncode != 0:
             raise RuntimeError(f"a clean run of {policy} failed: {out.stderr[-800:]}")
@@ -705,13 +803,16 @@ _FAULTS: Mapping[RecoveryPolicy, tuple[str, ...]] = {
 def plan(policies: Sequence[RecoveryPolicy], profiles: Mapping[RecoveryPolicy, tuple[int, float]],
          *, points: str, io: int, timer: int, multi: int, seed: int,
          legacy_control: bool,
-         fused: Mapping[RecoveryPolicy, tuple[int, float]] | None = None) -> list[RunSpec]:
+         fused: Mapping[RecoveryPolicy, tuple[int, float]] | None = None,
+         together: Mapping[RecoveryPolicy, tuple[int, float]] | None = None) -> list[RunSpec]:
     """The runs of a campaign (deterministic for a seed).
 
     ``fused``: the clean profiles of the engine's fused path per policy; each
     gets a kill at every one of its I/O boundaries (with ``io < 0``; else
     ``io`` random ones), so also before, inside and after the commit that
-    creates the session, records the call and dispatches it."""
+    creates the session, records the call and dispatches it.  ``together``:
+    the same for the together path (two calls per message), so also between
+    the message's record commit (both ``dispatched``) and its outcome commit."""
     rng = random.Random(seed)
     specs: list[RunSpec] = []
     for pol, (n, _) in (fused or {}).items():
@@ -719,6 +820,11 @@ def plan(policies: Sequence[RecoveryPolicy], profiles: Mapping[RecoveryPolicy, t
         for k in ks:
             specs.append(RunSpec("fused", pol, f"fused io boundary {k}/{n}",
                                  (Phase(kill_at_io=k),), fused=True))
+    for pol, (n, _) in (together or {}).items():
+        ks = range(1, n + 1) if io < 0 else [rng.randint(1, n) for _ in range(io)]
+        for k in ks:
+            specs.append(RunSpec("together", pol, f"together io boundary {k}/{n}",
+                                 (Phase(kill_at_io=k),), together=True))
     for pol in policies:
         if points == "all":
             chosen = [p for p in crash_points("ledger") if p.reached_by(pol)]
@@ -1031,7 +1137,7 @@ def summarize(reports: Sequence[RunReport]) -> dict[str, Any]:
     for r in reports:
         if r.kind in ("point", "legacy-control"):
             label = r.label
-        elif r.kind in ("io", "fused"):
+        elif r.kind in ("io", "fused", "together"):
             label = r.killed_at[0] if r.killed_at else "(not reached)"
         else:
             label = r.kind
@@ -1059,6 +1165,7 @@ def run_campaign(
     fuzz_examples: int = 300,
     legacy_control: bool = True,
     fused: bool = True,
+    together: bool = True,
     parallel: int = 2,
     seed: int = 443,
     verbose: bool = True,
@@ -1080,8 +1187,14 @@ def run_campaign(
         for p, (n, secs) in fused_profiles.items():
             say(f"  clean run, fused, {p.value}: {n} I/O boundaries, "
                 f"{secs * 1000:.0f} ms after ready")
+        together_profiles = {p: clean_profile(p, base, together=True) for p in policies} \
+            if together else {}
+        for p, (n, secs) in together_profiles.items():
+            say(f"  clean run, together, {p.value}: {n} I/O boundaries, "
+                f"{secs * 1000:.0f} ms after ready")
         specs = plan(policies, profiles, points=points, io=io, timer=timer, multi=multi,
-                     seed=seed, legacy_control=legacy_control, fused=fused_profiles)
+                     seed=seed, legacy_control=legacy_control, fused=fused_profiles,
+                     together=together_profiles)
         say(f"  {len(specs)} runs, {parallel} at a time")
         reports: list[RunReport] = []
         with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
@@ -1102,7 +1215,7 @@ def run_campaign(
     totals = {k: sum(r.counts[k] for r in ledger_reports) for k in COUNTERS}
     kills = sum(r.kills for r in ledger_reports)
     by_kind = {k: sum(r.kills for r in ledger_reports if r.kind == k)
-               for k in ("point", "io", "timer", "multi", "fused")}
+               for k in ("point", "io", "timer", "multi", "fused", "together")}
     control_dups = sum(r.counts["duplicates"] for r in control)
     all_zero = (not any(totals.values()) and corruption.silent == 0
                 and corruption.wrote_anyway == 0

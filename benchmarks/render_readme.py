@@ -195,7 +195,14 @@ def render(doc: dict[str, Any]) -> str:
                 f"{', '.join(k.get('policies') or [])}, {k['kills']} "
                 f"SIGKILLs ({by['point']} at the enumerated crash points, {by['io']} at I/O "
                 f"boundaries, {by['timer']} by timer, {by['multi']} in runs killed 2-3 times, "
-                "recovery included), checked against the external system's own log:", ""]
+                "recovery included"
+                + (f"; {by['fused']} at every I/O boundary of the fused path "
+                   "(`TurnEngine(fused=True)`: n + 1 commits per message)"
+                   if by.get("fused") else "")
+                + (f"; {by['together']} at every I/O boundary of the together path "
+                   "(`TurnEngine(together=True)`, two calls per message: [record + both "
+                   "`dispatched`], [both outcomes + results])" if by.get("together") else "")
+                + "), checked against the external system's own log:", ""]
         out.append(_md(("duplicate effects", "results lost", "results fabricated",
                         "contradicted", "unsettled calls", "store unusable", "child errors"),
                        [(t["duplicates"], t["lost"], t["fabricated"], t["contradicted"],

@@ -10,7 +10,10 @@ short fuzz of the public API.  And, per agent framework (LangGraph, pydantic-ai,
 through ``toolledger.extra``), every crash point of :mod:`toolledger.kit.frameworks`
 x every protected policy, with the framework alone as the control.  Two gaps the
 campaign found (a malformed position raised TypeError; a kill while a store file was
-created left it empty) are fixed, and their tests stay here as regressions.
+created left it empty) are fixed, and their tests stay here as regressions.  The
+engine's fused and together paths (``TurnEngine(fused=True)``, ``TurnEngine(together=True)``)
+are killed around their commits; a core broken on purpose (a together message's
+``dispatched`` joined to its outcome commit) must show a duplicate effect.
 """
 
 from __future__ import annotations
@@ -195,3 +198,81 @@ def test_fused_path_kills_around_the_commit_that_creates_the_session(
         assert r.kills == 1, (k, labels[k - 1])
         assert r.counts == dict.fromkeys(cc.COUNTERS, 0), (k, labels[k - 1], r.problems)
         assert r.final_status == "done", (k, r.final_status)
+
+
+def _together_boundaries(labels: list[str]) -> dict[str, int]:
+    """1-based kill points of the together path's first message, by what they hit."""
+    created = labels.index("before SQL INSERT sessions")
+    begin = max(i for i in range(created) if labels[i] == "before SQL BEGIN IMMEDIATE")
+    record = labels.index("before SQL COMMIT", created)  # [record + dispatched(1..2)]
+    outcome = labels.index("before SQL COMMIT", record + 1)  # [outcomes 1..2 + results]
+    sent = [i for i in range(record, outcome) if labels[i] == "after external apply"]
+    assert len(sent) == 2, labels[record:outcome]  # both bodies ran between the commits
+    return {"inside the record commit": (begin + record) // 2 + 1,
+            "right after the record commit": record + 2,
+            "after the first effect": sent[0] + 1,
+            "after both effects": sent[1] + 1,
+            "right before the outcome COMMIT": outcome + 1,
+            "right after the outcome commit": outcome + 2}
+
+
+@pytest.mark.parametrize("policy", list(RecoveryPolicy))
+def test_together_path_kills_at_its_io_boundaries_all_zero(
+    tmp_path: Path, policy: RecoveryPolicy
+) -> None:
+    """TurnEngine(together=True), two calls per message: the record commit dispatches both,
+    both bodies run, one commit records both outcomes.  A SIGKILL inside the record
+    commit, after it, between and after the effects, and around the outcome commit:
+    recovery decides every dispatched call of the message by its policy and every
+    counter of the campaign stays zero."""
+    n, _, labels = cc.clean_run(policy, tmp_path, together=True)
+    assert len(labels) == n
+    record = labels.index("before SQL COMMIT", labels.index("before SQL INSERT sessions"))
+    begin = max(i for i in range(record) if labels[i] == "before SQL BEGIN IMMEDIATE")
+    inside = labels[begin:record]
+    protected = policy is not RecoveryPolicy.READONLY
+    # both calls' records (schema 7: UPDATEs of their rows) and both dispatch audit rows
+    assert sum("UPDATE calls" in x for x in inside) == (2 if protected else 0), inside
+    assert sum("INSERT audit" in x for x in inside) == (2 if protected else 0), inside
+    assert "before external" not in " ".join(labels[:record])  # nothing sent before it
+    points = _together_boundaries(labels) if protected else {
+        "inside the record commit": (begin + record) // 2 + 1}
+    for what, k in points.items():
+        r = cc.execute(cc.RunSpec("together", policy, what, (cc.Phase(kill_at_io=k),),
+                                  together=True), tmp_path)
+        assert r.kills == 1, (what, k, labels[k - 1])
+        assert r.counts == dict.fromkeys(cc.COUNTERS, 0), (what, labels[k - 1], r.problems)
+        assert r.final_status == "done", (what, r.final_status)
+
+
+@pytest.mark.parametrize("policy", [RecoveryPolicy.MANUAL, RecoveryPolicy.RECONCILE])
+def test_the_checks_catch_a_core_that_dispatches_a_together_message_late(
+    tmp_path: Path, policy: RecoveryPolicy
+) -> None:
+    """Broken on purpose (``cc.BROKEN["late-dispatch"]``, installed in the child): the
+    message's ``dispatched`` records go with its OUTCOME commit, not its record commit.
+    Killed after an effect, before that commit, the restarted engine finds the calls
+    recorded and never dispatched and runs them again: the campaign must see it.  The
+    same kill of the real core: every counter zero.  (An idempotent tool hides this bug:
+    the re-run carries the same key and the external system deduplicates it.)"""
+    _, _, labels = cc.clean_run(policy, tmp_path, together=True, broken="late-dispatch")
+    record = labels.index("before SQL COMMIT", labels.index("before SQL INSERT sessions"))
+    inside = labels[labels.index("before SQL INSERT sessions"):record]
+    assert not any("INSERT audit" in x for x in inside), inside  # no dispatch row yet
+    k = labels.index("after external apply", record) + 1  # the first email is out
+    spec = cc.RunSpec("together", policy, "broken", (cc.Phase(kill_at_io=k),), together=True,
+                      broken="late-dispatch")
+    broken = cc.execute(spec, tmp_path)
+    assert broken.kills == 1, labels[k - 1]
+    assert broken.counts["duplicates"] >= 1, broken.problems
+    assert any("applied 2 times" in p for p in broken.problems), broken.problems
+    _, _, real = cc.clean_run(policy, tmp_path, together=True)
+    k = real.index("after external apply") + 1
+    fixed = cc.execute(cc.RunSpec("together", policy, "real", (cc.Phase(kill_at_io=k),),
+                                  together=True), tmp_path)
+    assert fixed.kills == 1 and fixed.counts == dict.fromkeys(cc.COUNTERS, 0), fixed.problems
+
+
+def test_an_unknown_broken_variant_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a broken variant"):
+        cc.RunSpec("together", RecoveryPolicy.MANUAL, "x", (), together=True, broken="nope")

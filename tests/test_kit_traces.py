@@ -18,7 +18,10 @@ each trace against ``DurableToolExecution`` and fails at the first step the
 spec does not allow.  For every policy, the five rows of the seed's
 fault-injection matrix (``SEED_MATRIX``) and the fault runs of that policy are
 validated in one TLC run; a run of two turns with reused and empty
-``tool_call_id``\\ s, every policy and a crash in one more; and a run recorded
+``tool_call_id``\\ s, every policy and a crash in one more; the engine's fused and
+together paths (``TurnEngine(fused=True)``, ``TurnEngine(together=True)``: two calls
+dispatched in the record commit, both outcomes in one commit) with crashes, each
+policy in one TLC run; and a run recorded
 from a deliberately broken engine (recovery retries a ``manual`` call found
 ``dispatched``) must fail at its ``Recover`` step.
 """
@@ -39,6 +42,7 @@ import toolledger._core.protocol
 from checker_support import ROOT
 from toolledger._core.protocol import (
     Decision,
+    InvalidInput,
     LedgerStatus,
     RecoveryDecision,
     RecoveryInputs,
@@ -114,6 +118,7 @@ class Kit:
         crash_at: str | None = None,
         human: ScriptedHuman | None = None,
         fused: bool = False,
+        together: bool = False,
     ) -> TurnEngine:
         for store in self.stores:
             store.close()  # the previous process is gone
@@ -128,7 +133,7 @@ class Kit:
         return TurnEngine(session_id=SESSION_ID, registry=registry,
                           provider=ScriptedProvider(script), human=human or ScriptedHuman(),
                           conversations=FileConversationStore(self.dir / "conversation"),
-                          store=store, crash=crash, fused=fused)
+                          store=store, crash=crash, fused=fused, together=together)
 
     def close(self) -> None:
         for store in self.stores:
@@ -448,3 +453,94 @@ def test_fused_runs_of_the_engine_are_spec_behaviours(policy: str, tmp_path: Pat
     result_, _ = validate(cfg, runs)
     assert result_.ok, result_.describe() + "\n" + result_.tlc.output[-2000:]
     assert "Crash" in runs[2].actions(cfg)
+
+
+def _resolve_as_a_careful_human(kit: Kit, engine: Callable[[], TurnEngine],
+                                result: TurnResult) -> TurnResult:
+    """Every halted call: "applied" with what the outbox shows if its effect is there,
+    else "retry" (nothing is in flight in these runs)."""
+    for _ in range(4):
+        if result.status is not TurnStatus.RECOVERY_REQUIRED:
+            return result
+        e = engine()
+        item = next(i for i in e.recovery_required() if i.position == result.halted[0])
+        world = CountingExternalSystem(kit.system.path)
+        applied = [r for r in world.requests if r.execution_id == item.execution_id
+                   and r.result is not None]
+        result = e.resolve_recovery(item.position, "applied" if applied else "retry",
+                                    result_text=applied[0].result if applied else None)
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["manual", "idempotent", "reconcile"])
+def test_together_runs_of_the_engine_are_spec_behaviours(policy: str, tmp_path: Path) -> None:
+    """TurnEngine(together=True), two calls of a tool needing no approval in one message:
+    ONE commit creates the session, records both calls and dispatches both; both bodies
+    run; ONE commit records both outcomes and results.  A clean run, a lost answer of
+    the first call (decided at once, no outcome recorded before it), a crash right
+    after the record commit and a crash between the two effects (both calls
+    dispatched-and-unknown; a new process resumes, a careful human answers what halts)
+    are recorded, replayed and validated by TLC: the batches are consecutive spec steps."""
+    tools = {TOOL: (policy, False)}
+    script: list[Sequence[dict[str, Any]] | str] = [
+        [tool_call("call_0", TOOL, ARGUMENTS),
+         tool_call("call_1", TOOL, {**ARGUMENTS, "to": "bob@example.com"})],
+        "Both emails are sent."]
+    runs = []
+    for name, faults, crash_at in (("clean", [], None),
+                                   ("lost-answer", [Fault.LOSE_ANSWER], None),
+                                   ("crash-after-record", [], "after EnginePersistDispatched"),
+                                   ("crash-between-effects", [], "after ExternalApply")):
+        kit = Kit(tmp_path, f"together-{policy}-{name}")
+        kit.system.fault(*faults)
+
+        def engine(crash: str | None = None, k: Kit = kit) -> TurnEngine:
+            return k.engine(tools, script, crash_at=crash, together=True)
+
+        with kt.KitRecorder() as recorder:
+            try:
+                result = engine(crash_at).run(USER_TEXT)
+            except SimulatedCrash:
+                result = engine().resume()
+            result = _resolve_as_a_careful_human(kit, engine, result)
+        kit.close()
+        assert result.status is TurnStatus.DONE, (name, result)
+        world = CountingExternalSystem(kit.system.path)
+        assert world.effects() == 2, name  # each email once, whatever happened
+        runs.append(KitRun(f"together {policy} {name}", recorder.of(SESSION_ID), world))
+    batches = [[ev.action.value for ev in e.events] for e in runs[0].recording
+               if len(e.events) > 1]
+    assert batches == [
+        ["ProviderEmitCall", "ProviderEmitCall", "EnginePersistCall", "EnginePersistCall",
+         "EnginePersistDispatched", "EnginePersistDispatched"],
+        ["EngineRecordSucceeded", "EngineAppendResult", "EngineRecordSucceeded",
+         "EngineAppendResult"]], batches
+    cfg = kt.kit_config([r.recording for r in runs])
+    assert [c.position for c in cfg.calls] == [(1, 0), (1, 1)]
+    result_, _ = validate(cfg, runs)
+    assert result_.ok, result_.describe() + "\n" + result_.tlc.output[-2000:]
+    for run in runs[2:]:
+        actions = run.actions(cfg)
+        crash = actions.index("Crash")
+        # both calls were dispatched before the crash; after it, Recover decides both
+        assert actions[:crash].count("EnginePersistDispatched") == 2, (run.name, actions)
+        assert actions[crash + 1:].count("Recover") >= 2, (run.name, actions)
+    between = runs[3].actions(cfg)
+    assert between[:between.index("Crash")].count("ExternalApply") == 1  # one effect was out
+
+
+def test_together_implies_fused_and_a_flag_that_is_not_a_bool_is_refused(
+    tmp_path: Path,
+) -> None:
+    kit = Kit(tmp_path, "flags")
+    script: list[Sequence[dict[str, Any]] | str] = ["hi"]
+    engine = kit.engine({TOOL: ("manual", False)}, script, together=True)
+    assert engine.fused and engine.together
+    assert not kit.engine({TOOL: ("manual", False)}, script, fused=True).together
+    with pytest.raises(InvalidInput, match="together must be True or False"):
+        TurnEngine(session_id=SESSION_ID, registry=ToolRegistry(),
+                   provider=ScriptedProvider(script), human=ScriptedHuman(),
+                   conversations=FileConversationStore(tmp_path / "c"),
+                   store=kit.stores[-1], together="yes")  # type: ignore[arg-type]
+    kit.close()

@@ -351,6 +351,13 @@ class TurnEngine:
     external systems behind the registry's adapters.  :meth:`run` runs a user
     turn; :meth:`resume` is durable resume (after a crash, or when an
     approval or recovery item was resolved while no engine ran).
+
+    ``fused=True``: a message whose calls need no human runs through
+    :meth:`toolledger.Session.execute_message` on a lazily created session
+    (n + 1 commits for n protected calls).  ``together=True``: the same, with
+    ``execute_message(..., together=True)`` (two commits per message however
+    many calls); it implies ``fused``, so ``TurnEngine(together=True)`` is
+    enough.
     """
 
     def __init__(
@@ -367,6 +374,7 @@ class TurnEngine:
         max_iterations: int = 12,
         max_attempts: int = 3,
         fused: bool = False,
+        together: bool = False,
     ) -> None:
         if not isinstance(session_id, str) or not session_id:
             raise InvalidInput(f"session_id must be a non-empty string, got {session_id!r}")
@@ -389,7 +397,15 @@ class TurnEngine:
         # creates it, records the calls and dispatches the first).  The host
         # declares every conversation of this engine ledger-governed from its
         # first message: a missing session is a new one, never a legacy one.
-        self.fused = fused
+        # together: the fused path with Session.execute_message(together=True), a
+        # message's calls dispatched in its record commit and their outcomes
+        # recorded in one commit.  It implies fused (the same lazily created
+        # session, the same messages: those whose calls need no human).
+        for flag, value in (("fused", fused), ("together", together)):
+            if not isinstance(value, bool):
+                raise InvalidInput(f"TurnEngine: {flag} must be True or False, got {value!r}")
+        self.together = together
+        self.fused = fused or together
         self.log: list[str] = []
         self.decisions: list[DecisionTaken] = []
         self._messages: list[Message] = conversations.load_messages(session_id)
@@ -589,7 +605,7 @@ class TurnEngine:
         assert self.store is not None
         if self.session_id in self.store.sessions():
             opened = Session.open(self.store, self.session_id, tools)
-        elif self.fused:
+        elif self.fused:  # (together implies fused)
             # LEDGER: no commit of its own; a crash before the first one leaves the
             # conversation ahead of the ledger, and resume records its calls
             opened = Session.open(self.store, self.session_id, tools,
@@ -622,12 +638,17 @@ class TurnEngine:
         # [record + dispatched(1)], [succeeded(k) + result + dispatched(k+1)] ...,
         # [succeeded(n) + result].  Outcomes other than "applied" are recorded as
         # in _run; _handle then appends the tool messages and settles the rest.
+        # LEDGER (together): [record + dispatched(1..n)], [outcomes 1..n + results]:
+        # two commits however many calls; a crash between them leaves every call
+        # of the message dispatched-and-unknown, and recovery decides each by its
+        # policy.  An unknown outcome is decided at once, the outcomes before it
+        # committed first (execute_message's doc).
         def body(a: Attempt) -> object:
             return self._body(a.call)(a)
 
         for status in self.session.execute_message(
                 turn, [{"id": cid, "name": name, "arguments": args}
-                       for cid, name, args in calls], body):
+                       for cid, name, args in calls], body, together=self.together):
             if status.outcome is Outcome.UNKNOWN:
                 self.log.append(f"outcome unknown {status.call.position}: {status.error}")
             self._taken(status)
