@@ -231,8 +231,10 @@ def test_together_path_kills_at_its_io_boundaries_all_zero(
     begin = max(i for i in range(record) if labels[i] == "before SQL BEGIN IMMEDIATE")
     inside = labels[begin:record]
     protected = policy is not RecoveryPolicy.READONLY
-    # both calls' records (schema 7: UPDATEs of their rows) and both dispatch audit rows
-    assert sum("UPDATE calls" in x for x in inside) == (2 if protected else 0), inside
+    # both calls with their records (schema 7: a record written by the commit that
+    # inserts its call's row rides in that INSERT) and both dispatch audit rows
+    assert sum("INSERT calls" in x for x in inside) == 2, inside
+    assert not any("UPDATE calls" in x for x in inside), inside
     assert sum("INSERT audit" in x for x in inside) == (2 if protected else 0), inside
     assert "before external" not in " ".join(labels[:record])  # nothing sent before it
     points = _together_boundaries(labels) if protected else {
