@@ -2,8 +2,10 @@
 
 The workload
 ------------
-One "turn" makes 5 sequential, durably recorded calls of a side-effecting
-tool whose effect is trivial (a counter in memory).  Every system runs it on
+One "turn" is one assistant message of 5 independent, durably recorded calls
+of a side-effecting tool whose effect is trivial (a counter in memory); most
+rows run them one after the other, the ``-together`` and ``-parallel`` rows
+each system's own way of running a message's calls together.  Every system runs it on
 SQLite in the same scratch directory (``$TOOLLEDGER_BENCH_DIR``, see
 ``benchmarks/common.py``), its own file each, the way its documentation says:
 
@@ -113,7 +115,10 @@ The idempotent tool's external system deduplicates on the idempotency key
 (as an email API with ``Idempotency-Key`` does); the peers send no key.
 The rows are one-call turns, so ``duplicates`` is ``effects - 1``; the
 together row's wider window (every call of a multi-call message left
-unknown) is described above, not counted here.
+unknown) is described above, not counted here (``tests/test_benchmarks_smoke.py``
+checks it: killed after the first of 5 effects, recovery finds all 5 calls to
+retry, to reconcile or halted, by policy).  The peers' parallel rows run the
+same one-call turn through their concurrent form (its recovery path).
 
 ``python benchmarks/bench_peers.py [--smoke] [--json]``; needs the
 ``peers`` extra (``pip install -e '.[peers]'``); a peer that is not installed
