@@ -684,6 +684,7 @@ def run(smoke: bool = False) -> Result:
     nosync: dict[str, list[Result]] = {s: [] for s in systems}
     fast_ms: list[float] = []
     slow_ms: list[float] = []
+    load = [os.getloadavg()[0]]  # the 1-minute load average, sampled at every round's ends
     with scratch_dir("peers") as d:
         fs = filesystem_of(d)
         for r in range(rounds):
@@ -697,6 +698,7 @@ def run(smoke: bool = False) -> Result:
                     slow[s].append(run_child(s, d, warm, turns, strace, SLOW))
                 for s in order:
                     nosync[s].append(run_child(s, d, warm, turns, strace, NO_SYNC))
+            load.append(os.getloadavg()[0])
             print(f"  round {r + 1}/{rounds}: " + ", ".join(
                 f"{s} {fast[s][-1]['calls'] / fast[s][-1]['seconds']:.0f}/s" for s in order),
                 flush=True)
@@ -749,7 +751,8 @@ def run(smoke: bool = False) -> Result:
     def f(row: Result, k: str, fmt: str) -> str:
         return "-" if k not in row else format(row[k], fmt)
 
-    print(f"\nscratch on {fs}; raw write+fdatasync {f_ms:.2f} ms"
+    print(f"\nload average (1 min) {min(load):.2f} to {max(load):.2f} during the run")
+    print(f"scratch on {fs}; raw write+fdatasync {f_ms:.2f} ms"
           + ("" if s_ms is None else f", under the injected delay {s_ms:.2f} ms "
              f"(asked for {SLOW_SYNC_DELAY_US / 1000:g} ms more)"))
     print(f"measured (this disk, and this disk with every sync slowed by strace); tl/it: "
@@ -796,6 +799,7 @@ def run(smoke: bool = False) -> Result:
     return {
         "calls_per_turn": CALLS_PER_TURN, "rounds": rounds, "warm_turns": warm,
         "timed_turns": turns, "scratch_fs": fs, "not_installed": missing,
+        "load_average_1min": load,
         "syncs_counted_by": ("strace -f --seccomp-bpf, sync calls between the child's marks"
                              if strace else None),
         "bytes_counted_by": "/proc/self/io write_bytes (and wchar) of the child",

@@ -367,6 +367,10 @@ def _peers(pe: dict[str, Any]) -> list[str]:
            f"(`{sd.get('no_sync', '-')}`) plus its measured syncs per call times a sync latency "
            f"of {ms.get('fast', '-')} ms (a fast disk) or {ms.get('slow', '-')} ms (a slow "
            "cloud volume); the model's error against the two measured disks is shown.  "
+           + ("" if not pe.get("load_average_1min") else
+              f"The 1-minute load average was {min(pe['load_average_1min']):.2f} to "
+              f"{max(pe['load_average_1min']):.2f} during the run (2 cores).  ")
+           +
            "`toolledger / it` is the reference row's rate over the row's (reference: "
            f"`{_peer_ref(pe)}`); `-parallel` rows are the peers' own concurrent forms "
            "of the same message.", ""]

@@ -110,6 +110,7 @@ def test_peers_figures_and_crash_table(smoke: dict[str, Any]) -> None:
     p = smoke["benchmarks"]["peers"]
     assert p["not_installed"] == []  # the dev extra installs every peer
     assert set(p["systems"]) == set(bench_peers.SYSTEMS)
+    assert len(p["load_average_1min"]) == p["rounds"] + 1  # sampled at every round's ends
     for name, row in p["systems"].items():
         assert row["calls_per_second"] > 0 and row["cpu_ms_per_call"] > 0, name
         assert row["write_bytes_per_call"] > 0 or row["wchar_per_call"] > 0, name
