@@ -2,8 +2,10 @@
 
 The workload
 ------------
-One "turn" makes 5 sequential, durably recorded calls of a side-effecting
-tool whose effect is trivial (a counter in memory).  Every system runs it on
+One "turn" is one assistant message of 5 independent, durably recorded calls
+of a side-effecting tool whose effect is trivial (a counter in memory); most
+rows run them one after the other, the ``-together`` and ``-parallel`` rows
+each system's own way of running a message's calls together.  Every system runs it on
 SQLite in the same scratch directory (``$TOOLLEDGER_BENCH_DIR``, see
 ``benchmarks/common.py``), its own file each, the way its documentation says:
 
@@ -17,15 +19,48 @@ SQLite in the same scratch directory (``$TOOLLEDGER_BENCH_DIR``, see
   ``Session.open(..., lazy_create=True)`` and ``Session.execute_message``: the
   session's creation, the message's record and the first call's
   ``dispatched`` are one commit, then ``succeeded(k)`` + its result and
-  ``dispatched(k+1)`` share one commit: n + 1 commits for n calls in all;
-  the ratios and goals are computed from this row;
+  ``dispatched(k+1)`` share one commit: n + 1 commits for n calls in all
+  (the sequential fused path; its ratios are reported beside the reference's);
+- ``toolledger-together``: the same with ``execute_message(1, message, body,
+  together=True)``: [create + record + ``dispatched`` of all 5 calls] is one
+  commit, the 5 bodies run in the message's order, then [all 5 outcomes +
+  results] is one commit: 2 commits per message however many calls (the
+  store's counter says so: ``commits_per_message``).  The ratios and the goals
+  are computed from this row.  Its price is the crash window: a crash between
+  its two commits leaves EVERY call of the message dispatched-and-unknown,
+  including those whose body had not started, and recovery decides each by
+  its policy (idempotent: retried under its key, the external system
+  deduplicates; reconcile: asked; manual: halted for a human, one item per
+  call, where the sequential path would leave one call);
 - ``langgraph``: a LangGraph functional ``@entrypoint`` calling a ``@task``
-  5 times, checkpointer ``SqliteSaver`` (its own ``setup()``: WAL),
-  ``durability="sync"`` (each task's write is durable before the next runs);
+  5 times, each ``.result()`` awaited before the next is launched,
+  checkpointer ``SqliteSaver`` (its own ``setup()``: WAL),
+  ``durability="sync"`` (each task's write is durable before the run goes on);
+- ``langgraph-parallel``: LangGraph's own concurrent form of the same message:
+  the entrypoint launches the 5 ``@task`` futures first, then collects their
+  ``.result()``s; LangGraph runs them concurrently and saves each one's write
+  as it completes;
 - ``dbos``: a DBOS ``@DBOS.workflow`` calling a ``@DBOS.step`` 5 times, the
   SQLite system database as shipped (``system_database_url="sqlite:///..."``);
 - ``dbos-wal``: the same, every connection of DBOS's engine set to
-  ``journal_mode=WAL`` and ``synchronous=FULL`` (an SQLAlchemy connect hook).
+  ``journal_mode=WAL`` and ``synchronous=FULL`` (an SQLAlchemy connect hook);
+- ``dbos-wal-parallel``: DBOS's documented way to run a workflow's steps
+  concurrently, on the same WAL database: an ``async`` workflow starts 5
+  ``async`` steps with ``asyncio.create_task`` in a deterministic order (each
+  keeps its step id for recovery), then ``asyncio.gather``s them; every step's
+  output is recorded as it completes, as in the sequential form (one
+  ``operation_outputs`` row per step; checked by reading the database).
+
+So the comparison is like for like: toolledger's message dispatched together
+against each peer's own concurrent form as well as its sequential loop.  The
+goals judge ``toolledger-together`` against each peer's BEST form for the
+workload (``langgraph`` or ``langgraph-parallel``, ``dbos-wal`` or
+``dbos-wal-parallel``: the higher calls/s, rate by rate), and report
+``toolledger-batched``'s ratios against the same forms beside it.  On SQLite
+a database's commits are serialized (the write lock is held through the
+sync), so the peers' concurrent forms run their bodies concurrently but not
+their syncs: the model below stays additive for them, and its error against
+the measured slow disk says how well that holds.
 
 Each measurement is a child process (DBOS is one instance per process) that
 runs some untimed turns first (files created, caches warm), then the timed
@@ -68,8 +103,9 @@ The crash table
 ---------------
 For each system (and toolledger's recovery policies): a child runs one call
 (toolledger: the ``toolledger-batched`` turn, so the session is created, the
-call recorded and dispatched in one commit), its effect is appended to a
-file and fsynced, and the child SIGKILLs itself
+call recorded and dispatched in one commit; toolledger-together: its own
+turn, the same first commit, the outcome due in the second), its effect is
+appended to a file and fsynced, and the child SIGKILLs itself
 before the system records the outcome (between the effect and the
 checkpoint); a second child resumes the way the system's documentation says
 (toolledger: ``Session.recover()`` and act on its ``Next``; LangGraph:
@@ -77,6 +113,12 @@ checkpoint); a second child resumes the way the system's documentation says
 pending workflows).  The table counts the effects the external system applied.
 The idempotent tool's external system deduplicates on the idempotency key
 (as an email API with ``Idempotency-Key`` does); the peers send no key.
+The rows are one-call turns, so ``duplicates`` is ``effects - 1``; the
+together row's wider window (every call of a multi-call message left
+unknown) is described above, not counted here (``tests/test_benchmarks_smoke.py``
+checks it: killed after the first of 5 effects, recovery finds all 5 calls to
+retry, to reconcile or halted, by policy).  The peers' parallel rows run the
+same one-call turn through their concurrent form (its recovery path).
 
 ``python benchmarks/bench_peers.py [--smoke] [--json]``; needs the
 ``peers`` extra (``pip install -e '.[peers]'``); a peer that is not installed
@@ -103,11 +145,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import ROOT, Result, cli, filesystem_of, heading, median, scratch_dir, table
 
 CALLS_PER_TURN = 5
-SYSTEMS = ("toolledger", "toolledger-batched", "langgraph", "dbos", "dbos-wal")
-REFERENCE = "toolledger-batched"
-"""The toolledger row the ratios (tl/it) and the goals are computed from: an engine
-that runs a turn's calls with ``Session.execute_many`` (the ``toolledger`` row runs
-them one ``execute`` at a time: two commits per call)."""
+SYSTEMS = ("toolledger", "toolledger-batched", "toolledger-together", "langgraph",
+           "langgraph-parallel", "dbos", "dbos-wal", "dbos-wal-parallel")
+REFERENCE = "toolledger-together"
+"""The toolledger row the ratios (tl/it) and the goals are computed from: an engine that
+runs a message's calls with ``Session.execute_message(..., together=True)`` (two commits
+per message)."""
+SEQUENTIAL_REFERENCE = "toolledger-batched"
+"""The sequential fused toolledger row (n + 1 commits per n-call message): its ratios
+are reported beside the reference's, against the same peer forms."""
+TOOLLEDGER_MODES = {"toolledger": "sequential", "toolledger-batched": "batched",
+                    "toolledger-together": "together"}
+PEER_FORMS = {"langgraph": ("langgraph", "langgraph-parallel"),
+              "dbos-wal": ("dbos-wal", "dbos-wal-parallel")}
+"""Each judged peer's forms of the same message: its sequential loop and its own
+concurrent form; a goal is judged against the better of the two, metric by metric."""
 SLOW_SYNC_DELAY_US = 3000
 """The delay strace adds to every fsync/fdatasync exit in the slow-disk runs."""
 SLOW = f"delay_exit={SLOW_SYNC_DELAY_US}"
@@ -124,9 +176,11 @@ GOALS = {"langgraph": 1.2, "dbos-wal": 2.0}
 
 
 def _requirements(system: str) -> list[str]:
-    return {"toolledger": [], "toolledger-batched": [],
-            "langgraph": ["langgraph", "langgraph.checkpoint.sqlite"],
-            "dbos": ["dbos"], "dbos-wal": ["dbos"]}[system]
+    if system in TOOLLEDGER_MODES:
+        return []
+    if system.startswith("langgraph"):
+        return ["langgraph", "langgraph.checkpoint.sqlite"]
+    return ["dbos"]
 
 
 def installed(system: str) -> bool:
@@ -179,9 +233,22 @@ class Effects:
 
 
 def toolledger_turns(directory: Path, effects: Effects, policy: str = "idempotent",
-                     after_effect: Hook = None, *, batched: bool = False) -> Workload:
+                     after_effect: Hook = None, *, mode: str = "sequential") -> Workload:
+    turn, store = toolledger_workload(directory, effects, policy, after_effect, mode=mode)
+    return turn, store.close
+
+
+def toolledger_workload(directory: Path, effects: Effects, policy: str = "idempotent",
+                        after_effect: Hook = None, *,
+                        mode: str = "sequential") -> tuple[Turn, Any]:
+    """toolledger's turn in ``mode`` (``sequential``: record, then one ``execute`` per
+    call; ``batched``: ``lazy_create`` + ``execute_message``; ``together``: the same with
+    ``together=True``), and its store (whose ``commits`` counter the worker reads)."""
     from toolledger import Session, SqliteStore, Tool
 
+    if mode not in TOOLLEDGER_MODES.values():
+        raise ValueError(f"unknown toolledger mode {mode!r}; one of "
+                         f"{', '.join(TOOLLEDGER_MODES.values())}")
     store = SqliteStore(directory / "toolledger.sqlite3")
     tools = {"send": Tool(policy, requires_approval=False)}
 
@@ -197,19 +264,23 @@ def toolledger_turns(directory: Path, effects: Effects, policy: str = "idempoten
                 after_effect()
             return "sent"
 
-        if batched:  # [create + record + dispatched(1)], [succeeded(k) + dispatched(k+1)]...
+        # batched: [create + record + dispatched(1)], [succeeded(k) + dispatched(k+1)]...
+        if mode == "batched":
             Session.open(store, f"turn-{n}", tools, lazy_create=True).execute_message(
                 1, message, body)
+        elif mode == "together":  # [create + record + dispatched(1..n)], [succeeded(1..n)]
+            Session.open(store, f"turn-{n}", tools, lazy_create=True).execute_message(
+                1, message, body, together=True)
         else:
             s = Session.open(store, f"turn-{n}", tools)
             for st in s.record(1, message):
                 s.execute(st.call.key, body)
 
-    return turn, store.close
+    return turn, store
 
 
 def langgraph_turns(directory: Path, effects: Effects,
-                    after_effect: Hook = None) -> Workload:
+                    after_effect: Hook = None, *, parallel: bool = False) -> Workload:
     import sqlite3
 
     from langgraph.checkpoint.sqlite import SqliteSaver
@@ -228,6 +299,12 @@ def langgraph_turns(directory: Path, effects: Effects,
 
     @entrypoint(checkpointer=saver)
     def agent(calls: int) -> list[str]:
+        if parallel:
+            # LangGraph's own concurrent form: every @task future is launched before any
+            # result is awaited; the tasks run concurrently and each one's write is saved
+            # as it completes
+            futures = [send(i) for i in range(calls)]
+            return [f.result() for f in futures]
         return [send(i).result() for i in range(calls)]
 
     def turn(n: int, calls: int = CALLS_PER_TURN) -> None:
@@ -237,7 +314,10 @@ def langgraph_turns(directory: Path, effects: Effects,
 
 
 def dbos_turns(directory: Path, effects: Effects, *, wal: bool,
-               after_effect: Callable[[], None] | None = None) -> tuple[Turn, Callable[[], None]]:
+               after_effect: Callable[[], None] | None = None,
+               parallel: bool = False) -> tuple[Turn, Callable[[], None]]:
+    import asyncio
+
     from dbos import DBOS, SetWorkflowID
 
     if wal:
@@ -251,7 +331,7 @@ def dbos_turns(directory: Path, effects: Effects, *, wal: bool,
             cur.close()
 
         event.listen(Engine, "connect", pragmas)
-    name = "dbos-wal" if wal else "dbos"
+    name = ("dbos-wal" if wal else "dbos") + ("-parallel" if parallel else "")
     DBOS(config={"name": "toolledger-bench", "log_level": "WARNING",
                  "system_database_url": f"sqlite:///{directory / (name + '.sqlite')}"})
 
@@ -266,24 +346,50 @@ def dbos_turns(directory: Path, effects: Effects, *, wal: bool,
     def agent(calls: int) -> list[str]:
         return [send(i) for i in range(calls)]
 
+    @DBOS.step()
+    async def send_async(i: int) -> str:
+        effects.apply()
+        if after_effect is not None:
+            after_effect()
+        return "sent"
+
+    @DBOS.workflow()
+    async def agent_parallel(calls: int) -> list[str]:
+        # DBOS's documented way to run a workflow's steps concurrently: an async
+        # workflow starts its async steps as tasks in a deterministic order (so each
+        # keeps its step id on recovery), then gathers them; each step's output is
+        # recorded as it completes, as in the sequential form
+        tasks = [asyncio.create_task(send_async(i)) for i in range(calls)]
+        return list(await asyncio.gather(*tasks))
+
     DBOS.launch()
+    loop = asyncio.new_event_loop()
 
     def turn(n: int, calls: int = CALLS_PER_TURN) -> None:
         with SetWorkflowID(f"turn-{n}"):
-            agent(calls)
+            if parallel:
+                loop.run_until_complete(agent_parallel(calls))
+            else:
+                agent(calls)
 
-    return turn, lambda: DBOS.destroy(destroy_registry=True)
+    def close() -> None:
+        DBOS.destroy(destroy_registry=True)
+        loop.close()
+
+    return turn, close
 
 
 def make(system: str, directory: Path, effects: Effects, policy: str = "idempotent",
          after_effect: Callable[[], None] | None = None) -> tuple[Turn, Callable[[], None]]:
-    if system in ("toolledger", "toolledger-batched"):
+    if system in TOOLLEDGER_MODES:
         return toolledger_turns(directory, effects, policy, after_effect,
-                                batched=system == "toolledger-batched")
-    if system == "langgraph":
-        return langgraph_turns(directory, effects, after_effect)
-    if system in ("dbos", "dbos-wal"):
-        return dbos_turns(directory, effects, wal=system == "dbos-wal", after_effect=after_effect)
+                                mode=TOOLLEDGER_MODES[system])
+    if system in ("langgraph", "langgraph-parallel"):
+        return langgraph_turns(directory, effects, after_effect,
+                               parallel=system == "langgraph-parallel")
+    if system in ("dbos", "dbos-wal", "dbos-wal-parallel"):
+        return dbos_turns(directory, effects, wal=system != "dbos", after_effect=after_effect,
+                          parallel=system == "dbos-wal-parallel")
     raise ValueError(f"unknown system {system!r}; one of {', '.join(SYSTEMS)}")
 
 
@@ -307,10 +413,16 @@ def _cpu() -> float:
 def worker(system: str, directory: Path, warm: int, turns: int) -> Result:
     """Child process: ``warm`` untimed turns, then ``turns`` timed ones."""
     effects = Effects()
-    turn, close = make(system, directory, effects)
+    store: Any = None
+    if system in TOOLLEDGER_MODES:
+        turn, store = toolledger_workload(directory, effects, mode=TOOLLEDGER_MODES[system])
+        close = store.close
+    else:
+        turn, close = make(system, directory, effects)
     try:
         for n in range(warm):
             turn(n)
+        commits0 = None if store is None else (store.commits, store.ledger_commits)
         io0, cpu0 = _io(), _cpu()
         os.access(MARK_BEGIN, os.F_OK)  # the strace mark: timed turns begin
         t0 = time.perf_counter()
@@ -319,13 +431,18 @@ def worker(system: str, directory: Path, warm: int, turns: int) -> Result:
         wall = time.perf_counter() - t0
         os.access(MARK_END, os.F_OK)
         cpu, io1 = _cpu() - cpu0, _io()
+        commits = None if store is None or commits0 is None else (
+            store.commits - commits0[0], store.ledger_commits - commits0[1])
     finally:
         close()
     calls = turns * CALLS_PER_TURN
     assert effects.count == (warm + turns) * CALLS_PER_TURN, "an effect was lost or repeated"
-    return {"calls": calls, "seconds": wall, "cpu_seconds": cpu,
-            "write_bytes": io1.get("write_bytes", 0) - io0.get("write_bytes", 0),
-            "wchar": io1.get("wchar", 0) - io0.get("wchar", 0)}
+    out: Result = {"calls": calls, "seconds": wall, "cpu_seconds": cpu,
+                   "write_bytes": io1.get("write_bytes", 0) - io0.get("write_bytes", 0),
+                   "wchar": io1.get("wchar", 0) - io0.get("wchar", 0)}
+    if commits is not None:  # counted by the store: every commit, and the ledger's
+        out["commits"], out["ledger_commits"] = commits
+    return out
 
 
 # --------------------------------------------------------------------------
@@ -420,7 +537,7 @@ def crash_child(system: str, directory: Path, policy: str, phase: str) -> None:
         turn, _close = make(first, directory, effects, policy, after_effect=die)
         turn(0, 1)
         raise AssertionError("the child outlived its SIGKILL")
-    if system == "toolledger":
+    if system in TOOLLEDGER_MODES:
         from toolledger import CannotTell, Next, Session, SqliteStore, Tool, WasApplied
 
         def ask(call: Any, attempt: int) -> WasApplied | CannotTell:
@@ -440,7 +557,7 @@ def crash_child(system: str, directory: Path, policy: str, phase: str) -> None:
                     s.reconcile(st.call.key, ask)
                 # HALTED: a human decides; nothing is sent again without one
         return
-    if system == "langgraph":
+    if system.startswith("langgraph"):
         turn, close = make(system, directory, effects)
         turn(0, 1)  # the same thread: LangGraph resumes it
         close()
@@ -479,12 +596,75 @@ def crash_row(system: str, directory: Path, policy: str) -> Result:
 
 
 CRASH_CASES = (("toolledger", "idempotent"), ("toolledger", "manual"), ("toolledger", "reconcile"),
-               ("langgraph", "as shipped"), ("dbos", "as shipped"), ("dbos-wal", "as shipped"))
+               ("toolledger-together", "idempotent"), ("toolledger-together", "manual"),
+               ("toolledger-together", "reconcile"),
+               ("langgraph", "as shipped"), ("langgraph-parallel", "as shipped"),
+               ("dbos", "as shipped"), ("dbos-wal", "as shipped"),
+               ("dbos-wal-parallel", "as shipped"))
 
 
 # --------------------------------------------------------------------------
 # The benchmark
 # --------------------------------------------------------------------------
+
+
+RATIO_OF = {"calls_per_second": "ratio_measured_fast",
+            "slow_calls_per_second": "ratio_measured_slow",
+            "model_fast_disk_calls_per_second": "ratio_model_fast_disk",
+            "model_slow_disk_calls_per_second": "ratio_model_slow_disk"}
+"""Each rate, and the name of the ratio toolledger / it of that rate."""
+
+
+def peer_goals(per: dict[str, Result]) -> Result:
+    """The issue's goals from the rows ``per``: toolledger's best row (``REFERENCE``)
+    against each judged peer's best form for the workload (the higher of its sequential
+    and parallel rows, rate by rate), with the sequential fused row's ratios beside it;
+    syncs and bytes per call of both rows."""
+    goals: Result = {}
+    rows = {"": per.get(REFERENCE), "sequential_": per.get(SEQUENTIAL_REFERENCE)}
+    for peer, target in GOALS.items():
+        forms = [f for f in PEER_FORMS[peer] if f in per]
+        if not forms:
+            continue
+        gl: Result = {"target": target, "row": REFERENCE,
+                      "sequential_row": SEQUENTIAL_REFERENCE, "forms": forms,
+                      "best_form": {}}
+        for rate, rk in RATIO_OF.items():
+            have = [f for f in forms if rate in per[f]]
+            best = max(have, key=lambda f: per[f][rate]) if have else None
+            gl["best_form"][rk] = best
+            for prefix, tl in rows.items():
+                gl[prefix + rk] = (tl[rate] / per[best][rate]
+                                   if best is not None and tl is not None and rate in tl
+                                   else None)
+        for prefix in rows:
+            gl[prefix + "met"] = all(gl[prefix + rk] is not None and gl[prefix + rk] >= target
+                                     for rk in RATIO_OF.values())
+        gl["met_by"] = [row for prefix, row in ((("", REFERENCE)),
+                                                ("sequential_", SEQUENTIAL_REFERENCE))
+                        if gl[prefix + "met"]]
+        peer_syncs = [per[f]["syncs_per_call"] for f in forms if "syncs_per_call" in per[f]]
+        if peer_syncs:
+            # Where syncs bound the work (the sync latency dominates every call), the
+            # ratio tends to the peer's syncs per call (its form with the fewest) over
+            # ours: no CPU saved can pass it.  For sequential calls one sync per
+            # protected call is the protocol's floor (dispatched is durable before the
+            # tool runs); a message's calls dispatched together share their syncs.
+            for prefix, tl in rows.items():
+                if tl is not None and "syncs_per_call" in tl:
+                    gl[prefix + "ratio_sync_bound"] = min(peer_syncs) / tl["syncs_per_call"]
+            gl["ratio_sync_bound_at_one_sync_per_call"] = min(peer_syncs) / 1.0
+        goals[peer] = gl
+    for key, target, ok in (("syncs_per_call", 1.3, "syncs_per_call"),
+                            ("bytes_per_call", 16 * 1024, "write_bytes_per_call")):
+        got = {row: per[row][ok] for row in (REFERENCE, SEQUENTIAL_REFERENCE)
+               if row in per and ok in per[row]}
+        if REFERENCE in got:
+            goals[key] = {"target": target, "row": REFERENCE, "measured": got[REFERENCE],
+                          "sequential_measured": got.get(SEQUENTIAL_REFERENCE),
+                          "met": got[REFERENCE] <= target,
+                          "met_by": [row for row, v in got.items() if v <= target]}
+    return goals
 
 
 def _per_call(rows: list[Result], key: str) -> float:
@@ -504,6 +684,7 @@ def run(smoke: bool = False) -> Result:
     nosync: dict[str, list[Result]] = {s: [] for s in systems}
     fast_ms: list[float] = []
     slow_ms: list[float] = []
+    load = [os.getloadavg()[0]]  # the 1-minute load average, sampled at every round's ends
     with scratch_dir("peers") as d:
         fs = filesystem_of(d)
         for r in range(rounds):
@@ -517,6 +698,7 @@ def run(smoke: bool = False) -> Result:
                     slow[s].append(run_child(s, d, warm, turns, strace, SLOW))
                 for s in order:
                     nosync[s].append(run_child(s, d, warm, turns, strace, NO_SYNC))
+            load.append(os.getloadavg()[0])
             print(f"  round {r + 1}/{rounds}: " + ", ".join(
                 f"{s} {fast[s][-1]['calls'] / fast[s][-1]['seconds']:.0f}/s" for s in order),
                 flush=True)
@@ -533,6 +715,11 @@ def run(smoke: bool = False) -> Result:
             "write_bytes_per_call": _per_call(fast[s], "write_bytes"),
             "wchar_per_call": _per_call(fast[s], "wchar"),
         }
+        if all("commits" in x for x in fast[s]):  # toolledger: its store's counters
+            row["commits_per_message"] = median([x["commits"] / x["calls"] for x in fast[s]]
+                                                ) * CALLS_PER_TURN
+            row["ledger_commits_per_message"] = median(
+                [x["ledger_commits"] / x["calls"] for x in fast[s]]) * CALLS_PER_TURN
         if slow[s] and nosync[s] and s_ms is not None:
             syncs = median([sum(x["syncs"].values()) / x["calls"] for x in slow[s]])
             # the model: a call costs its work without syncs plus its syncs' latency
@@ -553,30 +740,34 @@ def run(smoke: bool = False) -> Result:
                 row[f"model_{disk}_disk_calls_per_second"] = 1 / (t0 + syncs * ms / 1000)
         per[s] = row
     tl = per.get(REFERENCE)
-    ratio_of = {"calls_per_second": "ratio_measured_fast",
-                "slow_calls_per_second": "ratio_measured_slow",
-                "model_fast_disk_calls_per_second": "ratio_model_fast_disk",
-                "model_slow_disk_calls_per_second": "ratio_model_slow_disk"}
+    tl_seq = per.get(SEQUENTIAL_REFERENCE)
     for row in per.values():
-        for k, rk in ratio_of.items():
+        for k, rk in RATIO_OF.items():
             if tl is not None and k in row and k in tl:
                 row[rk] = tl[k] / row[k]
+            if tl_seq is not None and k in row and k in tl_seq:
+                row["sequential_" + rk] = tl_seq[k] / row[k]
 
     def f(row: Result, k: str, fmt: str) -> str:
         return "-" if k not in row else format(row[k], fmt)
 
-    print(f"\nscratch on {fs}; raw write+fdatasync {f_ms:.2f} ms"
+    print(f"\nload average (1 min) {min(load):.2f} to {max(load):.2f} during the run")
+    print(f"scratch on {fs}; raw write+fdatasync {f_ms:.2f} ms"
           + ("" if s_ms is None else f", under the injected delay {s_ms:.2f} ms "
              f"(asked for {SLOW_SYNC_DELAY_US / 1000:g} ms more)"))
-    print("measured (this disk, and this disk with every sync slowed by strace):")
+    print(f"measured (this disk, and this disk with every sync slowed by strace); tl/it: "
+          f"{REFERENCE} / it, seq/it: {SEQUENTIAL_REFERENCE} / it:")
     print(table(
-        ("system", "calls/s", "tl/it", "slow calls/s", "tl/it", "syncs/call", "KB/call",
-         "wchar KB/call", "CPU ms/call"),
+        ("system", "calls/s", "tl/it", "seq/it", "slow calls/s", "tl/it", "seq/it",
+         "syncs/call", "commits/msg", "KB/call", "wchar KB/call", "CPU ms/call"),
         [(s, f(r, "calls_per_second", ".0f"), f(r, "ratio_measured_fast", ".2f"),
+          f(r, "sequential_ratio_measured_fast", ".2f"),
           f(r, "slow_calls_per_second", ".0f"), f(r, "ratio_measured_slow", ".2f"),
-          f(r, "syncs_per_call", ".2f"), format(r["write_bytes_per_call"] / 1024, ".1f"),
+          f(r, "sequential_ratio_measured_slow", ".2f"),
+          f(r, "syncs_per_call", ".2f"), f(r, "commits_per_message", ".1f"),
+          format(r["write_bytes_per_call"] / 1024, ".1f"),
           format(r["wchar_per_call"] / 1024, ".1f"), format(r["cpu_ms_per_call"], ".2f"))
-         for s, r in per.items()], right=range(1, 9)))
+         for s, r in per.items()], right=range(1, 12)))
     fast_l, slow_l = MODEL_SYNC_MS["fast"], MODEL_SYNC_MS["slow"]
     print("model 1 / (t_nosync + syncs x latency), checked against the measured rates:")
     print(table(
@@ -591,40 +782,24 @@ def run(smoke: bool = False) -> Result:
     print(table(("system", "policy", "killed", "effects", "duplicates"),
                 [(c["system"], c["policy"], c["killed_after_effect"], c["effects"],
                   c["duplicates"]) for c in crash], right=(3, 4)))
-    goals: Result = {}
-    if tl is not None and "syncs_per_call" in tl:
-        print(f"\nwhere syncs bound the work, toolledger / it tends to its syncs per call over "
-              f"{REFERENCE}'s {tl['syncs_per_call']:.2f}: " + ", ".join(
-                  f"{peer} {per[peer]['syncs_per_call'] / tl['syncs_per_call']:.2f} (at one "
-                  f"sync per call, the protocol's floor for sequential calls: "
-                  f"{per[peer]['syncs_per_call']:.2f})"
-                  for peer in GOALS if peer in per and "syncs_per_call" in per[peer]))
-    if tl is not None:
-        for peer, target in GOALS.items():
-            if peer in per:
-                got = {k: per[peer].get(k) for k in ("ratio_measured_fast", "ratio_measured_slow",
-                                                      "ratio_model_fast_disk",
-                                                      "ratio_model_slow_disk")}
-                goals[peer] = {"target": target, **got,
-                               "met": all(v is not None and v >= target for v in got.values())}
-                if "syncs_per_call" in tl and "syncs_per_call" in per[peer]:
-                    # Where syncs bound the work (the sync latency dominates every
-                    # call), the ratio tends to the peer's syncs per call over ours:
-                    # no CPU saved can pass it.  And one sync per sequential protected
-                    # call is the protocol's floor (dispatched is durable before the
-                    # tool runs; the commits after it can share it): the bound there.
-                    goals[peer]["ratio_sync_bound"] = (per[peer]["syncs_per_call"]
-                                                       / tl["syncs_per_call"])
-                    goals[peer]["ratio_sync_bound_at_one_sync_per_call"] = (
-                        per[peer]["syncs_per_call"] / 1.0)
-        if "syncs_per_call" in tl:
-            goals["syncs_per_call"] = {"target": 1.3, "measured": tl["syncs_per_call"],
-                                       "met": tl["syncs_per_call"] <= 1.3}
-        goals["bytes_per_call"] = {"target": 16 * 1024, "measured": tl["write_bytes_per_call"],
-                                   "met": tl["write_bytes_per_call"] <= 16 * 1024}
+    goals = peer_goals(per)
+    for peer, gl in goals.items():
+        if peer in PEER_FORMS:
+            print(f"goal toolledger / {peer} (best of {', '.join(gl['forms'])}) >= "
+                  f"{gl['target']:g}x: " + "; ".join(
+                      f"{row} " + ", ".join(f"{gl[p + k]:.2f}" if gl.get(p + k) is not None
+                                            else "-" for k in RATIO_OF.values())
+                      + (" (met)" if gl[p + "met"] else " (not met)")
+                      for row, p in ((REFERENCE, ""), (SEQUENTIAL_REFERENCE, "sequential_")))
+                  + " [measured fast, slow; model fast, slow]")
+            if "ratio_sync_bound" in gl:
+                print(f"  where syncs bound the work it tends to the peer's fewest syncs per "
+                      f"call over ours: {REFERENCE} {gl['ratio_sync_bound']:.2f}, "
+                      f"{SEQUENTIAL_REFERENCE} {gl['sequential_ratio_sync_bound']:.2f}")
     return {
         "calls_per_turn": CALLS_PER_TURN, "rounds": rounds, "warm_turns": warm,
         "timed_turns": turns, "scratch_fs": fs, "not_installed": missing,
+        "load_average_1min": load,
         "syncs_counted_by": ("strace -f --seccomp-bpf, sync calls between the child's marks"
                              if strace else None),
         "bytes_counted_by": "/proc/self/io write_bytes (and wchar) of the child",

@@ -347,6 +347,14 @@ def _scale(sc: dict[str, Any]) -> list[str]:
     return out
 
 
+def _peer_ref(pe: dict[str, Any]) -> str:
+    """The toolledger row the peers' ratios are computed from."""
+    for gl in (pe.get("goals") or {}).values():
+        if isinstance(gl, dict) and "row" in gl:
+            return str(gl["row"])
+    return "toolledger-batched"
+
+
 def _peers(pe: dict[str, Any]) -> list[str]:
     """The peers' block: calls/s side by side, syncs, bytes, CPU, the crash table."""
     sd = pe.get("slow_disk") or {}
@@ -365,7 +373,14 @@ def _peers(pe: dict[str, Any]) -> list[str]:
            f"The model rows take each system's measured time per call with every sync skipped "
            f"(`{sd.get('no_sync', '-')}`) plus its measured syncs per call times a sync latency "
            f"of {ms.get('fast', '-')} ms (a fast disk) or {ms.get('slow', '-')} ms (a slow "
-           "cloud volume); the model's error against the two measured disks is shown.", ""]
+           "cloud volume); the model's error against the two measured disks is shown.  "
+           + ("" if not pe.get("load_average_1min") else
+              f"The 1-minute load average was {min(pe['load_average_1min']):.2f} to "
+              f"{max(pe['load_average_1min']):.2f} during the run (2 cores).  ")
+           +
+           "`toolledger / it` is the reference row's rate over the row's (reference: "
+           f"`{_peer_ref(pe)}`); `-parallel` rows are the peers' own concurrent forms "
+           "of the same message.", ""]
     rows = []
     for name, r in pe["systems"].items():
         rows.append((name, g(r, "calls_per_second", ".0f"), g(r, "ratio_measured_fast", ".2f"),
@@ -375,23 +390,43 @@ def _peers(pe: dict[str, Any]) -> list[str]:
                      g(r, "model_slow_disk_calls_per_second", ".0f"),
                      g(r, "ratio_model_slow_disk", ".2f"),
                      g(r, "model_error_fast", "+.0%") + " / " + g(r, "model_error_slow", "+.0%"),
-                     g(r, "syncs_per_call", ".2f"), f"{r['write_bytes_per_call'] / 1024:.1f}",
-                     f"{r['cpu_ms_per_call']:.2f}"))
+                     g(r, "syncs_per_call", ".2f"), g(r, "commits_per_message", ".1f"),
+                     f"{r['write_bytes_per_call'] / 1024:.1f}", f"{r['cpu_ms_per_call']:.2f}"))
     out.append(_md(("system", "calls/s", "toolledger / it", "slow disk calls/s",
                     "toolledger / it", f"model @{ms.get('fast', '-')} ms", "toolledger / it",
                     f"model @{ms.get('slow', '-')} ms", "toolledger / it", "model error",
-                    "syncs / call", "KB written / call", "CPU ms / call"),
-                   rows, right=tuple(range(1, 13))))
-    bounds = [(peer, gl) for peer, gl in (pe.get("goals") or {}).items()
+                    "syncs / call", "commits / message", "KB written / call", "CPU ms / call"),
+                   rows, right=tuple(range(1, 14))))
+    goals = pe.get("goals") or {}
+    judged = [(peer, gl) for peer, gl in goals.items()
+              if isinstance(gl, dict) and "forms" in gl]
+    if judged:
+        def rs(gl: dict[str, Any], prefix: str) -> str:
+            return " / ".join(g(gl, prefix + k, ".2f") for k in (
+                "ratio_measured_fast", "ratio_measured_slow", "ratio_model_fast_disk",
+                "ratio_model_slow_disk"))
+
+        out += ["", "Goals against each peer's best form (the higher calls/s of its sequential "
+                "and parallel rows, rate by rate; ratios measured fast / slowed, model fast / "
+                "slow): " + "; ".join(
+                    f"{peer} >= {gl['target']:g}x: `{gl['row']}` {rs(gl, '')}, "
+                    f"`{gl['sequential_row']}` {rs(gl, 'sequential_')}, met by "
+                    + (", ".join(f"`{x}`" for x in gl["met_by"]) or "neither")
+                    for peer, gl in judged) + "."]
+    bounds = [(peer, gl) for peer, gl in goals.items()
               if isinstance(gl, dict) and "ratio_sync_bound" in gl]
     if bounds:
         out += ["", "Where syncs bound the work (a slow enough disk), toolledger / it tends to "
-                "its syncs per call over toolledger's: " + ", ".join(
-                    f"{peer} {gl['ratio_sync_bound']:.2f}" for peer, gl in bounds)
-                + "; at one sync per sequential protected call (the protocol's floor: "
-                "`dispatched` is durable before the tool runs) it would be " + ", ".join(
+                "the peer's syncs per call (its form with the fewest) over toolledger's: "
+                + ", ".join(
+                    f"{peer} {gl['ratio_sync_bound']:.2f}"
+                    + (f" (`{gl['sequential_row']}`: {gl['sequential_ratio_sync_bound']:.2f})"
+                       if "sequential_ratio_sync_bound" in gl else "") for peer, gl in bounds)
+                + "; one sync per protected call, the floor of sequential calls (`dispatched` "
+                "is durable before the tool runs), would give " + ", ".join(
                     f"{peer} {gl['ratio_sync_bound_at_one_sync_per_call']:.2f}"
-                    for peer, gl in bounds) + "."]
+                    for peer, gl in bounds) + "; a message's calls dispatched together share "
+                "their syncs (2 commits per message)."]
     out += ["", "A SIGKILL between the effect and the system's checkpoint, then the "
             "documented resume; effects the external system applied:", ""]
     out.append(_md(("system", "policy", "effects", "duplicates"),

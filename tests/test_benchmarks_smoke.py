@@ -110,24 +110,100 @@ def test_peers_figures_and_crash_table(smoke: dict[str, Any]) -> None:
     p = smoke["benchmarks"]["peers"]
     assert p["not_installed"] == []  # the dev extra installs every peer
     assert set(p["systems"]) == set(bench_peers.SYSTEMS)
+    assert len(p["load_average_1min"]) == p["rounds"] + 1  # sampled at every round's ends
     for name, row in p["systems"].items():
         assert row["calls_per_second"] > 0 and row["cpu_ms_per_call"] > 0, name
         assert row["write_bytes_per_call"] > 0 or row["wchar_per_call"] > 0, name
         if p["syncs_counted_by"] is not None:
-            # every system syncs at least once per durably recorded call
-            assert row["syncs_per_call"] >= 1, name
+            # toolledger syncs at least once per commit (WAL, synchronous=FULL): 2 per
+            # message for the together row; each peer at least once per recorded call
+            floor = row.get("commits_per_message", bench_peers.CALLS_PER_TURN)
+            assert row["syncs_per_call"] * bench_peers.CALLS_PER_TURN >= floor, name
             assert row["slow_calls_per_second"] > 0 and row["nosync_calls_per_second"] > 0
     assert p["systems"][bench_peers.REFERENCE]["ratio_measured_fast"] == 1
+    assert p["systems"][bench_peers.SEQUENTIAL_REFERENCE]["sequential_ratio_measured_fast"] == 1
+    # commits per 5-call message, by the store's counter: 2n + 2, n + 1, 2
+    commits = {s: p["systems"][s]["commits_per_message"] for s in bench_peers.TOOLLEDGER_MODES}
+    assert commits == {"toolledger": 12, "toolledger-batched": 6, "toolledger-together": 2}
+    for peer, forms in bench_peers.PEER_FORMS.items():
+        gl = p["goals"][peer]
+        assert gl["row"] == bench_peers.REFERENCE and gl["forms"] == list(forms)
+        assert set(gl["best_form"].values()) <= set(forms)
     crash = {(c["system"], c["policy"]): c for c in p["crash"]}
     assert set(crash) == set(bench_peers.CRASH_CASES)
     # the harness really killed every child between its effect and the checkpoint
     assert all(c["killed_after_effect"] for c in crash.values())
     for policy in ("idempotent", "manual", "reconcile"):
-        assert crash[("toolledger", policy)]["effects"] == 1
-        assert crash[("toolledger", policy)]["duplicates"] == 0
+        for row in ("toolledger", "toolledger-together"):
+            assert crash[(row, policy)]["effects"] == 1
+            assert crash[(row, policy)]["duplicates"] == 0
     # the peers re-run a step whose checkpoint was lost: the table's point of comparison
-    for peer in ("langgraph", "dbos", "dbos-wal"):
+    for peer in ("langgraph", "langgraph-parallel", "dbos", "dbos-wal", "dbos-wal-parallel"):
         assert crash[(peer, "as shipped")]["effects"] >= 1
+
+
+def test_together_row_takes_two_commits_per_message(tmp_path: Path) -> None:
+    # the worker reads the store's counters over its timed turns only
+    for d in ("t", "b", "l"):
+        (tmp_path / d).mkdir()
+    together = bench_peers.worker("toolledger-together", tmp_path / "t", 1, 3)
+    assert (together["commits"], together["ledger_commits"]) == (2 * 3, 2 * 3)
+    batched = bench_peers.worker("toolledger-batched", tmp_path / "b", 1, 3)
+    assert batched["commits"] == (bench_peers.CALLS_PER_TURN + 1) * 3
+    assert "commits" not in bench_peers.worker("langgraph-parallel", tmp_path / "l", 1, 1)
+
+
+@pytest.mark.parametrize("policy", ["idempotent", "manual", "reconcile"])
+def test_together_crash_row_applies_the_effect_once(tmp_path: Path, policy: str) -> None:
+    row = bench_peers.crash_row("toolledger-together", tmp_path, policy)
+    assert row["killed_after_effect"] is True
+    assert (row["effects"], row["duplicates"]) == (1, 0)
+
+
+@pytest.mark.parametrize("policy, next_step", [("idempotent", "retry"), ("manual", "halted"),
+                                               ("reconcile", "reconcile")])
+def test_together_crash_leaves_every_call_of_the_message_unknown(
+        tmp_path: Path, policy: str, next_step: str) -> None:
+    # the price of together=True: killed after the FIRST call's effect, every call of the
+    # 5-call message was dispatched in the first commit and is decided by its policy
+    from toolledger import Session, SqliteStore, Tool
+
+    code = (f"b.toolledger_turns(b.Path({str(tmp_path)!r}), b.Effects(b.Path("
+            f"{str(tmp_path / 'effects.log')!r})), {policy!r}, lambda: b.os.kill(b.os.getpid(), "
+            "b.signal.SIGKILL), mode='together')[0](0)")
+    first = subprocess.run(bench_peers._child_code(code), capture_output=True, text=True,
+                           timeout=120, check=False)
+    assert first.returncode == -9, first.stderr[-2000:]
+    assert (tmp_path / "effects.log").read_text().count("\n") == 1
+    with SqliteStore(tmp_path / "toolledger.sqlite3") as store:
+        s = Session.open(store, "turn-0", {"send": Tool(policy, requires_approval=False)})
+        statuses = s.recover()
+    assert [st.next.value for st in statuses] == [next_step] * bench_peers.CALLS_PER_TURN
+
+
+def _row(rate: float, syncs: float) -> dict[str, Any]:
+    return {"calls_per_second": rate, "slow_calls_per_second": rate / 4,
+            "model_fast_disk_calls_per_second": rate, "model_slow_disk_calls_per_second": rate / 4,
+            "syncs_per_call": syncs, "write_bytes_per_call": 10_000.0}
+
+
+def test_peer_goals_judge_the_reference_against_each_peers_best_form() -> None:
+    per = {"toolledger-together": _row(1000, 0.4), "toolledger-batched": _row(500, 1.2),
+           "langgraph": _row(300, 1.6), "langgraph-parallel": _row(400, 1.6),
+           "dbos-wal": _row(450, 1.4), "dbos-wal-parallel": _row(200, 1.5)}
+    goals = bench_peers.peer_goals(per)
+    lg, db = goals["langgraph"], goals["dbos-wal"]
+    assert set(lg["best_form"].values()) == {"langgraph-parallel"}
+    assert set(db["best_form"].values()) == {"dbos-wal"}
+    assert lg["ratio_measured_fast"] == 1000 / 400 and lg["sequential_ratio_measured_fast"] == 1.25
+    assert db["ratio_measured_fast"] == 1000 / 450 and db["met"] is True
+    assert db["sequential_met"] is False and db["met_by"] == ["toolledger-together"]
+    assert lg["met_by"] == ["toolledger-together", "toolledger-batched"]
+    # the sync bound takes the peer's form with the fewest syncs per call
+    assert db["ratio_sync_bound"] == 1.4 / 0.4
+    assert goals["syncs_per_call"]["measured"] == 0.4
+    assert goals["syncs_per_call"]["sequential_measured"] == 1.2
+    assert goals["syncs_per_call"]["met_by"] == ["toolledger-together", "toolledger-batched"]
 
 
 def test_marked_syncs_are_counted_only_between_the_marks() -> None:
