@@ -1,7 +1,8 @@
 """Group commit across sessions: 1, 4 and 16 concurrent sessions in one process.
 
 The workload is ``bench_peers``'s toolledger-batched turn (5 protected calls
-of an idempotent tool with a trivial effect, ``Session.execute_many``), run by
+of an idempotent tool with a trivial effect, ``Session.open(...,
+lazy_create=True)`` then ``Session.execute_message``: n + 1 commits), run by
 N threads at once, one session each per turn, on ONE
 ``SqliteStore(path, group_commit=True)``.  Each measurement is a fresh child
 process (``bench_peers``' way: marks around the timed turns, ``strace``
@@ -66,10 +67,10 @@ def worker(directory: Path, sessions: int, turns: int, group: bool) -> Result:
         return "sent"
 
     def turn(name: str) -> None:
-        s = Session.open(store, name, tools)
-        recorded = s.record(1, [{"id": f"c{i}", "name": "send", "arguments": {"i": i}}
-                                for i in range(CALLS_PER_TURN)])
-        s.execute_many([(st.call.key, send) for st in recorded])
+        # bench_peers' toolledger-batched turn, as an engine runs it: n + 1 commits
+        Session.open(store, name, tools, lazy_create=True).execute_message(
+            1, [{"id": f"c{i}", "name": "send", "arguments": {"i": i}}
+                for i in range(CALLS_PER_TURN)], send)
 
     def thread(i: int, first: int, n: int, errors: list[BaseException]) -> None:
         try:
