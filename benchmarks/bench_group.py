@@ -13,8 +13,9 @@ counting the sync system calls between them, ``getrusage`` for CPU):
   16 sessions; the control: 16 sessions on a store without group commit;
 - one session with every sync skipped (``retval=0``): the CPU ceiling.  The
   threads share one interpreter (the GIL), so N sessions can never run
-  faster than that: on a fast disk it bounds the speed-up of 16 sessions
-  over one, which is then ``ceiling / one session``.
+  faster than that: it bounds the speed-up of 16 sessions over one at
+  ``ceiling / one session`` on each disk (printed per disk; where that is
+  below the goal, the goal cannot be met on this machine).
 
 Per row: calls/s, syncs per call (strace) and the store's own ``syncs`` and
 ``commits`` per call (``commits`` is the per-session count, the same with and
@@ -182,6 +183,8 @@ def run(smoke: bool = False) -> Result:
     ceiling = rate("no sync", 1)
     fast_one = rate("this disk", 1)
     bound = ceiling / fast_one if ceiling and fast_one else None
+    bounds = {disk: ceiling / one for disk in disks
+              if ceiling and (one := rate(disk, 1))}
     goal_disk = "slow disk" if "slow disk" in speedup else "this disk"
     print(f"\nscratch on {fs}")
     print(table(("disk", "sessions", "group commit", "calls/s", "syncs/call (strace)",
@@ -194,11 +197,12 @@ def run(smoke: bool = False) -> Result:
                  for r in rows], right=(1, 3, 4, 5, 6, 7, 8)))
     for disk, x in speedup.items():
         print(f"{disk}: {max(SESSIONS)} sessions / 1 session = {x:.2f}x (goal >= {GOAL:g}x)")
-    if bound is not None:
-        print(f"CPU ceiling (1 session, syncs skipped) / 1 session on this disk = {bound:.2f}x: "
-              "the most any number of threads of one interpreter can gain on this disk")
+    for disk, b in bounds.items():
+        print(f"CPU ceiling (1 session, syncs skipped) / 1 session on the {disk} = {b:.2f}x: "
+              f"the most any number of threads of one interpreter can gain on the {disk}")
     return {"filesystem": fs, "rows": rows, "speedup": speedup,
-            "cpu_ceiling_over_one_session_this_disk": bound, "goal": GOAL,
+            "cpu_ceiling_over_one_session_this_disk": bound,
+            "cpu_ceiling_over_one_session": bounds, "goal": GOAL,
             "goal_disk": goal_disk,
             "goal_met": speedup.get(goal_disk, 0) >= GOAL}
 

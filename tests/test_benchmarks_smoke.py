@@ -277,8 +277,13 @@ def test_bytes_breakdown(smoke: dict[str, Any]) -> None:
 def test_group_commit_figures(smoke: dict[str, Any]) -> None:
     g = smoke["benchmarks"]["group"]
     rows = {(r["disk"], r["sessions"], r["group_commit"]): r for r in g["rows"]}
-    for n in bench_group.SESSIONS:
-        assert rows[("this disk", n, True)]["commits_per_call"] == 8 / 5
+    for n in bench_group.SESSIONS:  # bench_peers' toolledger-batched turn: n + 1 commits
+        assert rows[("this disk", n, True)]["commits_per_call"] == 6 / 5
+    # the bound per disk: one session with syncs skipped over one session on that disk
+    ceiling = rows[("no sync", 1, True)]["calls_per_second"]
+    assert set(g["cpu_ceiling_over_one_session"]) == set(g["speedup"])
+    for disk, bound in g["cpu_ceiling_over_one_session"].items():
+        assert bound == ceiling / rows[(disk, 1, True)]["calls_per_second"]
     many = rows[("this disk", max(bench_group.SESSIONS), True)]
     alone = rows[("this disk", max(bench_group.SESSIONS), False)]
     # grouping shares syncs; without it every commit is its own
