@@ -294,6 +294,7 @@ class Ledger:
             stored,
             calls=calls,
             approvals={**stored.approvals, **self._state.approvals},
+            approval_digests={**stored.approval_digests, **self._state.approval_digests},
             ledger={**stored.ledger, **self._state.ledger},
             audit=stored.audit | self._state.audit,
             retention_passed=self._state.retention_passed,

@@ -91,6 +91,7 @@ from .protocol import (
     SessionState,
     Stage,
 )
+from .state import stored_approval_digests
 from .store_errors import (
     LeaseLost,
     SessionExists,
@@ -339,12 +340,14 @@ class MemoryStore:
     def load(self, session_id: str) -> SessionState:
         """The durable state of the session, as a restarted engine sees it."""
         s = self._session(session_id)
+        calls = tuple(_resumed(s.calls[p]) for p in sorted(s.calls))
         return SessionState(
             session_id=session_id,
             marker=s.marker,
             max_attempts=s.max_attempts,
-            calls=tuple(_resumed(s.calls[p]) for p in sorted(s.calls)),
+            calls=calls,
             approvals=dict(s.approvals),
+            approval_digests=stored_approval_digests(calls, s.approvals),
             ledger=dict(s.ledger),
             audit=frozenset(row.key for row in s.audit),
         )
