@@ -379,12 +379,16 @@ Rec(c) == ledger[ExecId(c)]
 (* dispatched on it), the ApprovalByPosition twin, which overrides it in   *)
 (* its .cfg: no other model has to name it.                                *)
 (***************************************************************************)
+\* (IF, not \/: TLC would take each true disjunct of an action's guard as a
+\* step of its own, and dump the same step twice.)
 ApprovalBindsArgs == TRUE
-ApprovalFor(c) == ~ApprovalBindsArgs \/ approvalArgs[ExecId(c)] = args[c]
+ApprovalFor(c) ==
+    IF ApprovalBindsArgs THEN approvalArgs[ExecId(c)] = args[c] ELSE TRUE
 ApprovalOK(c) ==
     ~NeedsApproval[c] \/ (approval[ExecId(c)] = "approved" /\ ApprovalFor(c))
 \* The engine must ask (again): no approval yet, or one for other arguments.
-NeedsNewApproval(c) == approval[ExecId(c)] = "none" \/ ~ApprovalFor(c)
+NeedsNewApproval(c) ==
+    IF approval[ExecId(c)] = "none" THEN TRUE ELSE ~ApprovalFor(c)
 PriorTurnsAnswered(c) ==
     \A d \in Calls : Turn[d] < Turn[c] => result[d] # NoResult
 \* An audit row: <<kind, attempt, inputs>>; only a recovery decision's row
