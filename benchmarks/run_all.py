@@ -1,18 +1,18 @@
-"""Run every benchmark, write ``benchmarks/results.json``, then the README's figures.
+"""Run every benchmark, write ``benchmarks/results.json``, then the figures of docs/benchmarks.md.
 
 ``make bench`` runs ``python benchmarks/run_all.py``: each script of
 ``benchmarks/`` in full mode, one after the other (the crash campaign runs 2
 processes at a time itself), then ``benchmarks/render_readme.py``, which
 rewrites the block between ``<!-- bench:begin -->`` and ``<!-- bench:end -->``
-in ``README.md`` from the results file.  Every figure in that block comes
+in ``docs/benchmarks.md`` from the results file.  Every figure in that block comes
 from ``results.json``, and every figure in ``results.json`` from a script
 that anyone can rerun.
 
 Options: ``--only NAME`` (repeatable) runs some benchmarks and keeps the
 others' figures from the existing results file; ``--smoke`` runs everything
 in its tiny mode and writes nothing (unless ``--out`` is given);
-``--no-readme`` skips the README.  Exit status: 0 if every script ran and
-the README was rewritten, 1 otherwise (a goal that is not met is a figure,
+``--no-readme`` skips rewriting docs/benchmarks.md.  Exit status: 0 if every
+script ran and the page was rewritten, 1 otherwise (a goal that is not met is a figure,
 not a failure).
 """
 
@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--only", action="append", choices=list(BENCHMARKS), default=[])
     p.add_argument("--smoke", action="store_true", help="tiny runs; writes nothing by default")
     p.add_argument("--out", type=Path, help=f"results file (default {RESULTS.relative_to(ROOT)})")
-    p.add_argument("--no-readme", action="store_true", help="do not rewrite README.md")
+    p.add_argument("--no-readme", action="store_true", help="do not rewrite docs/benchmarks.md")
     a = p.parse_args(argv)
     out_path: Path | None = a.out or (None if a.smoke else RESULTS)
 

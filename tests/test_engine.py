@@ -860,7 +860,7 @@ def test_adopted_legacy_session_whose_calls_are_answered_resumes(policy: str) ->
 def test_the_kit_engine_steps_no_ledger_and_names_no_spec_event() -> None:
     """The engine talks to the Session only: no spec action named in its code (strings
     included), no ledger step, and the few direct ledger lines are reads.  Measured by
-    the same function the README and notebook 05 use."""
+    the same function docs/adopting.md and notebook 05 use."""
     from toolledger.notebook.kit_support import glue_of, kit_engine_glue
 
     glue = kit_engine_glue()

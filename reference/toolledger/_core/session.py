@@ -744,7 +744,13 @@ class Session(LedgerGuard):
         raise err
 
     def execute(self, key: str, fn: Callable[[Attempt], object]) -> CallStatus:
-        """Run the call ``key`` as ``fn(attempt)``; its return is the result (:meth:`dispatch`)."""
+        """Run the call ``key`` as ``fn(attempt)``; its return is the result (:meth:`dispatch`).
+
+        A ``fn`` that is not callable is refused before anything is written
+        (no ``dispatched``, the approval still unused)."""
+        if not callable(fn):
+            raise InvalidInput(f"execute({key!r}, fn): fn must be a callable taking the "
+                               f"Attempt, got {fn!r}; nothing was written or run")
         with self.dispatch(key) as attempt:
             attempt.done(fn(attempt))
         assert attempt.status is not None
@@ -933,6 +939,9 @@ class Session(LedgerGuard):
         ``<= attempt``: next is a retry) or :class:`~toolledger._core.tools.CannotTell`
         (halted for a human).  An exception counts as CannotTell.
         """
+        if not callable(ask):
+            raise InvalidInput(f"reconcile({key!r}, ask): ask must be a callable (call, "
+                               f"attempt) -> answer, got {ask!r}; nothing was written")
         with self._usable():
             c = self._find(key)
             if c.stage is not Stage.RECONCILING:
