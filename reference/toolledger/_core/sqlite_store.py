@@ -27,7 +27,9 @@ journal, which with ``synchronous=FULL`` is equally durable;
 :attr:`SqliteStore.journal_mode` says which one is in use.  In WAL mode
 committed transactions may sit in the ``-wal`` file next to the database
 until a checkpoint: copy or move the files together, and only while no store
-has the file open.
+has the file open.  The syncs are observed, not assumed:
+``tests/test_sqlite_durability.py`` traces them (``strace``) in order, and
+``benchmarks/power_loss.py`` opens every file state a power cut may leave.
 
 Every durable transition is ``BEGIN IMMEDIATE ... COMMIT`` on a connection in
 autocommit mode (``isolation_level=None``), so Python never opens or commits
