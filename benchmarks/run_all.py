@@ -43,6 +43,7 @@ from benchmarks import (
     bench_scale,
     bench_sqlite,
     crash_campaign,
+    power_loss,
     render_readme,
 )
 from benchmarks.common import ROOT, code_state, machine_info, table
@@ -57,6 +58,7 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "conformance": bench_conformance.run,
     "models": bench_models.run,
     "crash_campaign": crash_campaign.run,
+    "power_loss": power_loss.run,
     "races": bench_races.run,
     "pg_faults": bench_pg_faults.run,
     "scale": bench_scale.run,
@@ -214,6 +216,14 @@ def goals(b: dict[str, Any]) -> list[dict[str, Any]]:
     goal("crash campaign: all counts zero, >= 200 SIGKILLs", "0 and >= 200",
          None if kills is None else f"{kills} kills, all zero: {'yes' if zero else 'no'}",
          _get(k, "goal_met"))
+    pl: Any = b.get("power_loss")
+    found = _get(pl, "planted_found") or {}
+    goal("power loss: every crash state of SqliteStore's writes and syncs recovers correctly; "
+         "the planted durability bugs are found", "0 incorrect; every non-benign bug found",
+         None if pl is None or "states_explored" not in pl else
+         f"{pl['states_explored']} states: {pl['real_incorrect']} incorrect on the real store; "
+         f"found {', '.join(v for v, f in found.items() if f) or 'none'}",
+         None if pl is None or "goal_met" not in pl else pl["goal_met"])
     return out
 
 
