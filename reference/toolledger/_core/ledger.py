@@ -602,6 +602,13 @@ class Ledger:
         decisions = dict(self._decisions)
         unused = dict(contents)
         last_turn = last_durable_turn(start)
+        # a Void of a call durable already (a lost response's) comes first: the new
+        # response's ProviderEmitCall must find it superseded; one of a call this batch
+        # persists (a same-call) comes after the events
+        early = [v for v in voids or () if isinstance(v, Void)
+                 and start.call(v.position) is not None]
+        for void in early:
+            state = self._void(state, void, rows)
         for ev in events:
             if ev.action in _DISPATCHES and ev.at is None:
                 ev = replace(ev, at=self._clock())  # kept in the record as its first dispatch
@@ -649,7 +656,8 @@ class Ledger:
                     decisions.pop(pos, None)
             state = after
         for void in voids or ():
-            state = self._void(state, void, rows)
+            if void not in early:
+                state = self._void(state, void, rows)
         if unused:
             raise InvalidInput(
                 f"result content was given for {sorted(unused)}, but no event creates a result "

@@ -359,6 +359,62 @@ class Session(LedgerGuard):
             return [self._ref(c) for c in st.calls if c.result is None
                     and st.approval(c.execution_id) is ApprovalState.PENDING]
 
+    def find(
+        self,
+        call: Mapping[str, Any],
+        *,
+        response: Sequence[Mapping[str, Any]] | None = None,
+    ) -> CallStatus | None:
+        """The recorded call the engine has in hand, by what it has.
+
+        ``None``: no such call among the calls the engine can still act on
+        (the latest message and every message with a call without a result):
+        not recorded yet, or settled in an earlier message (``record(seq,
+        calls)`` with its :attr:`CallRef.position` returns those).
+
+        ``call`` is the provider's call dict (id, name, arguments), as given to
+        :meth:`record`.  With ``response`` (the calls of the message it came
+        in, as recorded): the call of that recorded message, found as
+        :meth:`record` would place it with ``seen=[]`` (the latest message, or
+        the one with exactly these calls).  Without it (an engine that decides
+        approval one call at a time, with no position): the most recent
+        recorded call with that id, name and arguments, among the calls the
+        engine can still act on (the latest message and every call without a
+        result).  Record the response first: a call the model repeats is only
+        found as the new one once it is recorded.  Nothing is written; a call
+        that is the same call as a dispatched call of a lost response gives
+        that call's status.
+        """
+        cid, name, digest_args = parse_call(0, call)
+        wanted_one = (cid, name, args_digest(name, digest_args))
+        with self._usable():
+            st = self._ledger.state
+            if response is not None:
+                _, calls_ = self._seq_and(response, None, "find")
+                wanted = [(i, n, args_digest(n, a))
+                          for i, n, a in (parse_call(j, c) for j, c in enumerate(calls_))]
+                slots = [j for j, w in enumerate(wanted) if w == wanted_one]
+                if not slots:
+                    raise InvalidInput("find(call, response=...): the call is not one of the "
+                                       "response's calls")
+                if len(slots) > 1:
+                    raise InvalidInput(f"find(call, response=...): the response holds this call "
+                                       f"{len(slots)} times (slots {slots}): use the statuses "
+                                       "record() returned, in slot order")
+                turns = sorted({c.position[0] for c in st.calls}, reverse=True)
+                for turn in turns:
+                    there = self._turn(turn, last_durable_turn(st))
+                    if _same_calls(there, wanted):
+                        c = there.call((turn, slots[0]))
+                        assert c is not None
+                        return self._status_of(c)
+                return None
+            for c in sorted(st.calls, key=lambda c: c.position, reverse=True):
+                if (c.message is MessageState.DURABLE
+                        and (c.tool_call_id, c.tool.name, c.args_digest) == wanted_one):
+                    return self._status_of(c)
+            return None
+
     # -- recording calls --------------------------------------------------------
 
     def record(
@@ -1169,6 +1225,11 @@ class Session(LedgerGuard):
         external system answered), ``"retry"`` (next: run it with
         :meth:`execute`, attempt n+1, same id) or ``"abandon"``.
 
+        ``"applied"`` without ``result`` (a host with nothing to give): the
+        call's tool result, what the model sees, is :data:`APPLIED_NO_TEXT`,
+        a JSON object saying a human confirmed the call was applied
+        (docs/protocol.md#placing-a-response).
+
         The resolution and what follows it are recorded; the call's result
         (applied, abandoned) is there when this returns.
         """
@@ -1180,8 +1241,9 @@ class Session(LedgerGuard):
             if c not in self._ledger.recovery_required():
                 raise InvalidInput(f"call {key} is not halted for a human (next: "
                                    f"{self._status_now(c).next.value}); nothing was changed")
+            text = APPLIED_NO_TEXT if resolution == "applied" and result is None else result
             self._guard(lambda: self._ledger.resolve(c.position, resolution,
-                                                     result_text=result, note=note))
+                                                     result_text=text, note=note))
             c = self._find_at(c.position)
             if c.stage is Stage.RESUME:  # applied / abandon: the result follows
                 return self._recover_one(c)
@@ -1205,7 +1267,9 @@ class Session(LedgerGuard):
 
     def _find_at(self, pos: CallPosition) -> CallState:
         c = self._ledger.state.call(pos)
-        assert c is not None, pos  # every caller names a call of the working set
+        if c is None:  # settled just now, behind the latest message (a superseded call's)
+            c = self._ledger.turn_state(pos[0]).call(pos)
+        assert c is not None, pos  # every caller names a durable call
         return c
 
     def _ref(self, c: CallState) -> CallRef:
@@ -1216,7 +1280,10 @@ class Session(LedgerGuard):
                        MappingProxyType(args), c.tool.policy, c.tool.requires_approval)
 
     def _status_now(self, c: CallState) -> CallStatus:
-        return self._status_in(self._ledger.state, c)
+        st = self._ledger.state
+        if st.call(c.position) is None:  # settled behind the working set
+            st = self._ledger.turn_state(c.position[0])
+        return self._status_in(st, c)
 
     def _status_in(self, st: SessionState, c: CallState) -> CallStatus:
         rec: ExecutionRecord = st.record(c.execution_id)
@@ -1228,6 +1295,13 @@ class Session(LedgerGuard):
 # --------------------------------------------------------------------------
 # Placing a response (docs/protocol.md#placing-a-response)
 # --------------------------------------------------------------------------
+
+APPLIED_NO_TEXT: Final = json.dumps({
+    "status": "applied",
+    "note": "a human confirmed that the external system applied this call; no result "
+            "text was given",
+})
+"""The tool result of ``resolve(key, "applied")`` without ``result``."""
 
 _VOIDED: Final = json.dumps({"error": "superseded: the response that asked for this call was "
                              "lost from the conversation and replaced; it never ran"})
