@@ -23,8 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-
 from test_store_suite import Backend, store_factory  # noqa: F401  (the fixture: every store)
+
 from toolledger import Attempt, CallStatus, InvalidInput, Next, Session, Tool
 from toolledger._core.ledger import SAME_CALL, SUPERSEDED
 from toolledger._core.protocol import ResultKind
