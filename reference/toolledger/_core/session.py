@@ -77,11 +77,15 @@ Session starts nothing more (:class:`SessionInterrupted`): open a new one and
 Positions
 ---------
 A call's position is ``(message sequence number, index in the message)``.
-The sequence number must be a number the ENGINE assigns to the assistant
-message and persists with it, stable for the life of the session, never a
-list index: a load-time repair that inserts or drops a message would shift a
-list index, and the same number must name the same message on every resume
-(it goes into the execution id).
+By default the LEDGER assigns the number (:meth:`Session.record` without
+``seq``): its own durable, monotone sequence, taken in the commit that
+records the response; the engine says what its history shows (``seen``)
+and the ledger tells a new response from a re-record of the latest one and
+from a re-emission replacing a lost one (docs/protocol.md#placing-a-response,
+docs/protocol.md#superseding-a-lost-response).  An engine may pass its own
+number instead: one it assigns to the assistant message and persists with
+it, never a list index (a repair or a trim shifts a list index, and the
+number goes into the execution id).
 
 Threads
 -------
