@@ -691,6 +691,19 @@ class SqliteStore(SqliteRows):
         """
         return self._read(lambda conn: self._load_working_set(conn, session_id))
 
+    def load_turn(self, session_id: str, turn: int) -> SessionState:
+        """The durable calls of ``turn`` with what they own (by the primary key)."""
+
+        def body(conn: sqlite3.Connection) -> SessionState:
+            marker, max_attempts = self._session_row(conn, session_id)
+            rows = self._select(
+                conn, "calls", "WHERE session_id = ? AND turn = ?", (session_id, turn)
+            )
+            rows.sort(key=lambda r: r["slot"])
+            return self._state(conn, session_id, marker, max_attempts, rows)
+
+        return self._read(body)
+
     def call_exists(self, session_id: str, position: CallPosition) -> bool:
         """Whether a durable call is at ``position`` (one primary-key lookup)."""
 
