@@ -80,6 +80,11 @@ only the documented typed errors may come out.
 ``python benchmarks/crash_campaign.py [--smoke]``: the full campaign takes a
 few minutes with 2 runs in parallel.
 
+A SIGKILL loses no write the kernel accepted: what a power cut leaves (unsynced
+writes lost or torn, unsynced directory entries missing) is the power-loss
+harness's, :mod:`benchmarks.power_loss`, which replays this store's recorded
+writes and syncs into every such state and opens each one.
+
 The same runs on PostgreSQL: ``RunSpec(postgres=conninfo)`` (the child's
 ``--postgres``) puts the run's store in its own schema of that server, the
 I/O boundaries being the statements the ``PostgresStore`` sends;

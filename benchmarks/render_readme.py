@@ -1,7 +1,9 @@
-"""Rewrite the benchmark figures in README.md from ``benchmarks/results.json``.
+"""Rewrite the benchmark figures in docs/benchmarks.md from ``benchmarks/results.json``.
 
-Only the text between the ``<!-- bench:begin -->`` and ``<!-- bench:end -->``
-lines of ``README.md`` is replaced; nothing else in the file is touched.  If
+(The figures lived in README.md once, hence the script's name; the README links
+the page.)  Only the text between the ``<!-- bench:begin -->`` and
+``<!-- bench:end -->`` lines of ``docs/benchmarks.md`` (or ``--readme FILE``)
+is replaced; nothing else in the file is touched.  If
 the markers are missing (or out of order, or repeated), the script says so
 and exits with status 2 without writing anything.  ``--check`` writes
 nothing and exits 1 if the block is not what the results file renders to.
@@ -42,7 +44,7 @@ def _yes(met: Any) -> str:
 
 
 def render(doc: dict[str, Any]) -> str:
-    """The README block (without the markers) for a results document."""
+    """The benchmark block (without the markers) for a results document."""
     m = doc["machine"]
     b = doc["benchmarks"]
     code = doc.get("code") or {}
@@ -492,9 +494,10 @@ def _group(gr: dict[str, Any]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="rewrite README.md's benchmark block")
+    p = argparse.ArgumentParser(description="rewrite docs/benchmarks.md's benchmark block")
     p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results.json")
-    p.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    p.add_argument("--readme", type=Path, default=ROOT / "docs" / "benchmarks.md",
+                   help="the page holding the block (default: docs/benchmarks.md)")
     p.add_argument("--check", action="store_true", help="only check that the block is current")
     a = p.parse_args(argv)
     text = a.readme.read_text(encoding="utf-8")

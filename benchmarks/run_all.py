@@ -1,18 +1,18 @@
-"""Run every benchmark, write ``benchmarks/results.json``, then the README's figures.
+"""Run every benchmark, write ``benchmarks/results.json``, then the figures of docs/benchmarks.md.
 
 ``make bench`` runs ``python benchmarks/run_all.py``: each script of
 ``benchmarks/`` in full mode, one after the other (the crash campaign runs 2
 processes at a time itself), then ``benchmarks/render_readme.py``, which
 rewrites the block between ``<!-- bench:begin -->`` and ``<!-- bench:end -->``
-in ``README.md`` from the results file.  Every figure in that block comes
+in ``docs/benchmarks.md`` from the results file.  Every figure in that block comes
 from ``results.json``, and every figure in ``results.json`` from a script
 that anyone can rerun.
 
 Options: ``--only NAME`` (repeatable) runs some benchmarks and keeps the
 others' figures from the existing results file; ``--smoke`` runs everything
 in its tiny mode and writes nothing (unless ``--out`` is given);
-``--no-readme`` skips the README.  Exit status: 0 if every script ran and
-the README was rewritten, 1 otherwise (a goal that is not met is a figure,
+``--no-readme`` skips rewriting docs/benchmarks.md.  Exit status: 0 if every
+script ran and the page was rewritten, 1 otherwise (a goal that is not met is a figure,
 not a failure).
 """
 
@@ -43,6 +43,7 @@ from benchmarks import (
     bench_scale,
     bench_sqlite,
     crash_campaign,
+    power_loss,
     render_readme,
 )
 from benchmarks.common import ROOT, code_state, machine_info, table
@@ -57,6 +58,7 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "conformance": bench_conformance.run,
     "models": bench_models.run,
     "crash_campaign": crash_campaign.run,
+    "power_loss": power_loss.run,
     "races": bench_races.run,
     "pg_faults": bench_pg_faults.run,
     "scale": bench_scale.run,
@@ -214,6 +216,14 @@ def goals(b: dict[str, Any]) -> list[dict[str, Any]]:
     goal("crash campaign: all counts zero, >= 200 SIGKILLs", "0 and >= 200",
          None if kills is None else f"{kills} kills, all zero: {'yes' if zero else 'no'}",
          _get(k, "goal_met"))
+    pl: Any = b.get("power_loss")
+    found = _get(pl, "planted_found") or {}
+    goal("power loss: every crash state of SqliteStore's writes and syncs recovers correctly; "
+         "the planted durability bugs are found", "0 incorrect; every non-benign bug found",
+         None if pl is None or "states_explored" not in pl else
+         f"{pl['states_explored']} states: {pl['real_incorrect']} incorrect on the real store; "
+         f"found {', '.join(v for v, f in found.items() if f) or 'none'}",
+         None if pl is None or "goal_met" not in pl else pl["goal_met"])
     return out
 
 
@@ -235,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--only", action="append", choices=list(BENCHMARKS), default=[])
     p.add_argument("--smoke", action="store_true", help="tiny runs; writes nothing by default")
     p.add_argument("--out", type=Path, help=f"results file (default {RESULTS.relative_to(ROOT)})")
-    p.add_argument("--no-readme", action="store_true", help="do not rewrite README.md")
+    p.add_argument("--no-readme", action="store_true", help="do not rewrite docs/benchmarks.md")
     a = p.parse_args(argv)
     out_path: Path | None = a.out or (None if a.smoke else RESULTS)
 

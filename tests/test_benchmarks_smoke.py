@@ -41,7 +41,7 @@ def test_every_benchmark_ran_and_the_machine_is_recorded(smoke: dict[str, Any]) 
     for key in ("date", "nproc", "python", "java", "sqlite", "scratch_fs", "git_commit"):
         assert machine[key], key
     goals = smoke["goals"]
-    assert len(goals) == 16
+    assert len(goals) == 17
     assert all(set(g) == {"goal", "target", "measured", "met"} for g in goals)
     assert all(g["measured"] is not None for g in goals)
 
@@ -104,6 +104,13 @@ def test_crash_campaign_smoke_counts(smoke: dict[str, Any]) -> None:
     assert k["kills"] == 5
     assert k["totals"] == dict.fromkeys(k["totals"], 0)
     assert k["corruption"]["silent"] == 0 and k["corruption"]["wrote_anyway"] == 0
+
+
+def test_power_loss_smoke_counts(smoke: dict[str, Any]) -> None:
+    p = smoke["benchmarks"]["power_loss"]
+    assert p["real_incorrect"] == 0 and p["goal_met"]
+    assert p["states_explored"] >= 100  # two workloads, 60 (+1) states each
+    assert all(sum(r["outcomes"].values()) == r["states"] for r in p["rows"])
 
 
 def test_peers_figures_and_crash_table(smoke: dict[str, Any]) -> None:

@@ -22,7 +22,8 @@ CI_RUN = ROOT / ".ci" / "run"
 
 
 def readme_commands() -> list[str]:
-    quick = (ROOT / "README.md").read_text().split("## Quick start", 1)[1].split("##", 1)[0]
+    readme = (ROOT / "README.md").read_text()
+    quick = readme.split("## Working on toolledger", 1)[1].split("##", 1)[0]
     return re.findall(r"^make \w+$", quick, re.MULTILINE)
 
 

@@ -662,10 +662,15 @@ def test_bad_resolution_changes_nothing(world: World) -> None:
     before = world.store.audit("s1")
     with pytest.raises(InvalidInput, match="'applied', 'retry', 'abandon'"):
         engine.resolve_recovery((1, 0), "shrug")
-    with pytest.raises(InvalidInput, match="needs result_text"):
-        engine.resolve_recovery((1, 0), "applied")
+    with pytest.raises(InvalidInput, match="result_text is only for resolution 'applied'"):
+        engine.resolve_recovery((1, 0), "abandon", result_text="sent")
     assert world.store.audit("s1") == before
     assert len(engine.recovery_required()) == 1
+    # "applied" with no text to give is allowed (Session.resolve): the model sees
+    # APPLIED_NO_TEXT; the ledger-level resolve still needs a text
+    with pytest.raises(InvalidInput, match="needs result_text"):
+        engine.session.ledger.resolve((1, 0), "applied")
+    assert world.store.audit("s1") == before
 
 
 # --------------------------------------------------------------------------
@@ -860,7 +865,7 @@ def test_adopted_legacy_session_whose_calls_are_answered_resumes(policy: str) ->
 def test_the_kit_engine_steps_no_ledger_and_names_no_spec_event() -> None:
     """The engine talks to the Session only: no spec action named in its code (strings
     included), no ledger step, and the few direct ledger lines are reads.  Measured by
-    the same function the README and notebook 05 use."""
+    the same function docs/adopting.md and notebook 05 use."""
     from toolledger.notebook.kit_support import glue_of, kit_engine_glue
 
     glue = kit_engine_glue()

@@ -377,15 +377,51 @@ def test_a_sigkilled_graph_resumes_without_sending_twice(
         assert r.mail[0]["key"] == r.mail[1]["key"] and r.mail[0]["key"].startswith("tlx")
 
 
-def test_the_readme_section_uses_this_module_as_it_is() -> None:
-    """The README's LangGraph block compiles and names what the module exports."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("\n## LangGraph\n", 1)[1].split("\n## ", 1)[0]
+class _MailApi:
+    """The docs block's ``mail_api``: one entry per email it really sends, deduplicated
+    on the idempotency key as a real mail API that takes one would."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, tuple[str, str]] = {}
+
+    def send(self, to: str, body: str, key: str | None) -> str:
+        assert key is not None and key.startswith("tlx"), key  # the ledger filled it in
+        self.sent.setdefault(key, (to, body))
+        return f"sent to {to}"
+
+
+def test_the_docs_section_runs_as_printed(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/frameworks.md's LangGraph block runs (the README links it) in a graph of
+    an agent node and the block's tools node: the approval is an interrupt, a human
+    approves, the email is sent once."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "frameworks.md").read_text()
+    section = page.split("\n## LangGraph\n", 1)[1].split("\n## ", 1)[0]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    compile(code, "README.md", "exec")
     import toolledger.extra.langgraph as extra
     for name in ("LedgerToolNode", "store_beside", "InjectedToolArg", "Command(resume=",
                  "invoke(None"):
         assert name in section, name
     assert all(hasattr(extra, n) for n in ("LedgerToolNode", "store_beside", "open_saver"))
     assert 10 <= len(code.strip().splitlines()) <= 20
+    script = Script([{"name": "send_email", "args": {"to": "ada", "body": "the report"},
+                      "id": "c1"}])
+    builder = StateGraph(MessagesState)  # the app's graph, but for its ToolNode
+    builder.add_node("agent", script)
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    asked: list[dict[str, Any]] = []
+    mail = _MailApi()
+
+    def ask_a_human(item: dict[str, Any]) -> str:
+        asked.append(item)
+        return "approve"
+
+    monkeypatch.chdir(tmp_path)  # the block opens checkpoints.sqlite here
+    scope: dict[str, Any] = {"builder": builder, "mail_api": mail, "ask_a_human": ask_a_human}
+    exec(compile(code, "docs/frameworks.md", "exec"), scope)
+    assert [(a["kind"], "approve" in a["allowed"]) for a in asked] == [("approval", True)]
+    assert [v[0] for v in mail.sent.values()] == ["ada"]
+    assert script.seen == ["sent to ada"]
+    assert scope["out"]["messages"][-1].content == "done: sent to ada"

@@ -382,17 +382,40 @@ def test_the_core_imports_with_no_third_party_package(tmp_path: Path) -> None:
         assert bad.returncode != 0 and "blocked by the test" in bad.stderr, extra
 
 
-def test_the_readme_section_uses_this_module_as_it_is() -> None:
-    """The README's pydantic-ai block compiles and names what the module exports."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("\n## pydantic-ai\n", 1)[1].split("\n## ", 1)[0]
+class _MailApi:
+    """The docs block's ``mail_api``: one entry per email it really sends, deduplicated
+    on the idempotency key as a real mail API that takes one would."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, tuple[str, str]] = {}
+
+    def send(self, to: str, body: str, key: str | None) -> str:
+        assert key is not None and key.startswith("tlx"), key  # the ledger filled it in
+        self.sent.setdefault(key, (to, body))
+        return f"sent to {to}"
+
+
+def test_the_docs_section_runs_as_printed(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/frameworks.md's pydantic-ai block runs (the README links it): an approval
+    comes back as a deferred request, is approved, and the email is sent once."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "frameworks.md").read_text()
+    section = page.split("\n## pydantic-ai\n", 1)[1].split("\n## ", 1)[0]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    compile(code, "README.md", "exec")
     import toolledger.extra.pydantic_ai as extra
     for name in ("LedgerToolset", "resolve", "idempotency_key", "execution_id"):
         assert name in section
     assert set(extra.LEDGER_KEYWORDS) == {"execution_id", "idempotency_key"}
     assert 10 <= len(code.strip().splitlines()) <= 20
+    script = Script([ToolCallPart("send_email", {"to": "ada", "body": "the report"},
+                                  tool_call_id="c1")])
+    mail = _MailApi()
+    monkeypatch.chdir(tmp_path)  # the block opens ledger.sqlite3 in the current directory
+    scope: dict[str, Any] = {"model": FunctionModel(script), "mail_api": mail}
+    exec(compile(code, "docs/frameworks.md", "exec"), scope)
+    assert [v[0] for v in mail.sent.values()] == ["ada"]  # one email, after the approval
+    assert scope["result"].output == "done: ['sent to ada']"
+    assert (tmp_path / "ledger.sqlite3").exists()
 
 
 # --------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 ``toolledger`` is the public surface, ``toolledger._core`` the private,
 stdlib-only core behind it, ``check``, ``notebook``, ``kit`` and ``extra``
 the maintainer's, the notebooks', the demo's and the integrations' parts
-(README, "Package layout").  These tests fail when a core module gains a
+(docs/layout.md, "Package layout").  These tests fail when a core module gains a
 third-party import, when ``import toolledger`` starts loading a checker, a
 notebook or a kit module (or psycopg), or when a module reappears at a flat,
 pre-layout path.

@@ -181,7 +181,7 @@ def test_a_stale_state_error_names_reload_and_following_it_works(store: Store) -
     first.step(emit((0, 0), IDEMPOTENT))
     first.step(E(A.EnginePersistCall, (0, 0)))
     second.step(emit((0, 0), IDEMPOTENT))
-    with pytest.raises(StaleState, match=r"reload the session with Ledger\.reload\(\)"):
+    with pytest.raises(StaleState, match=r"call recover\(\).*call Ledger\.reload\(\)"):
         second.step(E(A.EnginePersistCall, (0, 0)))
     assert second.reload() == store.load_working_set(SID)
     second.step(E(A.Recover, (0, 0)))  # it now decides on the durable call: execute
@@ -205,14 +205,20 @@ def _raised_texts(tree: ast.AST) -> Iterator[tuple[int, str]]:
 
 
 def test_every_error_that_asks_for_a_reload_names_the_method() -> None:
+    """An error asking for a reload names the method, and a store's error (which a
+    Session user meets too) says what a Session user does: the Session reloaded
+    by itself, call recover(), never only the internal Ledger.reload()."""
     package = Path(toolledger.__file__).parent
     asking, bad = 0, []
     for module in sorted(package.rglob("*.py")):
         for line, text in _raised_texts(ast.parse(module.read_text(encoding="utf-8"))):
-            if re.search(r"\b(reload (the session|it)|call reload)", text, re.IGNORECASE):
+            if re.search(r"\b(reload (the session|it)|call reload|Ledger\.reload\(\)|"
+                         r"must be read again)", text, re.IGNORECASE):
                 asking += 1
                 if "Ledger.reload()" not in text:
                     bad.append(f"{module.name}:{line}: {text}")
+                if module.name != "ledger.py" and "recover()" not in text:
+                    bad.append(f"{module.name}:{line}: says nothing to a Session user: {text}")
             if "load() it" in text or "call crash()" in text:
                 bad.append(f"{module.name}:{line}: names no real method: {text}")
     assert asking >= 8, asking  # the stale-state errors of both stores

@@ -1,6 +1,6 @@
-"""Every model says what it proves and under which assumptions, and the README shows it.
+"""Every model says what it proves and under which assumptions, and docs/models.md shows it.
 
-The README's "what each model proves" list is generated from
+docs/models.md's "what each model proves" list is generated from
 ``model/manifest.toml`` (:func:`toolledger.check.manifest.proves_markdown`):
 it must match the manifest, and every CI model must state its assumptions
 (the environment it models and its bounds), so that "make check passes" can
@@ -14,7 +14,7 @@ from dataclasses import replace
 from checker_support import ROOT
 from toolledger.check.manifest import load_manifest, proves_markdown
 
-README = (ROOT / "README.md").read_text()
+MODELS_PAGE = (ROOT / "docs" / "models.md").read_text()
 
 
 def test_every_ci_model_states_its_assumptions() -> None:
@@ -22,11 +22,12 @@ def test_every_ci_model_states_its_assumptions() -> None:
     assert not missing, f"add assumptions = ... to these models in model/manifest.toml: {missing}"
 
 
-def test_the_readme_list_is_generated_from_the_manifest() -> None:
-    block = README.split("<!-- proves:begin -->", 1)[1].split("<!-- proves:end -->", 1)[0]
+def test_the_models_page_list_is_generated_from_the_manifest() -> None:
+    block = MODELS_PAGE.split("<!-- proves:begin -->", 1)[1].split("<!-- proves:end -->", 1)[0]
     manifest = load_manifest(ROOT)
     assert block.strip() == proves_markdown(manifest), (
-        "README's list of what each model proves drifted from model/manifest.toml: paste the "
+        "docs/models.md's list of what each model proves drifted from model/manifest.toml: "
+        "paste the "
         "output of `toolledger models --proves` between the markers"
     )
     for m in manifest.models:  # one line per model, naming its assumptions

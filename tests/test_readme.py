@@ -1,4 +1,6 @@
-"""The README's commands and figures come from the code: check that they do."""
+"""The README's and docs/adopting.md's commands and figures come from the code: check
+that they do (docs/models.md's model table too).  tests/test_docs.py runs every other
+python block of the README and the docs pages."""
 
 from __future__ import annotations
 
@@ -14,24 +16,37 @@ from checker_support import ROOT
 from toolledger.check.manifest import load_manifest, markdown_table
 
 README = (ROOT / "README.md").read_text()
+ADOPTING = (ROOT / "docs" / "adopting.md").read_text()  # the README links it
+MAINTAINERS = "## Working on toolledger"  # the README's section with the two commands
 
 
-def test_quick_start_shows_exactly_the_two_commands() -> None:
-    quick = README.split("## Quick start", 1)[1].split("##", 1)[0]
+def test_the_maintainers_section_shows_exactly_the_two_commands() -> None:
+    quick = README.split(MAINTAINERS, 1)[1].split("##", 1)[0]
     assert re.findall(r"^make \w+$", quick, re.MULTILINE) == ["make check", "make test"]
 
 
 def test_models_table_is_generated_from_the_manifest() -> None:
-    block = README.split("<!-- models:begin -->", 1)[1].split("<!-- models:end -->", 1)[0]
+    page = (ROOT / "docs" / "models.md").read_text()
+    block = page.split("<!-- models:begin -->", 1)[1].split("<!-- models:end -->", 1)[0]
     assert block.strip() == markdown_table(load_manifest(ROOT)), (
-        "README's model table drifted from model/manifest.toml: "
+        "docs/models.md's model table drifted from model/manifest.toml: "
         "paste the output of `toolledger models` between the markers"
     )
 
 
-def adoption_blocks() -> list[str]:
-    section = README.split("## Adopting toolledger in an engine", 1)[1].split("\n## ", 1)[0]
-    return [part.split("```", 1)[0] for part in section.split("```python")[1:]]
+def python_blocks(text: str) -> list[str]:
+    return [part.split("```", 1)[0] for part in text.split("```python")[1:]]
+
+
+def test_the_readme_starts_with_the_adopter_and_stays_short() -> None:
+    """What it is, the install line, the 15-line example, the frameworks, then the
+    maintainers' and reviewers' ways in, in that order and in at most 300 lines."""
+    heads = re.findall(r"^## (.+)$", README, re.MULTILINE)
+    assert heads[:5] == ["Install", "Protect a tool call", "Frameworks",
+                         MAINTAINERS[3:], "Reviewing: the notebooks"], heads
+    assert len(README.splitlines()) <= 300
+    first = README.index("```python")
+    assert README.index("pip install .") < first < README.index(MAINTAINERS)
 
 
 def run_block(code: str) -> str:
@@ -42,7 +57,7 @@ def run_block(code: str) -> str:
 
 
 def test_first_time_users_flow_fits_in_15_lines_and_recovers() -> None:
-    code = adoption_blocks()[0]
+    code = python_blocks(README)[0]
     lines = [line for line in code.splitlines() if line.strip()]
     assert len(lines) <= 15, f"the README's first adoption block has {len(lines)} lines"
     assert "toolledger._core.session" not in code and "Event(" not in code  # the API, not the spec
@@ -53,7 +68,7 @@ def test_first_time_users_flow_fits_in_15_lines_and_recovers() -> None:
 
 
 def test_adoption_example_runs_and_prints_what_the_readme_says() -> None:
-    [kit] = [b for b in adoption_blocks() if "toolledger.kit.engine" in b]
+    [kit] = [b for b in python_blocks(ADOPTING) if "toolledger.kit.engine" in b]
     text = run_block(kit)
     assert "emails sent: 1 requests: 2" in text
     rows = [line for line in text.splitlines() if line.startswith(("dispatch", "retry_same_id"))]
@@ -65,8 +80,9 @@ def test_adoption_example_runs_and_prints_what_the_readme_says() -> None:
 
 
 def simulate_lines() -> list[tuple[list[str], int]]:
-    """The README's ``$ toolledger simulate`` lines: (argv, the exit status its comment says)."""
-    section = README.split("To try any crash point", 1)[1]
+    """docs/adopting.md's ``$ toolledger simulate`` lines: (argv, the exit status its
+    comment says)."""
+    section = ADOPTING.split("To try any crash point", 1)[1]
     block = section.split("```console", 1)[1].split("```", 1)[0]
     joined = re.sub(r"\\\n\s*", " ", block)  # backslash continuations, as a shell reads them
     lines = []
@@ -80,7 +96,7 @@ def simulate_lines() -> list[tuple[list[str], int]]:
 
 
 def toolledger_command() -> list[str]:
-    """The console script the README's lines call, from this interpreter's environment."""
+    """The console script docs/adopting.md's lines call, from this interpreter's environment."""
     script = Path(sys.executable).with_name("toolledger")
     return [str(script)] if script.exists() else [sys.executable, "-m", "toolledger.cli"]
 
@@ -93,11 +109,11 @@ def test_the_readme_lists_the_simulate_lines_this_test_runs() -> None:
 
 
 def test_the_readme_simulate_lines_work_as_printed_twice_in_a_row(tmp_path: Path) -> None:
-    """Each line, run twice in a row in one directory, exits as the README says.
+    """Each line, run twice in a row in one directory, exits as docs/adopting.md says.
 
     The SQLite line writes its store and side files into the current
     directory; the second run starts over (``--fresh``) instead of failing on
-    them, and leaves exactly the files the README names.
+    them, and leaves exactly the files docs/adopting.md names.
     """
     for argv, status in simulate_lines():
         outputs = []
@@ -116,4 +132,4 @@ def test_the_readme_simulate_lines_work_as_printed_twice_in_a_row(tmp_path: Path
     db = "run1.sqlite3"
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         db, f"{db}.conversation", f"{db}.external.jsonl"]
-    assert "`DB.conversation/`" in README and "`DB.external.jsonl`" in README
+    assert "`DB.conversation/`" in ADOPTING and "`DB.external.jsonl`" in ADOPTING

@@ -586,11 +586,11 @@ def dispatch_in_the_outcome_commit(monkeypatch: pytest.MonkeyPatch) -> Iterator[
     """
     record = Session._record
 
-    def no_dispatch(self: Session, seq: int, calls: Sequence[Mapping[str, Any]],
+    def no_dispatch(self: Session, seq: int | None, calls: Sequence[Mapping[str, Any]],
                     requires_approval: Sequence[bool | None] | None, *,
-                    dispatch: str) -> list[CallStatus]:
+                    dispatch: str, **kw: Any) -> list[CallStatus]:
         return record(self, seq, calls, requires_approval,
-                      dispatch="none" if dispatch == "all" else dispatch)
+                      dispatch="none" if dispatch == "all" else dispatch, **kw)
 
     together = Session._execute_together
     running: list[bool] = []  # non-empty while a message runs together

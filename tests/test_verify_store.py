@@ -183,7 +183,7 @@ def test_a_missing_file_is_not_checked(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------
-# What the README says a backup must copy
+# What docs/operating.md says a backup must copy
 # --------------------------------------------------------------------------
 
 
@@ -198,13 +198,13 @@ def test_a_backup_of_the_file_alone_loses_what_the_wal_holds(tmp_path: Path) -> 
 def test_a_checkpoint_folds_the_wal_into_the_file(tmp_path: Path) -> None:
     (tmp_path / "store").mkdir()
     path = killed_writer(tmp_path / "store" / "x.db")
-    SqliteStore(path).close()  # the README's checkpoint: the last connection folds the WAL in
+    SqliteStore(path).close()  # the checkpoint of docs/operating.md: the last close folds the WAL
     assert [f.name for f in path.parent.iterdir()] == ["x.db"]
     assert sessions_in(path, tmp=tmp_path / "file-only") == [SID]
 
 
 def test_an_online_backup_is_complete(tmp_path: Path) -> None:
-    """The README's backup while an engine may run: SQLite's backup API, one snapshot."""
+    """docs/operating.md's backup while an engine may run: SQLite's backup API, one snapshot."""
     import sqlite3
 
     (tmp_path / "store").mkdir()

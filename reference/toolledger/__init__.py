@@ -13,7 +13,9 @@ What an engine imports is re-exported here, and only here (stdlib only)::
   per tool and how a tool says how its call ended;
 - :class:`MemoryStore`, :class:`SqliteStore`, :class:`PostgresStore`: where
   the ledger lives (``PostgresStore`` needs the ``postgres`` extra only when
-  one is opened: psycopg is imported then, never by ``import toolledger``).
+  one is opened: psycopg is imported then, never by ``import toolledger``);
+- every error the session and the stores raise (:class:`InvalidInput`,
+  :class:`StoreError` and its kinds, ...; docs/adopting.md#errors lists them).
 
 The package is laid out by who uses what:
 
@@ -44,7 +46,8 @@ from ._core.calls import (
     SessionInterrupted,
     Tool,
 )
-from ._core.postgres_store import PostgresStore
+from ._core.pg_connection import StoreUnavailable
+from ._core.postgres_store import PostgresStore, StoreExists
 from ._core.protocol import (
     Decision,
     InvalidInput,
@@ -56,7 +59,16 @@ from ._core.protocol import (
 )
 from ._core.session import Session
 from ._core.sqlite_store import SqliteStore
-from ._core.stores import LeaseLost, MemoryStore, StoreError
+from ._core.stores import (
+    LeaseLost,
+    MemoryStore,
+    SessionExists,
+    StaleState,
+    StoreCorrupt,
+    StoreError,
+    UnknownSession,
+    UnsupportedSchema,
+)
 from ._core.tools import CannotTell, NotAppliedFenced, WasApplied
 
 __version__ = "0.1.0"
@@ -81,11 +93,18 @@ __all__ = [
     "RecoveryPolicy",
     "ResultKind",
     "Session",
+    "SessionExists",
     "SessionInterrupted",
     "SqliteStore",
+    "StaleState",
+    "StoreCorrupt",
     "StoreError",
+    "StoreExists",
+    "StoreUnavailable",
     "Tool",
     "ToolResult",
+    "UnknownSession",
+    "UnsupportedSchema",
     "WasApplied",
     "__version__",
 ]

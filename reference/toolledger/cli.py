@@ -977,7 +977,7 @@ def _configure_models(p: argparse.ArgumentParser) -> None:
     add_root_argument(p)
     p.add_argument("--proves", action="store_true",
                    help="print what each model proves and under which assumptions "
-                   "(the README's list) instead of the table")
+                   "(docs/models.md's list) instead of the table")
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -997,7 +997,7 @@ SUBCOMMANDS: list[Subcommand] = [
     ),
     Subcommand(
         "models",
-        "print the manifest's models as the README's markdown table",
+        "print the manifest's models as docs/models.md's markdown table",
         _configure_models,
         _cmd_models,
     ),

@@ -50,5 +50,5 @@ def cmd_verify_store(args: argparse.Namespace) -> int:
             print(f"note: {name} ({size} bytes) is present: the last process that wrote the "
                   "store did not close it (killed?) or still has it open. The check included "
                   f"the transactions committed in it; a backup must copy {name} together "
-                  f"with {path.name} (see the README's backups paragraph).")
+                  f"with {path.name} (see docs/operating.md, Backups).")
     return 0

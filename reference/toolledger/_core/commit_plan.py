@@ -223,10 +223,13 @@ def working_set(state: SessionState) -> SessionState:
 
 
 RELOAD: Final = (
-    "reload the session with Ledger.reload() (what a restarted engine reads: the "
-    "durable state, volatile stages dropped)"
+    "the durable state must be read again before deciding: a Session has reloaded it "
+    "already, so call recover() and act on what it returns (a bare Ledger: call "
+    "Ledger.reload(), what a restarted engine reads)"
 )
-"""How every error that asks for a reload says it: naming the method to call."""
+"""How every error that asks for a reload says it: what a Session user does (the
+Session reloads after any failed commit, session_guard.py) and the method a
+bare :class:`~toolledger._core.ledger.Ledger` user calls."""
 _CREATED_SINCE: Final = (
     "session {session_id!r} was created by another engine since this one opened it (this "
     "commit was to create it): nothing was written; " + RELOAD
@@ -351,7 +354,7 @@ class CommitPlan:
                 raise StaleState(
                     f"call {seen.position} of session {session_id!r} changed since this "
                     f"engine loaded it ({why}): another engine acted on it; nothing was "
-                    f"written; {RELOAD}, and decide again"
+                    f"written; {RELOAD}"
                 )
 
     def write(

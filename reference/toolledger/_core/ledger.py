@@ -71,7 +71,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from .protocol import (
@@ -85,8 +85,10 @@ from .protocol import (
     LedgerStatus,
     MessageState,
     ProtocolError,
+    ResultKind,
     SessionState,
     Stage,
+    ToolResult,
     apply,
     args_digest,
     check_call_position,
@@ -103,7 +105,30 @@ from .stores import (
     working_set,
 )
 
-__all__ = ["RESOLUTIONS", "Ledger"]
+__all__ = ["RESOLUTIONS", "SAME_CALL", "SUPERSEDED", "Ledger", "Void"]
+
+SUPERSEDED: Final = "superseded"
+"""Audit kind of a call whose response the engine's history lost and a new one replaced."""
+SAME_CALL: Final = "same_call"
+"""Audit kind of a call of a re-emission that IS an earlier, dispatched call (its result
+content names that call): it is never run under its own identity."""
+
+
+@dataclass(frozen=True, slots=True)
+class Void:
+    """A facade step with no spec action (docs/protocol.md#superseding-a-lost-response).
+
+    The call at ``position`` gets the audit key ``(execution id, kind,
+    attempt)`` and a row saying ``note``; with ``result`` (only for a call
+    never dispatched and without a result) it also gets a ``cancelled``
+    result with that content, so it is settled and never runs.  ``kind`` is
+    :data:`SUPERSEDED` or :data:`SAME_CALL`.
+    """
+
+    position: CallPosition
+    kind: str
+    note: str
+    result: str | None = None
 
 # The events that send an attempt: the record keeps the first one's time.
 _DISPATCHES: Final = frozenset({Action.EnginePersistDispatched, Action.HumanResolveRetry})
@@ -300,6 +325,64 @@ class Ledger:
             retention_passed=self._state.retention_passed,
         )
 
+    def next_turn(self) -> int:
+        """The ledger's next response sequence number: never given to a response before.
+
+        One more than the highest turn holding a durable call (the protocol
+        marker if none): the sequence the ledger owns.  It is durable and
+        monotone because calls are never deleted from a store, superseded
+        ones included (docs/protocol.md#placing-a-response); the commit that
+        records a response at it is the one that takes it (a second engine
+        that took the same number is refused with
+        :class:`~toolledger._core.stores.StaleState`, nothing written).
+        """
+        last = last_durable_turn(self.state)
+        return self._state.marker if last is None else max(self._state.marker, last + 1)
+
+    def turn_state(self, turn: int) -> SessionState:
+        """The calls of ``turn`` with their approvals, records and audit keys.
+
+        The working set in memory (with its volatile stages) over what the
+        store holds for that turn: a settled call of an earlier turn is read
+        from the store (:meth:`~toolledger._core.stores.Store.load_turn`), so
+        its cost does not grow with the history.  Settled calls read from the
+        store sit at stage ``NONE``.
+        """
+        if isinstance(turn, bool) or not isinstance(turn, int) or turn < 0:
+            raise InvalidInput(f"turn must be an int >= 0, got {turn!r}")
+        mine = {c.position: c for c in self.state.calls if c.position[0] == turn}
+        if self._create or turn == last_durable_turn(self._state):
+            stored = None  # the last turn is wholly in the working set
+        else:
+            stored = self._store.load_turn(self._session_id, turn)
+        if stored is None:
+            eids = {c.execution_id for c in mine.values()}
+            return replace(
+                self._state,
+                calls=tuple(mine[p] for p in sorted(mine)),
+                approvals={k: v for k, v in self._state.approvals.items() if k in eids},
+                approval_digests={k: v for k, v in self._state.approval_digests.items()
+                                  if k in eids},
+                ledger={k: v for k, v in self._state.ledger.items() if k in eids},
+                audit=frozenset(k for k in self._state.audit if k[0] in eids),
+            )
+        calls = {c.position: c for c in stored.calls}
+        calls.update(mine)
+        eids = {c.execution_id for c in mine.values()}
+        return replace(
+            stored,
+            calls=tuple(calls[p] for p in sorted(calls)),
+            approvals={**stored.approvals,
+                       **{k: v for k, v in self._state.approvals.items() if k in eids}},
+            approval_digests={**stored.approval_digests,
+                              **{k: v for k, v in self._state.approval_digests.items()
+                                 if k in eids}},
+            ledger={**stored.ledger,
+                    **{k: v for k, v in self._state.ledger.items() if k in eids}},
+            audit=stored.audit | frozenset(k for k in self._state.audit if k[0] in eids),
+            retention_passed=self._state.retention_passed,
+        )
+
     # -- transitions ------------------------------------------------------------
 
     def step(
@@ -346,6 +429,7 @@ class Ledger:
         *,
         result_content: Mapping[CallPosition, str] | None = None,
         arguments: Mapping[CallPosition, Mapping[str, Any]] | None = None,
+        voids: Iterable[Void] = (),
     ) -> SessionState:
         """Apply ``events`` in order and commit them as ONE transaction.
 
@@ -353,9 +437,11 @@ class Ledger:
         result created for that call in the batch; ``arguments`` maps the
         position of a ``ProviderEmitCall`` in the batch to its arguments.  If
         any event is refused, nothing is written and :attr:`state` is
-        unchanged.  A ``Crash`` cannot be part of a batch.
+        unchanged.  A ``Crash`` cannot be part of a batch.  ``voids`` (:class:`Void`)
+        are applied after the events, in the same transaction.
         """
-        return self._advance(list(events), dict(result_content or {}), dict(arguments or {}), None)
+        return self._advance(list(events), dict(result_content or {}), dict(arguments or {}), None,
+                             list(voids))
 
     def reload(self) -> SessionState:
         """Drop the volatile state and re-read the durable state: what a restarted process sees.
@@ -484,6 +570,7 @@ class Ledger:
         contents: dict[CallPosition, str],
         arguments: dict[CallPosition, Mapping[str, Any]],
         human_note: str | None,
+        voids: list[Void] | None = None,
     ) -> SessionState:
         for ev in events:
             if not isinstance(ev, Event):
@@ -521,6 +608,13 @@ class Ledger:
         decisions = dict(self._decisions)
         unused = dict(contents)
         last_turn = last_durable_turn(start)
+        # a Void of a call durable already (a lost response's) comes first: the new
+        # response's ProviderEmitCall must find it superseded; one of a call this batch
+        # persists (a same-call) comes after the events
+        early = [v for v in voids or () if isinstance(v, Void)
+                 and start.call(v.position) is not None]
+        for void in early:
+            state = self._void(state, void, rows)
         for ev in events:
             if ev.action in _DISPATCHES and ev.at is None:
                 ev = replace(ev, at=self._clock())  # kept in the record as its first dispatch
@@ -567,6 +661,9 @@ class Ledger:
                 elif ev.action is Action.EnginePersistDispatched:
                     decisions.pop(pos, None)
             state = after
+        for void in voids or ():
+            if void not in early:
+                state = self._void(state, void, rows)
         if unused:
             raise InvalidInput(
                 f"result content was given for {sorted(unused)}, but no event creates a result "
@@ -603,6 +700,34 @@ class Ledger:
         self._arguments = pending
         self._decisions = decisions
         return kept
+
+    def _void(self, state: SessionState, void: Void, rows: list[AuditRow]) -> SessionState:
+        """``void`` applied to ``state`` (its audit row appended to ``rows``)."""
+        if not isinstance(void, Void) or void.kind not in (SUPERSEDED, SAME_CALL):
+            raise InvalidInput(f"expected a Void of kind superseded or same_call, got {void!r}")
+        pos = _position(void.position, "a Void's position")
+        c = state.call(pos)
+        if c is None or c.message is not MessageState.DURABLE:
+            raise InvalidInput(f"a Void names no durable call at {pos}")
+        rec = state.record(c.execution_id)
+        key = (c.execution_id, void.kind, rec.attempt)
+        if key in state.audit or (void.kind == SUPERSEDED and state.superseded(c.execution_id)):
+            raise ProtocolError(void.kind, pos, "the call is already marked so")
+        inputs = recovery_inputs(state, c).as_dict()
+        out = state._with_audit(key)
+        if void.result is not None:
+            if c.result is not None or rec.status is not LedgerStatus.NONE:
+                raise ProtocolError(void.kind, pos, "only a call never dispatched and "
+                                    "without a result is voided")
+            res = ToolResult(ResultKind.CANCELLED, c.execution_id, c.args_digest, void.result)
+            out = out._with_call(replace(c, result=res, stage=Stage.NONE))
+        rows.append(AuditRow(
+            session_id=self._session_id, execution_id=c.execution_id,
+            tool_call_id=c.tool_call_id, position=c.position, kind=void.kind,
+            attempt=rec.attempt, authorization=Authorization.NONE, recovery_decision=None,
+            inputs=inputs, note=void.note,
+        ))
+        return out
 
     def _windows_passed(self, state: SessionState) -> SessionState:
         """The protocol's ``RetentionWindowPasses`` for every idempotent call

@@ -21,7 +21,8 @@ cannot be reached raises :class:`StoreUnavailable` naming host, port and
 database, within ``connect_timeout``.  If the connection drops inside a
 transaction the server rolls it back: nothing of it is written.  If it drops
 during ``COMMIT`` the outcome is unknown to the client, and the error says
-so: reload the session (``Ledger.reload()``), which reads what is durable.
+so: a Session reloads what is durable by itself (then ``recover()`` says
+what to do); a bare Ledger is reloaded with ``Ledger.reload()``.
 
 The transaction that meets a lost connection always fails (closed, with
 :class:`StoreUnavailable`): it is never retried behind the caller's back.

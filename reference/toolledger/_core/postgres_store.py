@@ -429,6 +429,19 @@ class PostgresStore(PgConnection):
 
         return self._read(body)
 
+    def load_turn(self, session_id: str, turn: int) -> SessionState:
+        """The durable calls of ``turn`` with what they own (by the primary key)."""
+
+        def body(conn: psycopg.Connection[Any]) -> SessionState:
+            marker, max_attempts = self._session_row(conn, session_id)
+            rows = self._select(
+                conn, "calls", "WHERE session_id = %s AND turn = %s", (session_id, turn)
+            )
+            rows.sort(key=lambda r: r["slot"])
+            return self._state(conn, session_id, marker, max_attempts, rows)
+
+        return self._read(body)
+
     def call_exists(self, session_id: str, position: CallPosition) -> bool:
         """Whether a durable call is at ``position`` (one primary-key lookup)."""
 

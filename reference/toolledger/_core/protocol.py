@@ -319,7 +319,8 @@ def _emit(state: SessionState, ev: Event) -> SessionState:
     _require(state.call(pos) is None, ev, "a call is already at that position")
     _require(not state.is_legacy(pos), ev, f"turn {pos[0]} is before the protocol marker")
     _require(
-        all(c.result is not None for c in state.calls if c.position[0] < pos[0]),
+        all(c.result is not None or state.superseded(c.execution_id)
+            for c in state.calls if c.position[0] < pos[0]),
         ev,
         "an earlier turn still has a call without a result",
     )

@@ -77,11 +77,15 @@ Session starts nothing more (:class:`SessionInterrupted`): open a new one and
 Positions
 ---------
 A call's position is ``(message sequence number, index in the message)``.
-The sequence number must be a number the ENGINE assigns to the assistant
-message and persists with it, stable for the life of the session, never a
-list index: a load-time repair that inserts or drops a message would shift a
-list index, and the same number must name the same message on every resume
-(it goes into the execution id).
+By default the LEDGER assigns the number (:meth:`Session.record` without
+``seq``): its own durable, monotone sequence, taken in the commit that
+records the response; the engine says what its history shows (``seen``)
+and the ledger tells a new response from a re-record of the latest one and
+from a re-emission replacing a lost one (docs/protocol.md#placing-a-response,
+docs/protocol.md#superseding-a-lost-response).  An engine may pass its own
+number instead: one it assigns to the assistant message and persists with
+it, never a list index (a repair or a trim shifts a list index, and the
+number goes into the execution id).
 
 Threads
 -------
@@ -114,12 +118,13 @@ store-error guard every step goes through), :mod:`~toolledger._core.call_input`
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final
 
 from .call_input import check_seq, declared_tools, parse_call
 from .calls import (
@@ -138,7 +143,7 @@ from .calls import (
     _error_text,
     _result_text,
 )
-from .ledger import RESOLUTIONS, Ledger
+from .ledger import RESOLUTIONS, SAME_CALL, SUPERSEDED, Ledger, Void
 from .legacy import legacy_calls, write_legacy
 from .next_step import (
     approved,
@@ -161,11 +166,14 @@ from .protocol import (
     ProtocolError,
     RecoveryInputs,
     RecoveryPolicy,
+    ResultKind,
+    SessionState,
     Stage,
+    ToolProfile,
     args_digest,
 )
 from .session_guard import LedgerGuard
-from .stores import Store, UnknownSession
+from .stores import Store, UnknownSession, last_durable_turn
 from .tools import (
     CannotTell,
     NotAppliedFenced,
@@ -355,41 +363,140 @@ class Session(LedgerGuard):
             return [self._ref(c) for c in st.calls if c.result is None
                     and st.approval(c.execution_id) is ApprovalState.PENDING]
 
+    def find(
+        self,
+        call: Mapping[str, Any],
+        *,
+        response: Sequence[Mapping[str, Any]] | None = None,
+    ) -> CallStatus | None:
+        """The recorded call the engine has in hand, by what it has.
+
+        ``None``: no such call among the calls the engine can still act on
+        (the latest message and every message with a call without a result):
+        not recorded yet, or settled in an earlier message (``record(seq,
+        calls)`` with its :attr:`CallRef.position` returns those).
+
+        ``call`` is the provider's call dict (id, name, arguments), as given to
+        :meth:`record`.  With ``response`` (the calls of the message it came
+        in, as recorded): the call of that recorded message, found as
+        :meth:`record` would place it with ``seen=[]`` (the latest message, or
+        the one with exactly these calls).  Without it (an engine that decides
+        approval one call at a time, with no position): the most recent
+        recorded call with that id, name and arguments, among the calls the
+        engine can still act on (the latest message and every call without a
+        result).  Record the response first: a call the model repeats is only
+        found as the new one once it is recorded.  Nothing is written; a call
+        that is the same call as a dispatched call of a lost response gives
+        that call's status.
+        """
+        cid, name, digest_args = parse_call(0, call)
+        wanted_one = (cid, name, args_digest(name, digest_args))
+        with self._usable():
+            st = self._ledger.state
+            if response is not None:
+                _, calls_ = self._seq_and(response, None, "find")
+                wanted = [(i, n, args_digest(n, a))
+                          for i, n, a in (parse_call(j, c) for j, c in enumerate(calls_))]
+                slots = [j for j, w in enumerate(wanted) if w == wanted_one]
+                if not slots:
+                    raise InvalidInput("find(call, response=...): the call is not one of the "
+                                       "response's calls")
+                if len(slots) > 1:
+                    raise InvalidInput(f"find(call, response=...): the response holds this call "
+                                       f"{len(slots)} times (slots {slots}): use the statuses "
+                                       "record() returned, in slot order")
+                turns = sorted({c.position[0] for c in st.calls}, reverse=True)
+                for turn in turns:
+                    there = self._turn(turn, last_durable_turn(st))
+                    if _same_calls(there, wanted):
+                        c = there.call((turn, slots[0]))
+                        assert c is not None
+                        return self._status_of(c)
+                return None
+            for c in sorted(st.calls, key=lambda c: c.position, reverse=True):
+                if (c.message is MessageState.DURABLE
+                        and (c.tool_call_id, c.tool.name, c.args_digest) == wanted_one):
+                    return self._status_of(c)
+            return None
+
     # -- recording calls --------------------------------------------------------
 
     def record(
         self,
-        seq: int,
-        calls: Sequence[Mapping[str, Any]],
+        seq: int | Sequence[Mapping[str, Any]] | None,
+        calls: Sequence[Mapping[str, Any]] | None = None,
         *,
         requires_approval: Sequence[bool | None] | None = None,
+        seen: Iterable[str] | None = None,
     ) -> list[CallStatus]:
-        """Make the calls of the assistant message ``seq`` durable; park their approvals.
+        """Make the calls of one assistant message durable; park their approvals.
+
+        ``record(calls, seen=keys)``: the ledger places the response itself
+        (docs/protocol.md#placing-a-response).  ``seen`` is what the engine's
+        history shows: the keys (:attr:`CallRef.key`) of the ledger calls whose
+        tool results the history holds BEFORE this response (drop-ins carry
+        the key on the tool-result messages they create; ``[]`` if none).
+        With the latest recorded response ``L``:
+
+        - ``seen`` holds a key of ``L``: the model saw ``L``'s results, so this is
+          a NEW response, recorded at the ledger's next sequence number, even
+          if its calls are identical to ``L``'s (a model repeating ``call_0
+          send(x)`` on purpose runs again);
+        - else, the same calls as ``L`` (ids, names, arguments): a re-record of
+          ``L`` (a resume): nothing is written, the calls' statuses are returned;
+        - else, a re-emission replacing ``L``, which the history lost before it
+          was saved: ``L`` is superseded (:meth:`_supersede`) and this response
+          is recorded at the next number, in ONE transaction.
+
+        ``record(seq, calls)``: the engine's own persisted sequence number (see
+        "Positions"), as before; re-recording ANY recorded message (same ids,
+        names, arguments) writes nothing and returns its calls' statuses; a
+        message recorded with other calls is a re-emission only if ``seq`` is
+        the latest recorded response (or was superseded): then it is placed as
+        above with ``seen=[]``; else :class:`InvalidInput`.
 
         ``calls``: ``{"id", "name", "arguments"}`` dicts (``arguments`` a dict or
-        its JSON text; openai's ``{"id", "function": {...}}`` is accepted too).
-        ``seq`` is the message's engine-assigned, persisted sequence number (see
-        "Positions"); the call's index in ``calls`` is its slot.
-        ``requires_approval`` overrides the tool's default per call (e.g. a
-        standing grant: ``False``), ``None`` keeps it.  Everything is validated
-        first (known shapes, JSON objects, no argument named like the execution
-        identity at any depth); then ONE transaction.  Recording the same
-        message again (a resume that is not sure the ledger has it) records
-        nothing new and returns the calls' status (a call interrupted by a
-        restart gets its recovery decision first, as in :meth:`recover`).
+        its JSON text; openai's ``{"id", "function": {...}}`` is accepted too);
+        the call's index is its slot.  ``requires_approval`` overrides the
+        tool's default per call (e.g. a standing grant: ``False``), ``None``
+        keeps it.  Everything is validated first; then at most ONE
+        transaction.  A re-recorded call interrupted by a restart gets its
+        recovery decision first, as in :meth:`recover`.
         """
-        return self._record(seq, calls, requires_approval, dispatch="none")
+        seq_, calls_ = self._seq_and(seq, calls, "record")
+        return self._record(seq_, calls_, requires_approval, dispatch="none", seen=seen)
+
+    @staticmethod
+    def _seq_and(
+        seq: object, calls: object, what: str
+    ) -> tuple[int | None, Sequence[Mapping[str, Any]]]:
+        """(seq, calls) of ``record(calls)`` / ``record(seq, calls)`` (and execute_message)."""
+        if calls is None:
+            if isinstance(seq, int) and not isinstance(seq, bool):
+                raise InvalidInput(f"{what}({seq!r}) gives a sequence number but no calls: "
+                                   f"{what}(calls, seen=...) or {what}(seq, calls)")
+            seq, calls = None, seq
+        if seq is not None:
+            check_seq(seq)
+        if isinstance(calls, (Mapping, str, bytes)) or not isinstance(calls, Sequence):
+            raise InvalidInput(f"calls must be a list of call dicts, got {type(calls).__name__}")
+        return seq, calls  # type: ignore[return-value]  # checked just above
 
     def execute_message(
         self,
-        seq: int,
-        calls: Sequence[Mapping[str, Any]],
-        fn: Callable[[Attempt], object],
+        seq: int | Sequence[Mapping[str, Any]] | None,
+        calls: Sequence[Mapping[str, Any]] | Callable[[Attempt], object],
+        fn: Callable[[Attempt], object] | None = None,
         *,
         requires_approval: Sequence[bool | None] | None = None,
         together: bool = False,
+        seen: Iterable[str] | None = None,
     ) -> list[CallStatus]:
-        """Record the calls of the assistant message ``seq`` and run those that need no human.
+        """Record the calls of an assistant message and run those that need no human.
+
+        ``execute_message(calls, fn, seen=keys)`` places the response as
+        :meth:`record` does (the ledger's own sequence number);
+        ``execute_message(seq, calls, fn)`` takes the engine's.
 
         What an engine does with an assistant message: :meth:`record` its
         calls, then run, in the message's order, every call that can run
@@ -439,14 +546,18 @@ class Session(LedgerGuard):
         outcomes known so far before it propagates; a ``BaseException`` in a
         tool body records nothing more, as a crash would.
         """
+        given: tuple[object, object] = (seq, calls)
+        if fn is None and callable(calls):
+            given, fn = (seq, None), calls  # execute_message(calls, fn)
         if not callable(fn):
             raise InvalidInput(f"execute_message: fn must be a callable taking the Attempt, got "
                                f"{fn!r}; nothing was recorded")
         if not isinstance(together, bool):
             raise InvalidInput(f"execute_message: together must be True or False, got "
                                f"{together!r}; nothing was recorded")
-        recorded = self._record(seq, calls, requires_approval,
-                                dispatch="all" if together else "first")
+        seq_, calls_ = self._seq_and(*given, "execute_message")
+        recorded = self._record(seq_, calls_, requires_approval,
+                                dispatch="all" if together else "first", seen=seen)
         runnable = [st.call.key for st in recorded if st.next in (Next.EXECUTE, Next.RETRY)]
         if together:
             ran = dict(zip(runnable, self._execute_together(runnable, fn), strict=True))
@@ -524,15 +635,13 @@ class Session(LedgerGuard):
 
     def _record(
         self,
-        seq: int,
+        seq: int | None,
         calls: Sequence[Mapping[str, Any]],
         requires_approval: Sequence[bool | None] | None,
         *,
         dispatch: str,
+        seen: Iterable[str] | None = None,
     ) -> list[CallStatus]:
-        check_seq(seq)
-        if isinstance(calls, Mapping) or not isinstance(calls, Sequence):
-            raise InvalidInput(f"calls must be a list of call dicts, got {type(calls).__name__}")
         overrides = list(requires_approval) if requires_approval is not None else [None] * len(
             calls)
         if len(overrides) != len(calls):
@@ -540,6 +649,7 @@ class Session(LedgerGuard):
                 f"requires_approval has {len(overrides)} entries for {len(calls)} calls: "
                 "give one per call (None keeps the tool's default)"
             )
+        seen_keys = _seen_keys(seen, given_seq=seq is not None)
         parsed = [parse_call(i, c) for i, c in enumerate(calls)]
         profiles = []
         for (_, name, _), override in zip(parsed, overrides, strict=True):
@@ -547,84 +657,186 @@ class Session(LedgerGuard):
                 raise InvalidInput(f"requires_approval entries must be bool or None, got "
                                    f"{override!r}")
             profiles.append(self._tool(name).profile(name, override))
+        wanted = [(cid, name, args_digest(name, args)) for cid, name, args in parsed]
         with self._usable():
             st = self._ledger.state
-            if seq < st.marker:
-                raise InvalidInput(
-                    f"message {seq} is before the protocol marker {st.marker}: its calls are "
-                    "legacy (adopted when the session was put under the ledger); new messages "
-                    f"need sequence numbers >= {st.marker}"
-                )
-            positions = [(seq, slot) for slot in range(len(parsed))]
-            existing = [st.call(p) for p in positions]
-            if any(c is not None for c in existing):
-                return self._rerecorded(positions, parsed, existing)
-            open_calls = [c.position for c in st.calls if c.result is None and c.position[0] < seq]
-            if open_calls:
-                raise InvalidInput(
-                    f"calls of an earlier message are unanswered at {open_calls}: settle them "
-                    "(execute, recover, resolve, reject) before recording message "
-                    f"{seq}; nothing was recorded"
-                )
             if not parsed:
                 return []
-            events = [
-                Event(Action.ProviderEmitCall, pos, cid, prof, args_digest(name, args))
-                for pos, (cid, name, args), prof in zip(positions, parsed, profiles, strict=True)
-            ]
-            events += [Event(Action.EnginePersistCall, pos) for pos in positions]
-            events += [Event(Action.EngineParkApproval, pos)
-                       for pos, prof in zip(positions, profiles, strict=True)
-                       if prof.requires_approval]
-            runnable = [(pos, prof) for pos, prof in zip(positions, profiles, strict=True)
-                        if not prof.requires_approval]
-            if dispatch == "first" and runnable and runnable[0][1].protected:
-                # execute_message runs this call next: its dispatched joins the record
-                # commit (a readonly first call runs with no commit: nothing to join)
-                events.append(Event(Action.EnginePersistDispatched, runnable[0][0]))
-            elif dispatch == "all":  # execute_message(together=True): every protected one
-                events += [Event(Action.EnginePersistDispatched, pos)
-                           for pos, prof in runnable if prof.protected]
-            arguments = {pos: args for pos, (_, _, args) in zip(positions, parsed, strict=True)}
-            self._step_many(events, arguments=arguments)
-            return [self._status_now(self._find_at(pos)) for pos in positions]
+            last = last_durable_turn(st)
+            if seq is not None:
+                if seq < st.marker:
+                    raise InvalidInput(
+                        f"message {seq} is before the protocol marker {st.marker}: its calls "
+                        "are legacy (adopted when the session was put under the ledger); new "
+                        f"messages need sequence numbers >= {st.marker}"
+                    )
+                there = self._turn(seq, last)
+                if not there.calls:
+                    return self._record_new(seq, parsed, profiles, dispatch, ())
+                if _same_calls(there, wanted):
+                    return self._rerecorded(there)
+                raise InvalidInput(
+                    f"message {seq} is already recorded with other calls "
+                    f"({[(c.tool_call_id, c.tool.name) for c in there.calls]}): a sequence "
+                    "number names one message forever; nothing was recorded.  If your "
+                    "history lost that message (or its numbers move), record(calls, seen=...) "
+                    "without seq: the ledger places the response and supersedes a lost one "
+                    "(docs/protocol.md#placing-a-response)"
+                )
+            # placed by the ledger (docs/protocol.md#placing-a-response)
+            if last is None or last < st.marker:
+                return self._record_new(self._ledger.next_turn(), parsed, profiles, dispatch, ())
+            latest = self._turn(last, last)
+            if seen_keys & _keys_of(latest):
+                return self._record_new(self._ledger.next_turn(), parsed, profiles, dispatch, ())
+            if _same_calls(latest, wanted):
+                return self._rerecorded(latest)
+            return self._record_new(self._ledger.next_turn(), parsed, profiles, dispatch,
+                                    latest.calls, replaced=latest)
 
-    def _rerecorded(
+    def _turn(self, turn: int, last: int | None) -> SessionState:
+        """The calls of ``turn`` (none past the last durable turn: no store read then)."""
+        if last is None or turn > last:
+            return replace(self._ledger.state, calls=())
+        return self._ledger.turn_state(turn)
+
+    def _record_new(
         self,
+        seq: int,
+        parsed: list[tuple[str, str, dict[str, Any]]],
+        profiles: list[ToolProfile],
+        dispatch: str,
+        lost: Sequence[CallState],
+        *,
+        replaced: SessionState | None = None,
+    ) -> list[CallStatus]:
+        """Record a new response at ``seq``; supersede the ``lost`` calls of ``replaced``
+        (the latest response, which the engine's history lost) in the same transaction."""
+        st = self._ledger.state
+        lost_pos = {c.position for c in lost}
+        open_calls = [c.position for c in st.calls if c.result is None and c.position[0] < seq
+                      and c.position not in lost_pos and not _superseded(st, c)]
+        if open_calls:
+            raise InvalidInput(
+                f"calls of an earlier message are unanswered at {open_calls}: settle them "
+                "(execute, recover, resolve, reject) before recording message "
+                f"{seq}; nothing was recorded"
+            )
+        positions = [(seq, slot) for slot in range(len(parsed))]
+        events: list[Event] = []
+        voids: list[Void] = []
+        same: dict[CallPosition, CallState] = {}  # slot of the new response -> the lost call
+        if replaced is not None:
+            note = (f"superseded: the engine's history lost message {lost[0].position[0]} "
+                    f"before it was saved; message {seq} replaces it")
+            for c in lost:
+                if _superseded(replaced, c):
+                    continue
+                if c.result is None and replaced.record(c.execution_id).status is (
+                        LedgerStatus.NONE):
+                    voids.append(Void(c.position, SUPERSEDED, note, result=_VOIDED))
+                else:
+                    voids.append(Void(c.position, SUPERSEDED, note))
+            same = self._same_as_dispatched(replaced, positions, parsed)
+            for target in same.values():  # a restart interrupted it: decided first
+                if target.stage is Stage.RESUME and st.call(target.position) is not None:
+                    events += recovery_events(st, target)[0]
+        events += [
+            Event(Action.ProviderEmitCall, pos, cid, prof, args_digest(name, args))
+            for pos, (cid, name, args), prof in zip(positions, parsed, profiles, strict=True)
+        ]
+        events += [Event(Action.EnginePersistCall, pos) for pos in positions]
+        events += [Event(Action.EngineParkApproval, pos)
+                   for pos, prof in zip(positions, profiles, strict=True)
+                   if prof.requires_approval and pos not in same]
+        runnable = [(pos, prof) for pos, prof in zip(positions, profiles, strict=True)
+                    if not prof.requires_approval and pos not in same]
+        if dispatch == "first" and runnable and runnable[0][1].protected:
+            # execute_message runs this call next: its dispatched joins the record
+            # commit (a readonly first call runs with no commit: nothing to join)
+            events.append(Event(Action.EnginePersistDispatched, runnable[0][0]))
+        elif dispatch == "all":  # execute_message(together=True): every protected one
+            events += [Event(Action.EnginePersistDispatched, pos)
+                       for pos, prof in runnable if prof.protected]
+        for pos, target in same.items():
+            voids.append(Void(pos, SAME_CALL, f"the same call as {target.execution_id} at "
+                              f"{target.position} (same tool and arguments, dispatched as "
+                              "part of a lost response): it is never sent again under a new "
+                              "identity", result=_same_call_text(target)))
+        arguments = {pos: args for pos, (_, _, args) in zip(positions, parsed, strict=True)}
+        self._step_many(events, arguments=arguments, voids=voids)
+        return [self._status_of(self._find_at(pos)) for pos in positions]
+
+    def _same_as_dispatched(
+        self,
+        replaced: SessionState,
         positions: list[CallPosition],
         parsed: list[tuple[str, str, dict[str, Any]]],
-        existing: list[CallState | None],
-    ) -> list[CallStatus]:
-        for pos, (cid, name, args), c in zip(positions, parsed, existing, strict=True):
-            # the identity of a call; its profile may differ (a grant given since,
-            # a tool re-declared): the recorded one governs the call
-            if c is None or (c.tool_call_id, c.tool.name, c.args_digest) != (
-                cid, name, args_digest(name, args)
-            ):
-                raise InvalidInput(
-                    f"message {pos[0]} is already recorded with other calls (at {pos}: "
-                    f"{None if c is None else (c.tool_call_id, c.tool.name)}): a sequence "
-                    "number names one message forever; nothing was recorded"
-                )
-        st = self._ledger.state
-        if len(positions) != sum(1 for c in st.calls if c.position[0] == positions[0][0]):
-            raise InvalidInput(f"message {positions[0][0]} is recorded with another number of "
-                               "calls; nothing was recorded")
-        # calls interrupted by a restart: what recover() would say for each, applied
-        # in ONE transaction, as recover() does
+    ) -> dict[CallPosition, CallState]:
+        """The calls of the new response that ARE a dispatched call of the lost one.
+
+        Same tool and argument digest, matched in slot order, each lost call
+        at most once; a lost call that is itself the same call as an earlier
+        one stands for that one."""
+        pool: list[CallState] = []
+        for c in replaced.calls:
+            target = self._same_call_target(replaced, c)
+            if target is not None:
+                pool.append(target)
+            elif replaced.record(c.execution_id).status is not LedgerStatus.NONE:
+                pool.append(c)
+        out: dict[CallPosition, CallState] = {}
+        for pos, (_, name, args) in zip(positions, parsed, strict=True):
+            digest = args_digest(name, args)
+            for i, c in enumerate(pool):
+                if (c.tool.name, c.args_digest) == (name, digest):
+                    out[pos] = pool.pop(i)
+                    break
+        return out
+
+    def _same_call_target(self, st: SessionState, c: CallState) -> CallState | None:
+        """The earlier call ``c`` is the same call as (``None``: ``c`` is its own)."""
+        if (c.result is None or c.result.kind is not ResultKind.CANCELLED
+                or not any(k[0] == c.execution_id and k[1] == SAME_CALL for k in st.audit)):
+            return None
+        eid, pos = _same_call_of(c.result.content)
+        found = self._ledger.state.call(pos)
+        if found is None:
+            found = self._ledger.turn_state(pos[0]).call(pos)
+        assert found is not None and found.execution_id == eid, (eid, pos)
+        return found
+
+    def _status_of(self, c: CallState) -> CallStatus:
+        """:meth:`_status_now`, following a call that is the same call as an earlier one."""
+        in_memory = self._ledger.state
+        if in_memory.call(c.position) is None:  # settled, behind the working set
+            turn = self._ledger.turn_state(c.position[0])
+            target = self._same_call_target(turn, c)
+            return self._status_of(target) if target is not None else self._status_in(turn, c)
+        target = self._same_call_target(in_memory, c)
+        return self._status_now(c) if target is None else self._status_of(target)
+
+    def _rerecorded(self, there: SessionState) -> list[CallStatus]:
+        """The statuses of a recorded message presented again: nothing is written but the
+        recovery decision of a call interrupted by a restart (as :meth:`recover`)."""
+        positions = [c.position for c in there.calls]
+        targets = [self._same_call_target(there, c) for c in there.calls]
         events: list[Event] = []
         decided = {}
-        for pos in positions:
-            c = self._find_at(pos)
-            if c.stage is Stage.RESUME:
-                evs, d = recovery_events(self._ledger.state, c)
+        for c in [*there.calls, *(t for t in targets if t is not None)]:
+            live = self._ledger.state.call(c.position)
+            if live is not None and live.stage is Stage.RESUME and c.position not in decided:
+                evs, d = recovery_events(self._ledger.state, live)
                 events += evs
-                decided[pos] = d
+                decided[c.position] = d
         if events:
             self._step_many(events, result_content=denied_contents(events))
         out = []
-        for pos in positions:
-            status, got = self._status_now(self._find_at(pos)), decided.get(pos)
+        for pos, target in zip(positions, targets, strict=True):
+            now = self._ledger.state.call(pos) or there.call(pos)
+            assert now is not None
+            status = self._status_of(now)
+            got = decided.get(pos if target is None else target.position)
             out.append(status if got is None else replace(
                 status, decision=got.decision, inputs=got.inputs, recovered=True))
         return out
@@ -721,7 +933,11 @@ class Session(LedgerGuard):
         A block that ends without ``done()`` or an exception is recorded as
         unknown, then :class:`RuntimeError` is raised.
         """
-        attempt, readonly = self._start(key, arguments)
+        if arguments is not None:
+            with self._usable():  # a durable call's digest never changes: checked once
+                c = self._find(key)
+                _check_arguments(c, self._ref(c), arguments)
+        attempt, readonly = self._start(key)
         try:
             yield attempt
         except Exception as exc:  # every tool error is classified, then recorded
@@ -761,8 +977,13 @@ class Session(LedgerGuard):
     ) -> CallStatus:
         """Run the call ``key`` as ``fn(attempt)``; its return is the result (:meth:`dispatch`).
 
-        ``arguments``: the ones ``fn`` will send, checked before anything is
-        written, as :meth:`dispatch` does."""
+        A ``fn`` that is not callable is refused before anything is written
+        (no ``dispatched``, the approval still unused).  ``arguments``: the
+        ones ``fn`` will send, checked before anything is written, as
+        :meth:`dispatch` does."""
+        if not callable(fn):
+            raise InvalidInput(f"execute({key!r}, fn): fn must be a callable taking the "
+                               f"Attempt, got {fn!r}; nothing was written or run")
         with self.dispatch(key, arguments=arguments) as attempt:
             attempt.done(fn(attempt))
         assert attempt.status is not None
@@ -819,15 +1040,11 @@ class Session(LedgerGuard):
             return []
         return [Event(Action.EnginePersistDispatched, c.position)] if self._dispatchable(c) else []
 
-    def _start(
-        self, key: str, arguments: Mapping[str, Any] | None = None
-    ) -> tuple[Attempt, bool]:
+    def _start(self, key: str) -> tuple[Attempt, bool]:
         with self._usable():
             c = self._find(key)
             ref = self._ref(c)
             pos = c.position
-            if arguments is not None:
-                _check_arguments(c, ref, arguments)
             if c.result is not None:
                 raise InvalidInput(f"call {key} already has its result; it is never run again")
             if key in self._running or c.stage in (Stage.WAITING, Stage.GOT_OK, Stage.GOT_FAIL):
@@ -955,6 +1172,9 @@ class Session(LedgerGuard):
         ``<= attempt``: next is a retry) or :class:`~toolledger._core.tools.CannotTell`
         (halted for a human).  An exception counts as CannotTell.
         """
+        if not callable(ask):
+            raise InvalidInput(f"reconcile({key!r}, ask): ask must be a callable (call, "
+                               f"attempt) -> answer, got {ask!r}; nothing was written")
         with self._usable():
             c = self._find(key)
             if c.stage is not Stage.RECONCILING:
@@ -1039,6 +1259,11 @@ class Session(LedgerGuard):
         external system answered), ``"retry"`` (next: run it with
         :meth:`execute`, attempt n+1, same id) or ``"abandon"``.
 
+        ``"applied"`` without ``result`` (a host with nothing to give): the
+        call's tool result, what the model sees, is :data:`APPLIED_NO_TEXT`,
+        a JSON object saying a human confirmed the call was applied
+        (docs/protocol.md#placing-a-response).
+
         The resolution and what follows it are recorded; the call's result
         (applied, abandoned) is there when this returns.
         """
@@ -1050,8 +1275,9 @@ class Session(LedgerGuard):
             if c not in self._ledger.recovery_required():
                 raise InvalidInput(f"call {key} is not halted for a human (next: "
                                    f"{self._status_now(c).next.value}); nothing was changed")
+            text = APPLIED_NO_TEXT if resolution == "applied" and result is None else result
             self._guard(lambda: self._ledger.resolve(c.position, resolution,
-                                                     result_text=result, note=note))
+                                                     result_text=text, note=note))
             c = self._find_at(c.position)
             if c.stage is Stage.RESUME:  # applied / abandon: the result follows
                 return self._recover_one(c)
@@ -1075,7 +1301,9 @@ class Session(LedgerGuard):
 
     def _find_at(self, pos: CallPosition) -> CallState:
         c = self._ledger.state.call(pos)
-        assert c is not None, pos  # every caller names a call of the working set
+        if c is None:  # settled just now, behind the latest message (a superseded call's)
+            c = self._ledger.turn_state(pos[0]).call(pos)
+        assert c is not None, pos  # every caller names a durable call
         return c
 
     def _ref(self, c: CallState) -> CallRef:
@@ -1087,6 +1315,11 @@ class Session(LedgerGuard):
 
     def _status_now(self, c: CallState) -> CallStatus:
         st = self._ledger.state
+        if st.call(c.position) is None:  # settled behind the working set
+            st = self._ledger.turn_state(c.position[0])
+        return self._status_in(st, c)
+
+    def _status_in(self, st: SessionState, c: CallState) -> CallStatus:
         rec: ExecutionRecord = st.record(c.execution_id)
         ref = self._ref(c)  # first: a call without stored arguments says so
         nxt = next_of(st, c, running=c.execution_id in self._running)
@@ -1118,3 +1351,77 @@ def _check_arguments(c: CallState, ref: CallRef, arguments: object) -> None:
         "arguments as a new call"
         + (" and have that one approved" if c.tool.requires_approval else "")
     )
+
+
+# --------------------------------------------------------------------------
+# Placing a response (docs/protocol.md#placing-a-response)
+# --------------------------------------------------------------------------
+
+APPLIED_NO_TEXT: Final = json.dumps({
+    "status": "applied",
+    "note": "a human confirmed that the external system applied this call; no result "
+            "text was given",
+})
+"""The tool result of ``resolve(key, "applied")`` without ``result``."""
+
+_VOIDED: Final = json.dumps({"error": "superseded: the response that asked for this call was "
+                             "lost from the conversation and replaced; it never ran"})
+_SAME_CALL_PREFIX: Final = "same_call"
+
+
+def _seen_keys(seen: object, *, given_seq: bool) -> frozenset[str]:
+    """The keys of ``record(..., seen=...)``, checked."""
+    if seen is None:
+        if given_seq:
+            return frozenset()
+        raise InvalidInput(
+            "record(calls) without a sequence number needs seen=: the keys of the ledger "
+            "calls whose tool results your history holds before this response ([] if none); "
+            "it tells a new response from a re-record of the latest (docs/protocol.md"
+            "#placing-a-response); nothing was recorded"
+        )
+    if isinstance(seen, (str, bytes, Mapping)) or not isinstance(seen, Iterable):
+        raise InvalidInput(f"seen must be a list of call keys (execution ids), got {seen!r}; "
+                           "nothing was recorded")
+    keys = list(seen)
+    bad = [k for k in keys if not isinstance(k, str)]
+    if bad:
+        raise InvalidInput(f"seen must hold call keys (strings), got {bad[0]!r}; nothing was "
+                           "recorded")
+    return frozenset(keys)
+
+
+def _same_calls(there: SessionState, wanted: Sequence[tuple[str, str, str]]) -> bool:
+    """The recorded calls of one message are ``wanted`` (id, name, digest), slot by slot."""
+    return len(there.calls) == len(wanted) and all(
+        c.position[1] == slot and (c.tool_call_id, c.tool.name, c.args_digest) == w
+        for slot, (c, w) in enumerate(zip(there.calls, wanted, strict=True))
+    )
+
+
+def _superseded(st: SessionState, c: CallState) -> bool:
+    """``c``'s response was superseded (lost from the engine's history, replaced)."""
+    return st.superseded(c.execution_id)
+
+
+def _same_call_text(target: CallState) -> str:
+    """The result content of a call that is the same call as ``target``."""
+    return json.dumps({_SAME_CALL_PREFIX: target.execution_id,
+                       "position": list(target.position)})
+
+
+def _same_call_of(content: str) -> tuple[str, CallPosition]:
+    value = json.loads(content)
+    t, slot = value["position"]
+    return str(value[_SAME_CALL_PREFIX]), (int(t), int(slot))
+
+
+def _keys_of(turn: SessionState) -> frozenset[str]:
+    """The keys the engine holds for the calls of one message (a same-call's is its target's)."""
+    keys = set()
+    for c in turn.calls:
+        keys.add(c.execution_id)
+        if (c.result is not None and c.result.kind is ResultKind.CANCELLED
+                and any(k[0] == c.execution_id and k[1] == SAME_CALL for k in turn.audit)):
+            keys.add(_same_call_of(c.result.content)[0])
+    return frozenset(keys)

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .calls import SessionInterrupted
-from .ledger import Ledger
+from .ledger import Ledger, Void
 from .protocol import CallPosition, Event, SessionState
 from .stores import StoreError
 
@@ -59,9 +59,10 @@ class LedgerGuard:
         *,
         result_content: Mapping[CallPosition, str] | None = None,
         arguments: Mapping[CallPosition, Mapping[str, Any]] | None = None,
+        voids: Sequence[Void] = (),
     ) -> SessionState:
         state = self._guard(lambda: self._ledger.step_many(
-            events, result_content=result_content, arguments=arguments))
+            events, result_content=result_content, arguments=arguments, voids=voids))
         if self._observe is not None:
             self._observe(tuple(events))
         return state

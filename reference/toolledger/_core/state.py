@@ -423,6 +423,14 @@ class SessionState:
     def is_legacy(self, position: CallPosition) -> bool:
         return position[0] < self.marker
 
+    def superseded(self, execution_id: str) -> bool:
+        """The call's response was superseded: the engine's history lost it and a new
+        response replaced it (an audit key of kind ``"superseded"``; the facade's
+        ``Void``, docs/protocol.md#superseding-a-lost-response).  It no longer
+        holds later turns back (``ProviderEmitCall``); a dispatched one is still
+        recovered by its policy."""
+        return any(k[0] == execution_id and k[1] == "superseded" for k in self.audit)
+
     def halted(self) -> Iterator[CallState]:
         """Calls in ``recovery_required`` waiting for a human."""
         for c in self.calls:

@@ -28,9 +28,11 @@ class StoreError(Exception):
     """A store could not do what was asked; nothing was written.
 
     The message says what went wrong and what to do.  After a
-    :class:`StoreError` from a commit, reload the session with
-    :meth:`~toolledger._core.ledger.Ledger.reload` (what a restarted engine would
-    do) before acting on anything.
+    :class:`StoreError` from a commit, a :class:`~toolledger.Session` has
+    reloaded the durable state already (what a restarted engine would do):
+    call ``recover()`` and act on what it returns.  A bare
+    :class:`~toolledger._core.ledger.Ledger` is reloaded with
+    :meth:`~toolledger._core.ledger.Ledger.reload`.
     """
 
 
@@ -51,8 +53,10 @@ class StaleState(StoreError):
     Another engine (or another :class:`~toolledger._core.ledger.Ledger`) changed the
     session since this one loaded it: a call the commit writes for (its
     result, approval, record or audit keys) or the session's marker.  Nothing
-    was written; reload the session with
-    :meth:`~toolledger._core.ledger.Ledger.reload` and decide again.
+    was written.  A :class:`~toolledger.Session` has reloaded the durable
+    state when this reaches its caller: call ``recover()`` and act on what
+    it returns (a bare Ledger: :meth:`~toolledger._core.ledger.Ledger.reload`,
+    then decide again).
     """
 
 

@@ -176,6 +176,16 @@ class Store(Protocol):
         """Whether a durable call is at ``position`` (settled or not)."""
         ...
 
+    def load_turn(self, session_id: str, turn: int) -> SessionState:
+        """The durable calls of one turn, with their approvals, records and audit keys.
+
+        As :meth:`load` restricted to the calls at ``(turn, *)``: what a
+        re-recorded message is compared with when it is behind the working
+        set (docs/protocol.md#placing-a-response).  Its cost does not grow
+        with the history.  Raises :class:`UnknownSession`.
+        """
+        ...
+
     def take_session(self, session_id: str) -> int:
         """Take the session's lease: bump its epoch durably and return the new one.
 
@@ -373,6 +383,20 @@ class MemoryStore:
     def call_exists(self, session_id: str, position: CallPosition) -> bool:
         """Whether a durable call is at ``position``."""
         return (position[0], position[1]) in self._session(session_id).calls
+
+    def load_turn(self, session_id: str, turn: int) -> SessionState:
+        """The durable calls of ``turn`` with what they own (see :meth:`Store.load_turn`)."""
+        state = self.load(session_id)
+        calls = tuple(c for c in state.calls if c.position[0] == turn)
+        eids = {c.execution_id for c in calls}
+        return replace(
+            state,
+            calls=calls,
+            approvals={k: v for k, v in state.approvals.items() if k in eids},
+            approval_digests={k: v for k, v in state.approval_digests.items() if k in eids},
+            ledger={k: v for k, v in state.ledger.items() if k in eids},
+            audit=frozenset(k for k in state.audit if k[0] in eids),
+        )
 
     def take_session(self, session_id: str) -> int:
         """Bump the session's lease epoch and return it."""

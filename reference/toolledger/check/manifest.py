@@ -26,7 +26,7 @@
     assumptions = "one engine process per session; 2 crashes, ..."
                                       # what the result rests on: the modelled
                                       # environment and the bounds (required
-                                      # for ci models by the tests; the README's
+                                      # for ci models by the tests; docs/models.md's
                                       # "what each model proves" list shows it)
 
 A twin (``witnesses``) proves an invariant can fail: weakening it fails
@@ -429,7 +429,7 @@ def drift(entry: ModelEntry, result: TLCResult) -> list[str]:
 
 
 def markdown_table(manifest: Manifest) -> str:
-    """The README's table of models, generated from the manifest (so it can't drift)."""
+    """docs/models.md's table of models, generated from the manifest (so it can't drift)."""
     lines = [
         "| model | question | expected | distinct states | in CI | conformance |",
         "| --- | --- | --- | ---: | :---: | :---: |",
@@ -450,7 +450,7 @@ def _names(names: Iterable[str]) -> str:
 
 
 def proves_markdown(manifest: Manifest) -> str:
-    """The README's list of what each model proves and under which assumptions,
+    """docs/models.md's list of what each model proves and under which assumptions,
     generated from the manifest (its ``expect``, ``witnesses``,
     ``antecedent_of``, the cfg's invariants and properties, ``assumptions``)."""
     lines = []

@@ -706,7 +706,7 @@ def obligations_for(tool: Tool, retention_window: float | None = None) -> list[O
 
 
 def obligations_table() -> str:
-    """The README's table of obligations (Markdown), from :data:`OBLIGATIONS`."""
+    """docs/connectors.md's table of obligations (Markdown), from :data:`OBLIGATIONS`."""
     rows = ["| Test id (spec action - obligation - invariant) | Policies | The promise |",
             "| --- | --- | --- |"]
     for ob in OBLIGATIONS:

@@ -69,7 +69,7 @@ guide; in one place:
 What the engine still reads from the ledger (never writes): the call at a
 position (its key), the halted calls without applying a decision, an
 attempt number, and the working set's calls without a result.  The glue is
-measured by :func:`toolledger.notebook.kit_support.kit_engine_glue` (README,
+measured by :func:`toolledger.notebook.kit_support.kit_engine_glue` (docs/adopting.md,
 notebook 05).
 
 Crash points and the session's commits: the session reports every step it

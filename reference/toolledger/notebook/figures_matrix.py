@@ -46,7 +46,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core import protocol as p
-from .._core.ledger import Ledger
+from .._core.ledger import Ledger, Void
 from .._core.session import Session, Tool
 from .._core.stores import MemoryStore, Store
 from .._core.tools import ToolRegistry
@@ -202,10 +202,11 @@ class RecordingLedger(Ledger):
         contents: dict[p.CallPosition, str],
         arguments: dict[p.CallPosition, Mapping[str, Any]],
         human_note: str | None,
+        voids: list[Void] | None = None,
     ) -> p.SessionState:
         before = self.full_state()
         commits, ledger_commits = self.store.commits, self.store.ledger_commits
-        kept = super()._advance(events, contents, arguments, human_note)
+        kept = super()._advance(events, contents, arguments, human_note, voids)
         after = self.full_state()
         self.tape.entries.append(
             TapeEntry(

@@ -326,7 +326,7 @@ def the_ledger_engine_does_what_the_issue_expects_at_each_seed_row(
 
 
 # ----------------------------------------------------------------------------
-# Notebook 05 and the README: how much of the kit engine talks to the ledger
+# Notebook 05 and docs/adopting.md: how much of the kit engine talks to the ledger
 
 
 @dataclass(frozen=True)
