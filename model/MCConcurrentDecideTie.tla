@@ -23,7 +23,7 @@ D == INSTANCE DurableToolExecution WITH
         ArgChoices <- [c \in {"c1"} |-> {"a1"}], MarkerTurn <- 0,
         MaxCrashes <- 0, MaxAttempts <- TieMaxAttempts,
         KeyByPosition <- TRUE, FenceOnReconcile <- TRUE,
-        msg <- 0, args <- 0, result <- 0, approval <- 0, ledger <- 0, audit <- 0,
+        msg <- 0, args <- 0, result <- 0, approval <- 0, approvalArgs <- 0, ledger <- 0, audit <- 0,
         marker <- 0, stage <- 0, inflight <- 0, fenced <- 0, applied <- 0,
         invocations <- 0, humanApproved <- 0, humanRetries <- 0, crashes <- 0,
         sent <- 0, knownOutcome <- 0, sentAfterOutcome <- 0, decided <- 0,

@@ -8,7 +8,9 @@
 (* With the old halt (a halt rebinds the record to the call now at its     *)
 (* position, and a human may retry any halted record) a human retry sends  *)
 (* attempt 2 of an execution whose outcome a human declared known          *)
-(* (HaltRebindsRecord twin: NoReinvokeAfterKnownOutcome, 14 states).       *)
+(* (HaltRebindsRecord twin: NoReinvokeAfterKnownOutcome, 14 states).  With *)
+(* approvals bound to the position only, the other call is dispatched on   *)
+(* the lost call's approval (ApprovalByPosition twin: ApprovalBoundToArgs).*)
 (* Every constant is a literal: the Python checkers read them from here.   *)
 (***************************************************************************)
 EXTENDS DurableToolExecution
@@ -36,4 +38,11 @@ DecideIgnoresDigest(c) ==
 
 (* HaltRebindsRecord twin: the old rule (HaltKeepsRecord = FALSE).         *)
 MCHaltKeepsRecord == FALSE
+
+(* ApprovalByPosition twin: an approval binds the position only            *)
+(* (ApprovalBindsArgs = FALSE).  Approve a1, crash, the repair drops it,   *)
+(* the provider emits a2 at the same (turn, slot, call_0): a2 is           *)
+(* dispatched on a1's approval.  Breaks ApprovalBoundToArgs (ApprovalGate, *)
+(* which reads positions, holds).                                          *)
+MCApprovalBindsArgs == FALSE
 =============================================================================

@@ -120,7 +120,7 @@ QueryNotAppliedOnly(c) ==
     /\ Audited(e, "reconcile_not_applied", Rec(c).attempt)
     /\ Decided(c, "reconcile_not_applied", Rec(c).attempt)
     /\ stage' = [stage EXCEPT ![c] = "fencing"]
-    /\ UNCHANGED <<msg, args, result, approval, ledger, marker>>
+    /\ UNCHANGED <<msg, args, result, approval, approvalArgs, ledger, marker>>
     /\ UNCHANGED <<inflight, fenced>>
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, knownOutcome, sentAfterOutcome>>

@@ -36,7 +36,8 @@
 (*    RENUMBER an unanswered call's turn (ConversationRenumber, turnOf,    *)
 (*    at most MaxRenumbers times).  It never loses or alters a result.     *)
 (*  - the LEDGER store (durable, loses nothing, never rewritten by the     *)
-(*    conversation's repairs): approval, ledger, audit, storedId (the      *)
+(*    conversation's repairs): approval, approvalArgs (the arguments an   *)
+(*    approval was asked and given for), ledger, audit, storedId (the      *)
 (*    execution id the ledger store keeps for a call from the moment the   *)
 (*    call is persisted on; a legacy call's was stored by the old engine). *)
 (*    An audit row is <<kind, attempt, inputs>>: a recovery decision's     *)
@@ -54,7 +55,7 @@
 (*    keyed by the CALL, the real-world identity, unless said otherwise): *)
 (*    applied (by execution id: what the external system applied under   *)
 (*    the key, which the reconcile connector and deduplication read),     *)
-(*    invocations, humanApproved,                                          *)
+(*    invocations, humanApproved (<<call, arguments>> a human approved), *)
 (*    humanRetries (by execution id),                                      *)
 (*    crashes, sent (requests per attempt), knownOutcome and              *)
 (*    sentAfterOutcome (NoReinvokeAfterKnownOutcome), decided (every      *)
@@ -74,11 +75,15 @@
 (* the position of a lost one meets the digest rule and halts; the halt    *)
 (* keeps the record's digest and result, and no human retry is offered on  *)
 (* it (Halt, HumanMayRetry), so a known outcome is never retried and the   *)
-(* other call is never sent under the record's id.  What the               *)
-(* digest does not cover: an approval is not bound to arguments, so a      *)
-(* call lost after its approval but BEFORE its first record leaves an      *)
-(* approval the different call at that position is dispatched on (the      *)
-(* approval would have to carry the digest; not modelled yet).             *)
+(* other call is never sent under the record's id.  An approval is bound   *)
+(* the same way: it carries the arguments it was asked for (approvalArgs), *)
+(* and only an approval of exactly the call's arguments dispatches it      *)
+(* (ApprovalOK), so a call lost after its approval but BEFORE its first    *)
+(* record leaves an approval the different call at that position cannot   *)
+(* use: the engine parks a new approval for the new arguments              *)
+(* (EngineParkApproval).  ApprovalBindsArgs = FALSE is the design that     *)
+(* binds approvals to the position only: twin ApprovalByPosition           *)
+(* (ApprovalBoundToArgs).                                                  *)
 (*                                                                         *)
 (* ASSUMPTIONS behind AtMostOnceEffect (docs/protocol.md#assumptions),    *)
 (* each with the broken model that shows why it matters:                   *)
@@ -169,6 +174,8 @@ ASSUME KeyByPosition => ExecutionIdUnique
 
 IsLegacy(c) == Turn[c] < MarkerTurn
 LegacyCalls == {c \in Calls : IsLegacy(c)}
+\* A legacy call's arguments: the one choice it has (ASSUME above).
+LegacyArgs(c) == CHOOSE a \in ArgChoices[c] : TRUE
 Args == UNION {ArgChoices[c] : c \in Calls}
 
 (***************************************************************************)
@@ -214,6 +221,7 @@ VARIABLES
     args,         \* args[c]: arguments of the call at position c, or "none"
     result,       \* result[c]: the role="tool" result in the conversation
     approval,     \* approval[e]: "none" | "pending" | "approved" | "rejected"
+    approvalArgs, \* approvalArgs[e]: the arguments approval[e] was asked for
     ledger,       \* ledger[e]: the execution record
     audit,        \* audit[e]: set of <<kind, attempt, inputs>> rows
     marker,       \* the session's protocol marker (first governed turn)
@@ -225,7 +233,7 @@ VARIABLES
     \* --- ghosts (history, for the invariants) ----------------------------
     applied,      \* applied[e]: times the external system applied a request of e
     invocations,  \* invocations[c]: set of <<exec id, attempt, authorization>>
-    humanApproved,\* calls a human approved (by position)
+    humanApproved,\* <<call, arguments>> a human approved (what was shown)
     humanRetries, \* humanRetries[e]: retries a human authorized
     crashes,
     sent,         \* sent[c][n]: requests sent for attempt n of CALL c
@@ -242,11 +250,11 @@ VARIABLES
     windowPassed, \* environment: executions whose key-retention window passed
     keyForgotten  \* external: executions whose idempotency key was forgotten
 
-durable  == <<msg, args, result, approval, ledger, audit, marker>>
+durable  == <<msg, args, result, approval, approvalArgs, ledger, audit, marker>>
 external == <<inflight, fenced>>
 ghosts   == <<applied, invocations, humanApproved, humanRetries, crashes,
              sent, knownOutcome, sentAfterOutcome, decided>>
-vars == <<msg, args, result, approval, ledger, audit, marker, stage,
+vars == <<msg, args, result, approval, approvalArgs, ledger, audit, marker, stage,
           inflight, fenced, applied, invocations, humanApproved,
           humanRetries, crashes, sent, knownOutcome, sentAfterOutcome, decided,
           turnOf, storedId, renumbers, repairs,
@@ -285,6 +293,8 @@ TypeOK ==
     /\ args \in [Calls -> Args \cup {"none"}]
     /\ result \in [Calls -> Results \cup {NoResult}]
     /\ approval \in [ExecIds -> {"none", "pending", "approved", "rejected"}]
+    /\ approvalArgs \in [ExecIds -> Args \cup {"none"}]
+    /\ \A e \in ExecIds : (approval[e] = "none") = (approvalArgs[e] = "none")
     /\ ledger \in [ExecIds -> Records]
     /\ audit \in [ExecIds -> SUBSET (AuditKinds \X (0..MaxAttempts) \X Inputs)]
     /\ marker = MarkerTurn
@@ -293,7 +303,7 @@ TypeOK ==
     /\ fenced \in [ExecIds -> 0..MaxAttempts]
     /\ applied \in [ExecIds -> Nat]
     /\ invocations \in [Calls -> SUBSET (ExecIds \X (1..MaxAttempts) \X Auths)]
-    /\ humanApproved \subseteq Calls
+    /\ humanApproved \subseteq Calls \X Args
     /\ humanRetries \in [ExecIds -> 0..MaxAttempts]
     /\ crashes \in 0..MaxCrashes
     /\ sent \in [Calls -> [1..MaxAttempts -> Nat]]
@@ -322,12 +332,17 @@ Init ==
     /\ renumbers = 0
     /\ repairs = 0
     /\ msg = [c \in Calls |-> IF IsLegacy(c) THEN "durable" ELSE "absent"]
-    /\ args = [c \in Calls |-> IF IsLegacy(c) THEN CHOOSE a \in ArgChoices[c] : TRUE
-                                              ELSE "none"]
+    /\ args = [c \in Calls |-> IF IsLegacy(c) THEN LegacyArgs(c) ELSE "none"]
     /\ result = [c \in Calls |-> NoResult]
     /\ approval = [e \in ExecIds |->
                      IF \E c \in LegacyCalls : ExecId(c) = e /\ NeedsApproval[c]
                      THEN "approved" ELSE "none"]
+    \* the old engine's approval was given for the legacy call's arguments
+    /\ approvalArgs = [e \in ExecIds |->
+                         IF \E c \in LegacyCalls : ExecId(c) = e /\ NeedsApproval[c]
+                         THEN LegacyArgs(CHOOSE c \in LegacyCalls :
+                                             ExecId(c) = e /\ NeedsApproval[c])
+                         ELSE "none"]
     /\ ledger = [e \in ExecIds |-> NoRecord]
     /\ audit = [e \in ExecIds |-> {}]
     /\ marker = MarkerTurn
@@ -339,7 +354,7 @@ Init ==
             \A e \in ExecIds : f[e] = 1 =>
                \E c \in LegacyCalls : ExecId(c) = e /\ Policy[c] # "readonly"}
     /\ invocations = [c \in Calls |-> {}]
-    /\ humanApproved = {c \in LegacyCalls : NeedsApproval[c]}
+    /\ humanApproved = {<<c, LegacyArgs(c)>> : c \in {d \in LegacyCalls : NeedsApproval[d]}}
     /\ humanRetries = [e \in ExecIds |-> 0]
     /\ crashes = 0
     /\ sent = [c \in Calls |-> [n \in 1..MaxAttempts |-> 0]]
@@ -355,7 +370,25 @@ Init ==
 (* Helpers.                                                                *)
 (***************************************************************************)
 Rec(c) == ledger[ExecId(c)]
-ApprovalOK(c) == ~NeedsApproval[c] \/ approval[ExecId(c)] = "approved"
+(***************************************************************************)
+(* An approval is asked for, and given for, the arguments the human is     *)
+(* shown (approvalArgs, written with the pending approval).  ApprovalFor:  *)
+(* the approval at c's id is for exactly the arguments of the call now at  *)
+(* c's position.  ApprovalBindsArgs is the design switch: FALSE binds an   *)
+(* approval to the position only (any call at an approved position is     *)
+(* dispatched on it), the ApprovalByPosition twin, which overrides it in   *)
+(* its .cfg: no other model has to name it.                                *)
+(***************************************************************************)
+\* (IF, not \/: TLC would take each true disjunct of an action's guard as a
+\* step of its own, and dump the same step twice.)
+ApprovalBindsArgs == TRUE
+ApprovalFor(c) ==
+    IF ApprovalBindsArgs THEN approvalArgs[ExecId(c)] = args[c] ELSE TRUE
+ApprovalOK(c) ==
+    ~NeedsApproval[c] \/ (approval[ExecId(c)] = "approved" /\ ApprovalFor(c))
+\* The engine must ask (again): no approval yet, or one for other arguments.
+NeedsNewApproval(c) ==
+    IF approval[ExecId(c)] = "none" THEN TRUE ELSE ~ApprovalFor(c)
 PriorTurnsAnswered(c) ==
     \A d \in Calls : Turn[d] < Turn[c] => result[d] # NoResult
 \* An audit row: <<kind, attempt, inputs>>; only a recovery decision's row
@@ -419,7 +452,7 @@ ProviderEmitCall(c, a) ==
     /\ msg[c] = "absent" /\ ~IsLegacy(c) /\ PriorTurnsAnswered(c)
     /\ msg' = [msg EXCEPT ![c] = "volatile"]
     /\ args' = [args EXCEPT ![c] = a]
-    /\ UNCHANGED <<result, approval, ledger, audit, marker, stage>>
+    /\ UNCHANGED <<result, approval, approvalArgs, ledger, audit, marker, stage>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
     /\ UNCHANGED positions
     /\ UNCHANGED extVars
@@ -438,16 +471,20 @@ EnginePersistCall(c) ==
     /\ msg' = [msg EXCEPT ![c] = "durable"]
     /\ stage' = [stage EXCEPT ![c] = IF Rec(c).status = "none" THEN "live"
                                                               ELSE "resume"]
-    /\ UNCHANGED <<args, result, approval, ledger, audit, marker>>
+    /\ UNCHANGED <<args, result, approval, approvalArgs, ledger, audit, marker>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
     /\ StoreId(c)
     /\ UNCHANGED <<turnOf, renumbers, repairs>>
     /\ UNCHANGED extVars
 
-\* The approval is parked in the inbox and persisted.
+\* The approval is parked in the inbox and persisted, for the call's
+\* arguments.  An approval at this id for other arguments (given to a call
+\* the conversation lost, or still pending for it) is replaced: the human
+\* is asked again, for what will be sent.
 EngineParkApproval(c) ==
-    /\ stage[c] = "live" /\ NeedsApproval[c] /\ approval[ExecId(c)] = "none"
+    /\ stage[c] = "live" /\ NeedsApproval[c] /\ NeedsNewApproval(c)
     /\ approval' = [approval EXCEPT ![ExecId(c)] = "pending"]
+    /\ approvalArgs' = [approvalArgs EXCEPT ![ExecId(c)] = args[c]]
     /\ UNCHANGED <<msg, args, result, ledger, audit, marker, stage>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
     /\ UNCHANGED positions
@@ -456,8 +493,9 @@ EngineParkApproval(c) ==
 HumanApprove(c) ==
     /\ msg[c] = "durable" /\ approval[ExecId(c)] = "pending"
     /\ approval' = [approval EXCEPT ![ExecId(c)] = "approved"]
-    /\ humanApproved' = humanApproved \cup {c}
-    /\ UNCHANGED <<msg, args, result, ledger, audit, marker, stage>>
+    \* the human approves what the inbox shows: the parked arguments
+    /\ humanApproved' = humanApproved \cup {<<c, approvalArgs[ExecId(c)]>>}
+    /\ UNCHANGED <<msg, args, result, approvalArgs, ledger, audit, marker, stage>>
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanRetries, crashes>>
     /\ UNCHANGED <<sent, knownOutcome, sentAfterOutcome, decided>>
@@ -467,17 +505,19 @@ HumanApprove(c) ==
 HumanReject(c) ==
     /\ msg[c] = "durable" /\ approval[ExecId(c)] = "pending"
     /\ approval' = [approval EXCEPT ![ExecId(c)] = "rejected"]
-    /\ UNCHANGED <<msg, args, result, ledger, audit, marker, stage>>
+    /\ UNCHANGED <<msg, args, result, approvalArgs, ledger, audit, marker, stage>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
     /\ UNCHANGED positions
     /\ UNCHANGED extVars
 
-\* A rejected approval becomes a "denied" tool result.
+\* A rejected approval of these arguments becomes a "denied" tool result
+\* (a rejection of other arguments is asked again: EngineParkApproval).
 EngineRecordDenied(c) ==
     /\ stage[c] = "live" /\ NeedsApproval[c] /\ approval[ExecId(c)] = "rejected"
+    /\ ApprovalFor(c)
     /\ result' = [result EXCEPT ![c] = Result("denied", ExecId(c), args[c])]
     /\ stage' = [stage EXCEPT ![c] = "none"]
-    /\ UNCHANGED <<msg, args, approval, ledger, audit, marker>>
+    /\ UNCHANGED <<msg, args, approval, approvalArgs, ledger, audit, marker>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
     /\ UNCHANGED positions
     /\ UNCHANGED extVars
@@ -502,7 +542,7 @@ EnginePersistDispatched(c) ==
                       args |-> args[c], auth |-> auth, result |-> NoResult, call |-> c]]
     /\ Audited(e, "dispatch", n)
     /\ stage' = [stage EXCEPT ![c] = "dispatched"]
-    /\ UNCHANGED <<msg, args, result, approval, marker>>
+    /\ UNCHANGED <<msg, args, result, approval, approvalArgs, marker>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
     /\ UNCHANGED positions
     /\ UNCHANGED extVars
@@ -676,7 +716,7 @@ EngineRecordSucceeded(c) ==
                                 ![e].result = Result("ok", e, Rec(c).args)]
     /\ stage' = [stage EXCEPT ![c] = "recorded"]
     /\ OutcomeKnown(c)
-    /\ UNCHANGED <<msg, args, result, approval, audit, marker>>
+    /\ UNCHANGED <<msg, args, result, approval, approvalArgs, audit, marker>>
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, sentAfterOutcome, decided>>
@@ -691,7 +731,7 @@ EngineRecordFailed(c) ==
                                 ![e].result = Result("error", e, Rec(c).args)]
     /\ stage' = [stage EXCEPT ![c] = "recorded"]
     /\ OutcomeKnown(c)
-    /\ UNCHANGED <<msg, args, result, approval, audit, marker>>
+    /\ UNCHANGED <<msg, args, result, approval, approvalArgs, audit, marker>>
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, sentAfterOutcome, decided>>
@@ -707,7 +747,7 @@ EngineAppendResult(c) ==
                     IF Policy[c] = "readonly" THEN Result("ok", ExecId(c), args[c])
                     ELSE Rec(c).result]
     /\ stage' = [stage EXCEPT ![c] = "none"]
-    /\ UNCHANGED <<msg, args, approval, ledger, audit, marker>>
+    /\ UNCHANGED <<msg, args, approval, approvalArgs, ledger, audit, marker>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
     /\ UNCHANGED positions
     /\ UNCHANGED extVars
@@ -788,7 +828,7 @@ Recover(c) ==
        THEN UNCHANGED <<audit, decided>>
        ELSE /\ AuditDecision(e, d, Rec(c).attempt, DecisionInputs(c))
             /\ Decided(c, d, Rec(c).attempt)
-    /\ UNCHANGED <<msg, args, result, approval, marker>>
+    /\ UNCHANGED <<msg, args, result, approval, approvalArgs, marker>>
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, knownOutcome, sentAfterOutcome>>
@@ -817,7 +857,7 @@ EngineReconcileApplied(c) ==
     /\ Decided(c, "reconcile_applied", Rec(c).attempt)
     /\ OutcomeKnown(c)
     /\ stage' = [stage EXCEPT ![c] = "recorded"]
-    /\ UNCHANGED <<msg, args, result, approval, marker>>
+    /\ UNCHANGED <<msg, args, result, approval, approvalArgs, marker>>
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, sentAfterOutcome>>
@@ -833,7 +873,7 @@ EngineReconcileNotApplied(c) ==
     /\ Audited(e, "reconcile_not_applied", Rec(c).attempt)
     /\ Decided(c, "reconcile_not_applied", Rec(c).attempt)
     /\ stage' = [stage EXCEPT ![c] = "retry"]
-    /\ UNCHANGED <<msg, args, result, approval, ledger, marker>>
+    /\ UNCHANGED <<msg, args, result, approval, approvalArgs, ledger, marker>>
     /\ UNCHANGED inflight
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, knownOutcome, sentAfterOutcome>>
@@ -848,7 +888,7 @@ EngineReconcileUnknown(c) ==
     /\ Audited(e, "reconcile_unknown", Rec(c).attempt)
     /\ Decided(c, "reconcile_unknown", Rec(c).attempt)
     /\ stage' = [stage EXCEPT ![c] = "none"]
-    /\ UNCHANGED <<msg, args, result, approval, marker>>
+    /\ UNCHANGED <<msg, args, result, approval, approvalArgs, marker>>
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, knownOutcome, sentAfterOutcome>>
@@ -870,7 +910,7 @@ HumanResolveApplied(c) ==
     /\ Decided(c, "human_applied", Rec(c).attempt)
     /\ OutcomeKnown(c)
     /\ stage' = [stage EXCEPT ![c] = "resume"]
-    /\ UNCHANGED <<msg, args, result, approval, marker>>
+    /\ UNCHANGED <<msg, args, result, approval, approvalArgs, marker>>
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, sentAfterOutcome>>
@@ -892,7 +932,7 @@ HumanResolveRetry(c) ==
     /\ Decided(c, "human_retry", n)
     /\ humanRetries' = [humanRetries EXCEPT ![e] = @ + 1]
     /\ stage' = [stage EXCEPT ![c] = "dispatched"]
-    /\ UNCHANGED <<msg, args, result, approval, marker>>
+    /\ UNCHANGED <<msg, args, result, approval, approvalArgs, marker>>
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, crashes,
                    sent, knownOutcome, sentAfterOutcome>>
@@ -909,7 +949,7 @@ HumanResolveAbandon(c) ==
     /\ Audited(e, "human_abandon", Rec(c).attempt)
     /\ Decided(c, "human_abandon", Rec(c).attempt)
     /\ stage' = [stage EXCEPT ![c] = "resume"]
-    /\ UNCHANGED <<msg, args, result, approval, marker>>
+    /\ UNCHANGED <<msg, args, result, approval, approvalArgs, marker>>
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, knownOutcome, sentAfterOutcome>>
@@ -939,7 +979,7 @@ HumanCancel(c) ==
     /\ stage' = IF CancelStopsEngine THEN [stage EXCEPT ![c] = "resume"] ELSE stage
     /\ Audited(ExecId(c), "human_cancel", Rec(c).attempt)
     /\ Decided(c, "human_cancel", Rec(c).attempt)
-    /\ UNCHANGED <<msg, args, approval, ledger, marker>>
+    /\ UNCHANGED <<msg, args, approval, approvalArgs, ledger, marker>>
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
                    sent, knownOutcome, sentAfterOutcome>>
@@ -959,7 +999,7 @@ Crash ==
     /\ stage' = [c \in Calls |->
                    IF msg[c] = "durable" /\ result[c] = NoResult
                    THEN "resume" ELSE "none"]
-    /\ UNCHANGED <<result, approval, ledger, audit, marker>>
+    /\ UNCHANGED <<result, approval, approvalArgs, ledger, audit, marker>>
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries>>
     /\ UNCHANGED <<sent, knownOutcome, sentAfterOutcome, decided>>
@@ -984,7 +1024,7 @@ ConversationRepair(c) ==
     /\ msg' = [msg EXCEPT ![c] = "absent"]
     /\ args' = [args EXCEPT ![c] = "none"]
     /\ stage' = [stage EXCEPT ![c] = "none"]
-    /\ UNCHANGED <<result, approval, ledger, audit, marker>>
+    /\ UNCHANGED <<result, approval, approvalArgs, ledger, audit, marker>>
     /\ UNCHANGED external /\ UNCHANGED ghosts
     /\ UNCHANGED <<turnOf, storedId, renumbers>>
     /\ UNCHANGED extVars
@@ -1090,7 +1130,8 @@ EngineEnabled(c) ==
     \/ stage[c] \in {"dispatched", "waiting", "got_ok", "got_fail", "recorded",
                      "resume", "reconciling"}
     \/ /\ stage[c] = "live"
-       /\ \/ NeedsApproval[c] /\ approval[ExecId(c)] \in {"none", "rejected"}
+       /\ \/ NeedsApproval[c] /\ NeedsNewApproval(c)
+          \/ NeedsApproval[c] /\ approval[ExecId(c)] = "rejected" /\ ApprovalFor(c)
           \/ /\ ApprovalOK(c)
              /\ \/ Policy[c] = "readonly"
                 \/ msg[c] = "durable" /\ Rec(c).attempt < MaxAttempts
@@ -1194,7 +1235,21 @@ ResultFidelity ==
 (* human approved THIS call (by position) or authorized a retry.           *)
 ApprovalGate ==
     \A c \in Calls : NeedsApproval[c] /\ Protected(c) =>
-        \A i \in invocations[c] : c \in humanApproved \/ i[3] = "human"
+        \A i \in invocations[c] :
+            (\E a \in Args : <<c, a>> \in humanApproved) \/ i[3] = "human"
+
+(* ApprovalBoundToArgs: every request dispatched on the strength of an     *)
+(* approval (its first attempt, or a policy retry of it) was approved by a *)
+(* human for exactly its arguments: the dispatched record's call and       *)
+(* argument digest are a pair the human was shown and approved.  A         *)
+(* request a human retry authorized is the human's own word on those      *)
+(* arguments (HumanMayRetry); a call that needs no approval needs none.    *)
+ApprovalBoundToArgs ==
+    \A e \in ExecIds :
+        LET r == ledger[e] IN
+        (r.status = "dispatched" /\ r.auth \in {"approval", "policy"}
+            /\ NeedsApproval[r.call])
+        => <<r.call, r.args>> \in humanApproved
 
 (* ApprovalSingleUse: an approval authorizes one attempt, not a replay.   *)
 ApprovalSingleUse ==
@@ -1307,6 +1362,15 @@ Witness_MessageDispatchedTogether ==
 Witness_ErrorBesideEffect ==
     ~\E c \in Calls : Protected(c) /\ result[c].kind = "error"
                       /\ effects[c] >= 1
+
+\* A live call stands at a position whose approval a human gave for other
+\* arguments (the conversation lost the approved call and the provider
+\* emitted another there): the engine must ask again, not dispatch
+\* (ApprovalBoundToArgs: the moment a position-only approval is misused).
+Witness_ApprovedForOtherArgs ==
+    ~\E c \in Calls : /\ stage[c] = "live" /\ NeedsApproval[c]
+                      /\ approval[ExecId(c)] = "approved"
+                      /\ approvalArgs[ExecId(c)] # args[c]
 
 \* A call that needs approval is invoked again after a crash
 \* (ApprovalGate, ApprovalSingleUse).

@@ -258,3 +258,19 @@ BROKEN = {
     "ignores_key_retention": ignores_key_retention,
     "halt_rebinds_record": halt_rebinds_record,
 }
+
+
+@contextmanager
+def approval_by_position() -> Iterator[None]:
+    """Broken: an approval binds the position only (the ApprovalByPosition
+    twin).  Any call at an approved execution id is dispatched on it, whatever
+    arguments the approval was asked for, and none is ever asked again."""
+    original = p._approval_for
+    p._approval_for = lambda state, c: True
+    try:
+        yield
+    finally:
+        p._approval_for = original
+
+
+BROKEN["approval_by_position"] = approval_by_position

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from pydantic_ai import Agent, capture_run_messages
-from pydantic_ai.exceptions import ModelRetry
+from pydantic_ai.exceptions import ModelRetry, UserError
 from pydantic_ai.messages import (
     ModelMessage,
     ModelResponse,
@@ -617,3 +617,69 @@ def test_a_reconcile_call_is_answered_through_the_session_then_approved(
         deferred_tool_results=req.build_results(approve_all=True, metadata=req.metadata)).output
     assert out == f"done: [{result!r}]"
     assert len(outbox) == emails  # re-sent only after the server fenced the first attempt
+
+
+def _approved_with_override(toolset: Any) -> tuple[Any, list[str]]:
+    """A manual call for ``ada`` is deferred, then approved with
+    ``ToolApproved(override_args={"to": "mallory"})``; returns (outcome, outbox)."""
+    from pydantic_ai.tools import ToolApproved
+
+    calls = [ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c1")]
+    agent = _agent(Script(calls), toolset)
+    first = agent.run_sync("mail ada", conversation_id=CONV)
+    req = first.output
+    assert isinstance(req, DeferredToolRequests)
+    answer = req.build_results(approvals={"c1": ToolApproved(override_args={"to": "mallory"})},
+                               metadata=req.metadata)
+    try:
+        return agent.run_sync(message_history=first.all_messages(),
+                              deferred_tool_results=answer).output, OUTBOX
+    except Exception as exc:  # the run's own error
+        return exc, OUTBOX
+
+
+OUTBOX: list[str] = []
+
+
+def send_email(to: str) -> str:
+    OUTBOX.append(to)
+    return f"sent to {to}"
+
+
+def test_override_args_without_toolledger_runs_arguments_nobody_recorded() -> None:
+    """The control: plain pydantic-ai runs the override (the model said ada)."""
+    OUTBOX.clear()
+    plain: FunctionToolset[None] = FunctionToolset()
+    plain.add_function(send_email, requires_approval=True)  # pydantic-ai's own approval
+    out, outbox = _approved_with_override(plain)
+    assert out == "done: ['sent to mallory']" and outbox == ["mallory"]
+
+
+def test_override_args_are_refused_and_nothing_is_approved_or_run(tmp_path: Path) -> None:
+    OUTBOX.clear()
+    ts = _ledger(tmp_path / "l.db", [send_email], {"send_email": "manual"})
+    out, outbox = _approved_with_override(ts)
+    assert outbox == []
+    assert isinstance(out, UserError) and "override_args" in str(out), out
+    assert "nothing was approved, written or run" in str(out)
+    # the ledger still waits for an approval of the model's arguments, and has no dispatch
+    [pending] = ts.session(CONV).pending_approvals()
+    assert pending.arguments == {"to": "ada"}
+    assert [row.kind for row in ts.session(CONV).audit()] == []
+
+
+def test_an_override_equal_to_the_recorded_arguments_is_an_approval(tmp_path: Path) -> None:
+    """Only a real difference is refused: the same arguments, re-stated, approve."""
+    from pydantic_ai.tools import ToolApproved
+
+    OUTBOX.clear()
+    ts = _ledger(tmp_path / "l.db", [send_email], {"send_email": "manual"})
+    agent = _agent(Script([ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c1")]), ts)
+    first = agent.run_sync("mail ada", conversation_id=CONV)
+    req = first.output
+    assert isinstance(req, DeferredToolRequests)
+    answer = req.build_results(approvals={"c1": ToolApproved(override_args={"to": "ada"})},
+                               metadata=req.metadata)
+    out = agent.run_sync(message_history=first.all_messages(),
+                         deferred_tool_results=answer).output
+    assert out == "done: ['sent to ada']" and OUTBOX == ["ada"]

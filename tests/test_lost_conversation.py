@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from checker_support import halt_rebinds_record, model_config
+from checker_support import approval_by_position, halt_rebinds_record, model_config
 from toolledger._core import protocol as p
 from toolledger._core.ledger import Ledger
 from toolledger._core.stores import MemoryStore
@@ -66,7 +66,7 @@ def test_lost_conversation_holds_and_reaches_the_digest_rule() -> None:
             if c.stage is p.Stage.RESUME and s.session.record(c.execution_id).status \
                     is not p.LedgerStatus.NONE:
                 mismatched += not p.recovery_inputs(s.session, c).digest_matches
-    assert states == 7140  # the manifest's count for LostConversation
+    assert states == 8203  # the manifest's count for LostConversation
     assert repaired and mismatched
 
 
@@ -76,6 +76,63 @@ def test_the_old_halt_and_retry_break_no_reinvoke_after_known_outcome() -> None:
     with halt_rebinds_record():
         found = violations(model_config("LostConversation"))
     assert "NoReinvokeAfterKnownOutcome" in found, found
+
+
+def test_a_position_only_approval_breaks_approval_bound_to_args() -> None:
+    """ApprovalByPosition in Python: the core that dispatches any call at an
+    approved id on that approval is caught by ApprovalBoundToArgs, and only by
+    it (ApprovalGate reads positions: it holds, as in the spec's twin)."""
+    with approval_by_position():
+        found = violations(model_config("LostConversation"))
+    assert set(found) == {"ApprovalBoundToArgs"}, found
+
+
+def _approved_then_lost() -> tuple[ModelConfig, p.SessionState, p.CallState]:
+    """The issue's scenario: a1 approved, crash, the repair drops it, a2 is
+    emitted at the same (turn, slot, call_0) and persisted (no record: live)."""
+    cfg = model_config("LostConversation")
+    (cc,) = cfg.calls
+    pos = cc.position
+    s = initial_states(cfg)[0].session
+    s = p.apply(s, p.Event(A.ProviderEmitCall, pos, cc.tool_call_id, cc.tool, cc.digest("a1")))
+    for action in (A.EnginePersistCall, A.EngineParkApproval, A.HumanApprove):
+        s = p.apply(s, p.Event(action, pos))
+    s = p.apply(s, p.Event(A.Crash))
+    s = p.apply(s, p.Event(A.ConversationRepair, pos))
+    s = p.apply(s, p.Event(A.ProviderEmitCall, pos, cc.tool_call_id, cc.tool, cc.digest("a2")))
+    s = p.apply(s, p.Event(A.EnginePersistCall, pos))
+    (c,) = s.calls
+    assert c.stage is p.Stage.LIVE and s.approval(c.execution_id) is p.ApprovalState.APPROVED
+    return cfg, s, c
+
+
+def test_a_call_at_an_approved_position_with_other_arguments_is_asked_again() -> None:
+    cfg, s, c = _approved_then_lost()
+    (cc,) = cfg.calls
+    assert s.approval_digest(c.execution_id) == cc.digest("a1") != c.args_digest
+    with pytest.raises(p.ProtocolError, match="approval was given for others"):
+        p.apply(s, p.Event(A.EnginePersistDispatched, c.position))
+    s = p.apply(s, p.Event(A.EngineParkApproval, c.position))
+    assert s.approval(c.execution_id) is p.ApprovalState.PENDING
+    assert s.approval_digest(c.execution_id) == c.args_digest
+    with pytest.raises(p.ProtocolError, match="already pending for these arguments"):
+        p.apply(s, p.Event(A.EngineParkApproval, c.position))
+    s = p.apply(s, p.Event(A.HumanApprove, c.position))
+    s = p.apply(s, p.Event(A.EnginePersistDispatched, c.position))
+    rec = s.record(c.execution_id)
+    assert (rec.args_digest, rec.authorization) == (c.args_digest, p.Authorization.APPROVAL)
+
+
+def test_a_rejection_of_other_arguments_is_not_a_denial() -> None:
+    """A rejection binds the arguments it was given for too: the new call is
+    asked again, never answered "denied" for what the human saw of another."""
+    cfg, s, c = _approved_then_lost()
+    s = p.apply(s, p.Event(A.EngineParkApproval, c.position))
+    s = replace(s, approvals={c.execution_id: p.ApprovalState.REJECTED},
+                approval_digests={c.execution_id: cfg.calls[0].digest("a1")})
+    with pytest.raises(p.ProtocolError, match="rejection was for other arguments"):
+        p.apply(s, p.Event(A.EngineRecordDenied, c.position))
+    assert p.enabled(s, p.Event(A.EngineParkApproval, c.position))
 
 
 def _halted_after_mismatch(known: bool) -> tuple[ModelConfig, p.SessionState, p.CallState]:

@@ -387,7 +387,10 @@ def rich_state() -> tuple[p.SessionState, list[AuditRow], dict[p.CallPosition, d
                 )
                 i += 1
     audit = frozenset(r.key for r in rows)
-    state = p.SessionState(sid, 1, 4, tuple(calls), approvals, ledger, audit)
+    # every approval carries its call's digest, as the core's park writes it
+    digests = {c.execution_id: c.args_digest for c in calls if c.execution_id in approvals}
+    state = p.SessionState(sid, 1, 4, tuple(calls), approvals, ledger, audit,
+                           approval_digests=digests)
     return state, rows, arguments
 
 

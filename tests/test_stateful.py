@@ -249,6 +249,10 @@ class GuidedLostConversationMachine(LostConversationMachine):
             rec = s.session.record(c.execution_id)
             if rec.status is p.LedgerStatus.RECOVERY_REQUIRED and rec.position is not None:
                 score += 1 + (rec.result is not None)
+            # a record of other arguments than the call now at its position (the
+            # digest rule's situation: since approvals bind arguments, the other
+            # call no longer rides on the lost call's approval to get there)
+            score += rec.status is not p.LedgerStatus.NONE and rec.args_digest != c.args_digest
         self.best = max(self.best, score)
 
     def teardown(self) -> None:

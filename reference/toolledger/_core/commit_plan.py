@@ -216,6 +216,7 @@ def working_set(state: SessionState) -> SessionState:
         state,
         calls=calls,
         approvals={k: v for k, v in state.approvals.items() if k in eids},
+        approval_digests={k: v for k, v in state.approval_digests.items() if k in eids},
         ledger={k: v for k, v in state.ledger.items() if k in eids},
         audit=frozenset(k for k in state.audit if k[0] in eids),
     )

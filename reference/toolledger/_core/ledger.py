@@ -319,6 +319,7 @@ class Ledger:
             stored,
             calls=calls,
             approvals={**stored.approvals, **self._state.approvals},
+            approval_digests={**stored.approval_digests, **self._state.approval_digests},
             ledger={**stored.ledger, **self._state.ledger},
             audit=stored.audit | self._state.audit,
             retention_passed=self._state.retention_passed,
@@ -360,6 +361,8 @@ class Ledger:
                 self._state,
                 calls=tuple(mine[p] for p in sorted(mine)),
                 approvals={k: v for k, v in self._state.approvals.items() if k in eids},
+                approval_digests={k: v for k, v in self._state.approval_digests.items()
+                                  if k in eids},
                 ledger={k: v for k, v in self._state.ledger.items() if k in eids},
                 audit=frozenset(k for k in self._state.audit if k[0] in eids),
             )
@@ -371,6 +374,9 @@ class Ledger:
             calls=tuple(calls[p] for p in sorted(calls)),
             approvals={**stored.approvals,
                        **{k: v for k, v in self._state.approvals.items() if k in eids}},
+            approval_digests={**stored.approval_digests,
+                              **{k: v for k, v in self._state.approval_digests.items()
+                                 if k in eids}},
             ledger={**stored.ledger,
                     **{k: v for k, v in self._state.ledger.items() if k in eids}},
             audit=stored.audit | frozenset(k for k in self._state.audit if k[0] in eids),

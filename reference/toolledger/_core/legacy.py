@@ -97,14 +97,16 @@ def write_legacy(ledger: Ledger, calls: Sequence[LegacyCall]) -> None:
         return
     sid = ledger.session_id
     before = ledger.state
-    states, approvals = [], {}
+    states, approvals, digests = [], {}, {}
     for lc in calls:
         eid = derive_execution_id(sid, *lc.position, lc.tool_call_id)
+        digest = args_digest(lc.profile.name, lc.arguments)
         states.append(CallState(lc.position, lc.tool_call_id, lc.profile, eid,
-                                args_digest(lc.profile.name, lc.arguments),
-                                MessageState.DURABLE, None, Stage.RESUME))
+                                digest, MessageState.DURABLE, None, Stage.RESUME))
         if lc.approval is not None and lc.profile.requires_approval:
-            approvals[eid] = lc.approval
-    after = replace(before, calls=tuple(states), approvals=approvals)
+            # the old engine's approval was given for the call's own arguments
+            approvals[eid], digests[eid] = lc.approval, digest
+    after = replace(before, calls=tuple(states), approvals=approvals,
+                    approval_digests=digests)
     ledger.store.commit(sid, before, after, [],
                         arguments={lc.position: lc.arguments for lc in calls})

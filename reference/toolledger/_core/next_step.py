@@ -33,8 +33,12 @@ __all__ = ["approved", "denied_contents", "next_of", "recovery_decision", "recov
 
 
 def approved(state: SessionState, c: CallState) -> bool:
-    """``c`` needs no approval, or has it."""
-    return not c.tool.requires_approval or state.approval(c.execution_id) is ApprovalState.APPROVED
+    """``c`` needs no approval, or has one for exactly its arguments
+    (docs/protocol.md#approvals-bound-to-arguments)."""
+    return not c.tool.requires_approval or (
+        state.approval(c.execution_id) is ApprovalState.APPROVED
+        and state.approval_digest(c.execution_id) == c.args_digest
+    )
 
 
 def recovery_decision(state: SessionState, c: CallState) -> RecoveryDecision:

@@ -89,6 +89,7 @@ from .rows import (
     _result_values,
     stored_difference,
 )
+from .state import stored_approval_digests
 from .stores import (
     _CREATED_SINCE,
     RELOAD,
@@ -485,6 +486,7 @@ class PostgresStore(PgConnection):
             max_attempts=max_attempts,
             calls=calls,
             approvals=approvals,
+            approval_digests=stored_approval_digests(calls, approvals),
             ledger=ledger,
             audit=audit,
         )

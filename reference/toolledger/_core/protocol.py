@@ -292,11 +292,22 @@ def _stage(c: CallState, ev: Event, *allowed: Stage) -> None:
     )
 
 
+def _approval_for(state: SessionState, c: CallState) -> bool:
+    """The spec's ApprovalFor: the approval at c's id was asked for exactly c's
+    arguments.  An approval given to a call the conversation lost binds only
+    that call's arguments, never another call later emitted at its position."""
+    return state.approval_digest(c.execution_id) == c.args_digest
+
+
 def _approval_ok(state: SessionState, c: CallState) -> bool:
-    return (
-        not c.tool.requires_approval
-        or state.approval(c.execution_id) is ApprovalState.APPROVED
+    return not c.tool.requires_approval or (
+        state.approval(c.execution_id) is ApprovalState.APPROVED and _approval_for(state, c)
     )
+
+
+def _needs_new_approval(state: SessionState, c: CallState) -> bool:
+    """The spec's NeedsNewApproval: no approval yet, or one for other arguments."""
+    return state.approval(c.execution_id) is ApprovalState.NONE or not _approval_for(state, c)
 
 
 @_handles(Action.ProviderEmitCall)
@@ -342,11 +353,14 @@ def _park(state: SessionState, ev: Event) -> SessionState:
     _stage(c, ev, Stage.LIVE)
     _require(c.tool.requires_approval, ev, f"tool {c.tool.name!r} needs no approval")
     _require(
-        state.approval(c.execution_id) is ApprovalState.NONE,
+        _needs_new_approval(state, c),
         ev,
-        f"approval is already {state.approval(c.execution_id).value}",
+        f"approval is already {state.approval(c.execution_id).value} for these arguments",
     )
-    return state._with_approval(c.execution_id, ApprovalState.PENDING)
+    # An approval at this id for other arguments (given to a call the
+    # conversation lost, or still pending for it) is replaced: the human is
+    # asked again, for the arguments that will be sent.
+    return state._with_approval(c.execution_id, ApprovalState.PENDING, c.args_digest)
 
 
 def _resolve_approval(state: SessionState, ev: Event, value: ApprovalState) -> SessionState:
@@ -380,6 +394,11 @@ def _denied(state: SessionState, ev: Event) -> SessionState:
         ev,
         "the approval is not rejected",
     )
+    _require(
+        _approval_for(state, c),
+        ev,
+        "the rejection was for other arguments than this call's: park a new approval",
+    )
     res = ToolResult(ResultKind.DENIED, c.execution_id, c.args_digest, "denied by a human")
     return state._with_call(replace(c, result=res, stage=Stage.NONE))
 
@@ -391,7 +410,14 @@ def _dispatch(state: SessionState, ev: Event) -> SessionState:
     _require(c.message is MessageState.DURABLE, ev, "the call is not durable yet")
     _stage(c, ev, Stage.LIVE, Stage.RETRY)
     if c.stage is Stage.LIVE:
-        _require(_approval_ok(state, c), ev, "the call is not approved")
+        _require(
+            _approval_ok(state, c),
+            ev,
+            "the call is not approved"
+            + ("" if state.approval(c.execution_id) is not ApprovalState.APPROVED
+               else " for these arguments (its approval was given for others): "
+               "park a new approval"),
+        )
         auth = Authorization.APPROVAL if c.tool.requires_approval else Authorization.AUTO
     else:
         auth = Authorization.POLICY

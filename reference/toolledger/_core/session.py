@@ -913,8 +913,17 @@ class Session(LedgerGuard):
     # -- running a call ----------------------------------------------------------
 
     @contextmanager
-    def dispatch(self, key: str) -> Iterator[Attempt]:
+    def dispatch(
+        self, key: str, *, arguments: Mapping[str, Any] | None = None
+    ) -> Iterator[Attempt]:
         """Run the call ``key``: ``with session.dispatch(key) as a: ... a.done(value)``.
+
+        ``arguments``: the arguments the engine is about to run the tool with,
+        when it does not run it with ``a.arguments`` (the recorded, approved
+        ones).  They are checked against the call's recorded digest (which its
+        approval and record were given for) BEFORE ``dispatched`` is written:
+        other arguments raise :class:`InvalidInput`, and nothing is written or
+        run (docs/protocol.md#approvals-bound-to-arguments).
 
         Before the body runs, ``dispatched`` (attempt n) is durable.  When the
         block ends, the outcome is classified (see the module documentation),
@@ -924,6 +933,10 @@ class Session(LedgerGuard):
         A block that ends without ``done()`` or an exception is recorded as
         unknown, then :class:`RuntimeError` is raised.
         """
+        if arguments is not None:
+            with self._usable():  # a durable call's digest never changes: checked once
+                c = self._find(key)
+                _check_arguments(c, self._ref(c), arguments)
         attempt, readonly = self._start(key)
         try:
             yield attempt
@@ -955,15 +968,23 @@ class Session(LedgerGuard):
                               else self._unknown(attempt, err))
         raise err
 
-    def execute(self, key: str, fn: Callable[[Attempt], object]) -> CallStatus:
+    def execute(
+        self,
+        key: str,
+        fn: Callable[[Attempt], object],
+        *,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> CallStatus:
         """Run the call ``key`` as ``fn(attempt)``; its return is the result (:meth:`dispatch`).
 
         A ``fn`` that is not callable is refused before anything is written
-        (no ``dispatched``, the approval still unused)."""
+        (no ``dispatched``, the approval still unused).  ``arguments``: the
+        ones ``fn`` will send, checked before anything is written, as
+        :meth:`dispatch` does."""
         if not callable(fn):
             raise InvalidInput(f"execute({key!r}, fn): fn must be a callable taking the "
                                f"Attempt, got {fn!r}; nothing was written or run")
-        with self.dispatch(key) as attempt:
+        with self.dispatch(key, arguments=arguments) as attempt:
             attempt.done(fn(attempt))
         assert attempt.status is not None
         return attempt.status
@@ -1303,6 +1324,33 @@ class Session(LedgerGuard):
         ref = self._ref(c)  # first: a call without stored arguments says so
         nxt = next_of(st, c, running=c.execution_id in self._running)
         return CallStatus(ref, nxt, rec.attempt, c.result)
+
+
+def _check_arguments(c: CallState, ref: CallRef, arguments: object) -> None:
+    """Refuse to run call ``c`` with other arguments than the recorded ones: its
+    approval and its record authorize exactly those (Session.dispatch)."""
+    if not isinstance(arguments, Mapping):
+        raise InvalidInput(f"arguments of call {c.execution_id} must be a mapping, got "
+                           f"{type(arguments).__name__}; nothing was written or run")
+    given = dict(arguments)
+    try:
+        digest = args_digest(c.tool.name, given)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"arguments of call {c.execution_id} are not JSON: {exc}; "
+                           "nothing was written or run") from exc
+    if digest == c.args_digest:
+        return
+    recorded = dict(ref.arguments)
+    differ = sorted(k for k in recorded.keys() | given.keys()
+                    if k not in recorded or k not in given or recorded[k] != given[k])
+    what = "approved and recorded" if c.tool.requires_approval else "recorded"
+    raise InvalidInput(
+        f"call {c.execution_id} ({c.tool.name}) would run with other arguments than the "
+        f"{what} ones (they differ in {', '.join(map(repr, differ)) or 'their encoding'}): "
+        "nothing was written or run; run it with attempt.arguments, or record the new "
+        "arguments as a new call"
+        + (" and have that one approved" if c.tool.requires_approval else "")
+    )
 
 
 # --------------------------------------------------------------------------

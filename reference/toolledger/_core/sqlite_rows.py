@@ -29,6 +29,7 @@ from .rows import (
     stored_difference,
 )
 from .sqlite_schema import _COLUMNS, _RECORD_COLUMNS
+from .state import stored_approval_digests
 from .stores import CallView
 
 __all__ = ["SqliteRows"]
@@ -211,6 +212,7 @@ class SqliteRows(RowDecoder):
             max_attempts=max_attempts,
             calls=calls,
             approvals=approvals,
+            approval_digests=stored_approval_digests(calls, approvals),
             ledger=ledger,
             audit=audit,
         )

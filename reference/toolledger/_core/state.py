@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Final
@@ -373,6 +373,13 @@ class SessionState:
     ``calls`` is ordered by position; ``approvals`` and ``ledger`` are keyed by
     execution id (a missing key is the ``none`` state); ``marker`` is the
     protocol marker: calls of turns before it are legacy.
+
+    ``approval_digests`` (the spec's ``approvalArgs``): the argument digest
+    each approval was asked and given for.  Only an approval of exactly the
+    call's digest dispatches it (docs/protocol.md#approvals-bound-to-arguments).
+    A store keeps no column for it: an approval belongs to a durable call
+    (``plan_commit``), whose digest never changes, so a store reads it back
+    as that call's digest.
     """
 
     session_id: str
@@ -386,6 +393,9 @@ class SessionState:
     # passed (RetentionWindowPasses).  Derived from the clock and the
     # records' dispatch times, never stored: recomputed after a restart.
     retention_passed: frozenset[str] = frozenset()
+    # The spec's approvalArgs (see the class docstring); last, so that a
+    # positional construction of the other fields keeps its meaning.
+    approval_digests: Mapping[str, str] = field(default_factory=dict)
 
     # -- lookups ----------------------------------------------------------
 
@@ -404,6 +414,11 @@ class SessionState:
 
     def approval(self, execution_id: str) -> ApprovalState:
         return self.approvals.get(execution_id, ApprovalState.NONE)
+
+    def approval_digest(self, execution_id: str) -> str | None:
+        """The argument digest the approval at ``execution_id`` was given for
+        (``None``: no approval)."""
+        return self.approval_digests.get(execution_id)
 
     def is_legacy(self, position: CallPosition) -> bool:
         return position[0] < self.marker
@@ -436,13 +451,33 @@ class SessionState:
         ledger[rec.execution_id] = rec
         return replace(self, ledger=ledger)
 
-    def _with_approval(self, execution_id: str, value: ApprovalState) -> SessionState:
+    def _with_approval(
+        self, execution_id: str, value: ApprovalState, digest: str | None = None
+    ) -> SessionState:
+        """``value`` for the approval; ``digest``: the arguments it is asked for
+        (a new approval), ``None``: it keeps the ones it was asked for."""
         approvals = dict(self.approvals)
         approvals[execution_id] = value
-        return replace(self, approvals=approvals)
+        if digest is None:
+            return replace(self, approvals=approvals)
+        digests = dict(self.approval_digests)
+        digests[execution_id] = digest
+        return replace(self, approvals=approvals, approval_digests=digests)
 
     def _with_audit(self, *keys: AuditKey) -> SessionState:
         return replace(self, audit=self.audit | frozenset(keys))
+
+
+def stored_approval_digests(
+    calls: Iterable[CallState], approvals: Mapping[str, ApprovalState]
+) -> dict[str, str]:
+    """The digests of stored approvals, read back from their calls.
+
+    A store keeps an approval by execution id and no digest column: an
+    approval belongs to a durable call of its session (``plan_commit``), and a
+    durable call's digest never changes (it only ever gains a result), so the
+    digest the approval was asked for is its call's."""
+    return {c.execution_id: c.args_digest for c in calls if c.execution_id in approvals}
 
 
 def new_session(session_id: str, *, marker: int = 0, max_attempts: int = 3) -> SessionState:

@@ -91,6 +91,7 @@ from .protocol import (
     SessionState,
     Stage,
 )
+from .state import stored_approval_digests
 from .store_errors import (
     LeaseLost,
     SessionExists,
@@ -349,12 +350,14 @@ class MemoryStore:
     def load(self, session_id: str) -> SessionState:
         """The durable state of the session, as a restarted engine sees it."""
         s = self._session(session_id)
+        calls = tuple(_resumed(s.calls[p]) for p in sorted(s.calls))
         return SessionState(
             session_id=session_id,
             marker=s.marker,
             max_attempts=s.max_attempts,
-            calls=tuple(_resumed(s.calls[p]) for p in sorted(s.calls)),
+            calls=calls,
             approvals=dict(s.approvals),
+            approval_digests=stored_approval_digests(calls, s.approvals),
             ledger=dict(s.ledger),
             audit=frozenset(row.key for row in s.audit),
         )
@@ -390,6 +393,7 @@ class MemoryStore:
             state,
             calls=calls,
             approvals={k: v for k, v in state.approvals.items() if k in eids},
+            approval_digests={k: v for k, v in state.approval_digests.items() if k in eids},
             ledger={k: v for k, v in state.ledger.items() if k in eids},
             audit=frozenset(k for k in state.audit if k[0] in eids),
         )

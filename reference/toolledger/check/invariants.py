@@ -149,12 +149,35 @@ def ResultFidelity(cfg: ModelConfig, s: SystemState) -> list[str]:
 
 def ApprovalGate(cfg: ModelConfig, s: SystemState) -> list[str]:
     out = []
+    approved = {name for name, _ in s.ghosts.human_approved}
     for c in cfg.calls:
         if not (c.tool.requires_approval and c.tool.protected):
             continue
         for _, n, auth in s.ghosts.invoked(c.name):
-            if c.name not in s.ghosts.human_approved and auth is not p.Authorization.HUMAN:
+            if c.name not in approved and auth is not p.Authorization.HUMAN:
                 out.append(f"{c.name}: attempt {n} invoked without an approval of this call")
+    return out
+
+
+_ON_APPROVAL: Final = frozenset({p.Authorization.APPROVAL, p.Authorization.POLICY})
+
+
+def ApprovalBoundToArgs(cfg: ModelConfig, s: SystemState) -> list[str]:
+    """Every dispatched record sent on the strength of an approval (its first
+    attempt, or a policy retry of it) is of a (call, digest) a human approved:
+    the arguments the human was shown are exactly the ones sent."""
+    out = []
+    for e, rec in sorted(s.session.ledger.items()):
+        if rec.status is not p.LedgerStatus.DISPATCHED or rec.authorization not in _ON_APPROVAL:
+            continue
+        owner = None if rec.position is None else cfg.by_position.get(rec.position)
+        if owner is None or not owner.tool.requires_approval:
+            continue
+        if (owner.name, rec.args_digest) not in s.ghosts.human_approved:
+            out.append(
+                f"{owner.name}: attempt {rec.attempt} of {e} dispatched on "
+                f"{rec.authorization.value} for arguments no human approved"
+            )
     return out
 
 
@@ -274,6 +297,7 @@ INVARIANTS: Final[Mapping[str, Check]] = {
         NoBlindReplay,
         ResultFidelity,
         ApprovalGate,
+        ApprovalBoundToArgs,
         ApprovalSingleUse,
         RecoveryRequiredHalts,
         LegacyConservative,

@@ -26,7 +26,7 @@ from .tlavalues import FnValue, Value
 __all__ = ["SPEC_VARIABLES", "from_spec", "spec_key", "to_spec"]
 
 SPEC_VARIABLES: Final = (
-    "msg", "args", "result", "approval", "ledger", "audit", "marker", "stage",
+    "msg", "args", "result", "approval", "approvalArgs", "ledger", "audit", "marker", "stage",
     "inflight", "fenced", "applied", "invocations", "humanApproved",
     "humanRetries", "crashes", "sent", "knownOutcome", "sentAfterOutcome",
     "decided", "turnOf", "storedId", "renumbers", "repairs",
@@ -200,6 +200,7 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
         # for every call ever persisted (the spec's NoId is the empty tuple)
         stored_id[cc.name] = cfg.spec_exec_ids[cc.name] if cc.name in s.stored else ()
     approval: dict[Value, Value] = {}
+    approval_args: dict[Value, Value] = {}
     ledger: dict[Value, Value] = {}
     audit: dict[Value, Value] = {}
     inflight: dict[Value, Value] = {}
@@ -210,6 +211,7 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
     for se in t.spec_eids:
         e = t.py_eid[se]
         approval[se] = session.approval(e).value
+        approval_args[se] = t.arg(session.approval_digest(e))
         ledger[se] = t.record(session.record(e))
         audit[se] = frozenset(
             (k, n, _inputs(s.audit_inputs.get((ae, k, n)) if with_inputs else None))
@@ -225,6 +227,7 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
         "args": FnValue(args),
         "result": FnValue(result),
         "approval": FnValue(approval),
+        "approvalArgs": FnValue(approval_args),
         "ledger": FnValue(ledger),
         "audit": FnValue(audit),
         "marker": session.marker,
@@ -233,7 +236,7 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
         "fenced": FnValue(fenced),
         "applied": FnValue(applied),
         "invocations": FnValue(invocations),
-        "humanApproved": gh.human_approved,
+        "humanApproved": frozenset((name, t.arg(d)) for name, d in gh.human_approved),
         "humanRetries": FnValue(retries),
         "crashes": s.ghosts.crashes,
         "sent": FnValue(sent),
@@ -288,6 +291,12 @@ def _result(t: _Tables, v: Value) -> p.ToolResult | None:
     return p.ToolResult(p.ResultKind(str(v["kind"])), _eid(t, exec_id), cc.digest(str(v["args"])))
 
 
+def _digest_of(t: _Tables, e: str, arg: str) -> str:
+    """The digest of argument ``arg`` for the call whose execution id is ``e``."""
+    cc = next(c for c in t.cfg.calls if t.cfg.exec_ids[c.name] == e)
+    return cc.digest(arg)
+
+
 def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
     """The reference state corresponding to a spec state."""
     t = _tables(cfg)
@@ -310,6 +319,7 @@ def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
             )
         )
     approvals: dict[str, p.ApprovalState] = {}
+    approval_digests: dict[str, str] = {}
     ledger: dict[str, p.ExecutionRecord] = {}
     audit: set[p.AuditKey] = set()
     audit_inputs: dict[p.AuditKey, p.RecoveryInputs] = {}
@@ -319,6 +329,7 @@ def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
         e = _eid(t, se)
         if a != NONE:
             approvals[e] = p.ApprovalState(str(a))
+            approval_digests[e] = _digest_of(t, e, str(_fn(state, "approvalArgs")[se]))
         rec = _fn(state, "ledger")[se]
         assert isinstance(rec, FnValue)
         if rec["status"] != NONE:
@@ -376,6 +387,7 @@ def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
         max_attempts=cfg.max_attempts,
         calls=tuple(sorted(calls, key=lambda c: c.position)),
         approvals=approvals,
+        approval_digests=approval_digests,
         ledger=ledger,
         audit=frozenset(audit),
         retention_passed=frozenset(_eid(t, se) for se in _set(state["windowPassed"])),
@@ -391,7 +403,10 @@ def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
         ),
         Ghosts(
             invocations=invocations,
-            human_approved=frozenset(str(c) for c in _set(state["humanApproved"])),
+            human_approved=frozenset(
+                (str(c), cfg.by_name[str(c)].digest(str(a)))
+                for c, a in (_tuple(v) for v in _set(state["humanApproved"]))
+            ),
             human_retries=numbers["humanRetries"],
             crashes=_int(state["crashes"]),
             sent=sent,

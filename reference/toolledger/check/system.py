@@ -248,7 +248,8 @@ class Ghosts:
     """
 
     invocations: Mapping[str, frozenset[Invocation]] = field(default_factory=dict)
-    human_approved: frozenset[str] = frozenset()  # call names
+    # (call name, argument digest) a human approved: what the inbox showed
+    human_approved: frozenset[tuple[str, str]] = frozenset()
     human_retries: Mapping[str, int] = field(default_factory=dict)
     crashes: int = 0
     # (call, attempt) -> requests sent for that attempt (AttemptSentOnce)
@@ -312,6 +313,7 @@ def initial_states(cfg: ModelConfig) -> list[SystemState]:
     session = p.new_session(cfg.session_id, marker=cfg.marker, max_attempts=cfg.max_attempts)
     calls = []
     approvals: dict[str, p.ApprovalState] = {}
+    digests: dict[str, str] = {}
     for c in cfg.calls:
         if cfg.is_legacy(c):
             eid = cfg.exec_ids[c.name]
@@ -329,10 +331,15 @@ def initial_states(cfg: ModelConfig) -> list[SystemState]:
             )
             if c.tool.requires_approval:
                 approvals[eid] = p.ApprovalState.APPROVED
-    session = replace(session, calls=tuple(calls), approvals=approvals)
+                digests[eid] = c.digest(c.arg_choices[0])
+    session = replace(
+        session, calls=tuple(calls), approvals=approvals, approval_digests=digests
+    )
     ghosts = Ghosts(
         human_approved=frozenset(
-            c.name for c in cfg.calls if cfg.is_legacy(c) and c.tool.requires_approval
+            (c.name, c.digest(c.arg_choices[0]))
+            for c in cfg.calls
+            if cfg.is_legacy(c) and c.tool.requires_approval
         )
     )
     maybe_applied = sorted(
@@ -472,7 +479,10 @@ def _call_step(cfg: ModelConfig, s: SystemState, call: p.CallState, action: p.Ac
             after = _upd(gh.sent_after_outcome, name, gh.sent_after_outcome.get(name, 0) + 1)
             gh = replace(gh, sent_after_outcome=after)  # type: ignore[arg-type]
     elif action is p.Action.HumanApprove:
-        gh = replace(gh, human_approved=gh.human_approved | {name})
+        # the human approves what the inbox shows: the parked digest
+        shown = s.session.approval_digest(eid)
+        assert shown is not None, "a pending approval carries its digest"
+        gh = replace(gh, human_approved=gh.human_approved | {(name, shown)})
     elif action is p.Action.HumanResolveRetry:
         retries = _upd(gh.human_retries, eid, gh.human_retries.get(eid, 0) + 1)
         gh = replace(gh, human_retries=retries)  # type: ignore[arg-type]

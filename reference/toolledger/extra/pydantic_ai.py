@@ -35,9 +35,15 @@ among this toolset's calls in that response, and the provider's tool call id:
 a provider that re-uses a tool call id in a later response gets a new
 execution, never the old one's result or approval.
 
-Not covered yet: ``ToolApproved(override_args=...)`` (the tool then runs with
-the approved arguments while the ledger holds the model's: the override is not
-bound to the execution); a ``reconcile`` tool has no connector here (its call
+An approval binds the arguments the ledger recorded (the model's): a
+``ToolApproved(override_args=...)`` that changes them is refused with a
+:class:`~pydantic_ai.exceptions.UserError` before anything is approved, written
+or run (the tool would otherwise run with arguments no approval and no record
+was given for).  Deny the call instead (``ToolDenied``, with a message that
+says what to send) and let the model emit the call anew: that call is
+recorded and asked for with its own arguments.
+
+Not covered yet: a ``reconcile`` tool has no connector here (its call
 comes back as a recovery item with ``metadata["next"] == "reconcile"``: answer
 it with ``session(conversation_id).reconcile(key, ask)``, then approve); a
 ``ToolDenied`` reaches the ledger only when the conversation's next response
@@ -153,6 +159,16 @@ class LedgerToolset(WrapperToolset[Any]):
                 # the model wrote an argument only the ledger may set: nothing was recorded
                 raise ModelRetry(str(exc)) from None
             raise
+        if _overridden(tool, status.call.arguments, tool_args):
+            # ToolApproved(override_args=...): the human approved other arguments than the
+            # ones the ledger recorded; approving or running the recorded call on that
+            # answer would send arguments nobody approved, so nothing is done
+            raise UserError(
+                f"tool call {ctx.tool_call_id!r} of {name!r} was approved with override_args, "
+                "but toolledger binds an approval to the arguments it recorded (the model's): "
+                "nothing was approved, written or run. Approve it without override_args, or "
+                "deny it (ToolDenied) and let the model emit the call with the new arguments, "
+                "which is recorded and asked for on its own")
         if status.next is Next.AWAIT_APPROVAL:
             meta = ctx.tool_call_metadata if isinstance(ctx.tool_call_metadata, dict) else {}
             if not (ctx.tool_call_approved and meta.get(APPROVAL_KEY) == status.key):
@@ -257,3 +273,16 @@ class LedgerToolset(WrapperToolset[Any]):
             if answered.get(c.tool_call_id, -1) > c.position[0]:
                 session.reject(c.key)
 
+
+def _overridden(tool: ToolsetTool[Any], recorded: Mapping[str, Any],
+                tool_args: Mapping[str, Any]) -> bool:
+    """Whether pydantic-ai calls the tool with other arguments than the recorded ones.
+
+    ``tool_args`` are validated (``ToolApproved.override_args`` replaces the
+    model's before validation); the recorded arguments go through the same
+    validator, so only a real difference counts, never a default or a coercion."""
+    try:
+        expected = tool.args_validator.validate_python(dict(recorded))
+    except Exception:  # the model's own arguments do not validate: they were replaced
+        return True
+    return bool(expected != dict(tool_args))

@@ -729,7 +729,8 @@ def spec_approval_gate(cfg: ModelConfig, s: Mapping[str, object]) -> bool:
     that needs approval is of a call a human approved, or is human-authorized."""
     approved, invocations = s["humanApproved"], s["invocations"]
     assert isinstance(invocations, Mapping) and isinstance(approved, frozenset | set)
-    return all(c.name in approved or inv[2] == "human"
+    approved_calls = {pair[0] for pair in approved}  # <<call, arguments>> pairs
+    return all(c.name in approved_calls or inv[2] == "human"
                for c in cfg.calls if c.tool.requires_approval and c.tool.protected
                for inv in invocations[c.name])
 
