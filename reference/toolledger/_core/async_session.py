@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -329,7 +330,12 @@ class AsyncSession:
         try:
             return await asyncio.wrap_future(fut)
         except asyncio.CancelledError:
-            bridge.stop()  # the running body is cancelled; no further body starts
+            # no further body starts; a body running on this loop is cancelled, and the
+            # thread then ends at once (Session's interrupt): wait for that, so that the
+            # session is interrupted when this returns.  A plain function runs on.
+            if bridge.stop():
+                with contextlib.suppress(BaseException):
+                    await asyncio.wrap_future(fut)
             raise
 
 
@@ -352,8 +358,11 @@ class _Dispatch:
         try:
             attempt = await asyncio.wrap_future(fut)
         except BaseException as exc:
-            fut.cancel()  # still waiting in the lane: it never runs, nothing happened
-            fut.add_done_callback(functools.partial(self._abandoned, cm, exc))
+            if not fut.cancel():  # cancelled still waiting in the lane: it never runs
+                # it runs or ran: right after it (the lane is in order, so before any
+                # later step), a dispatched call whose body will never run is left as a
+                # crash leaves it (Session's interrupt); an enter that failed did nothing
+                self._owner._lane.submit(functools.partial(self._abandon, cm, fut, exc))
             raise
         # The body may run on the loop: the step sending() makes in Session takes the
         # session's lock; it is made in the worker, before the outcome (__aexit__).
@@ -361,13 +370,11 @@ class _Dispatch:
         self._attempt = attempt
         return attempt
 
-    def _abandoned(self, cm: AbstractContextManager[Attempt], exc: BaseException,
-                   fut: concurrent.futures.Future[Attempt]) -> None:
-        """The awaiter went away (cancelled) while the dispatch commit ran: once it is
-        durable, the body never runs, as a crash leaves it (Session's interrupt)."""
-        if fut.cancelled() or fut.exception() is not None:
-            return  # nothing was dispatched
-        self._owner._lane.submit(lambda: cm.__exit__(type(exc), exc, exc.__traceback__))
+    @staticmethod
+    def _abandon(cm: AbstractContextManager[Attempt], fut: concurrent.futures.Future[Attempt],
+                 exc: BaseException) -> None:
+        if fut.exception() is None:  # done by now: the lane runs its steps in order
+            cm.__exit__(type(exc), exc, exc.__traceback__)
 
     async def __aexit__(
         self,
@@ -400,14 +407,18 @@ class _Bridge:
         self._loop = loop
         self._mutex = threading.Lock()
         self._stopped = False
-        self._current: concurrent.futures.Future[Any] | None = None
+        self._current: concurrent.futures.Future[Any] | None = None  # the body on the loop
+        self._plain = False  # a plain function runs in the thread now
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
+        """Start no more bodies and cancel the one on the loop.  False while a plain
+        function runs in the thread (it cannot be stopped): the thread is not waited for."""
         with self._mutex:
             self._stopped = True
-            current = self._current
+            current, plain = self._current, self._plain
         if current is not None:
             current.cancel()
+        return not plain
 
     def pairs(
         self, calls: Sequence[tuple[str, Callable[[Attempt], object]]]
@@ -432,7 +443,12 @@ class _Bridge:
             with self._mutex:
                 if self._stopped:
                     raise asyncio.CancelledError("the task awaiting this session was cancelled")
-            value = fn(*args)  # a plain function runs here; a coroutine function makes one
+                self._plain = True
+            try:
+                value = fn(*args)  # a plain function runs here; a coroutine function makes one
+            finally:
+                with self._mutex:
+                    self._plain = False
             if not inspect.isawaitable(value):
                 return value
             attempt = args[0] if args and isinstance(args[0], Attempt) else None
@@ -451,12 +467,13 @@ class _Bridge:
         async def awaited() -> object:
             return await value
 
-        cf = asyncio.run_coroutine_threadsafe(awaited(), self._loop)
-        with self._mutex:
+        with self._mutex:  # stop() sees either this body or _stopped, never neither
+            if self._stopped:
+                if inspect.iscoroutine(value):
+                    value.close()  # never started
+                raise asyncio.CancelledError("the task awaiting this session was cancelled")
+            cf = asyncio.run_coroutine_threadsafe(awaited(), self._loop)
             self._current = cf
-            stopped = self._stopped
-        if stopped:
-            cf.cancel()
         try:
             return cf.result()
         except concurrent.futures.CancelledError:
