@@ -44,7 +44,12 @@ cancelled during a call's ``dispatched`` commit: the commit finishes in its
 thread, then the same.  During the outcome commit: the outcome is recorded,
 the task gets ``CancelledError``.  Any other step: cancelled before it started,
 nothing happened; once started it completes in its thread (a commit is never
-torn), only its return is lost.  So a deadline belongs inside the body
+torn), only its return is lost.  In :meth:`~AsyncSession.execute_many` and
+:meth:`~AsyncSession.execute_message`, the body on the loop is cancelled (as
+above: the session is interrupted when the task's ``CancelledError`` reaches
+its awaiter) and no further call starts; a plain function runs to its end, its
+outcome is recorded, and the next call is interrupted before its body.  So a
+deadline belongs inside the body
 (``async with asyncio.timeout(s)``: ``TimeoutError`` is an ``Exception``,
 classified as unknown and decided by the tool's policy), not around
 ``execute()``; ``asyncio.shield(s.execute(...))`` lets a call finish whatever
