@@ -768,3 +768,16 @@ def test_cancelled_in_execute_message_the_rest_is_left_as_a_crash_leaves_it() ->
         assert [(t.next, t.attempt) for t in todo] == [(Next.RETRY, 1), (Next.EXECUTE, 0)]
 
     run(main)
+
+
+def test_the_stall_benchmark_runs_and_counts_the_same_commits() -> None:
+    """benchmarks/bench_async.py in its tiny mode: its figures are there (no time is
+    asserted), and both APIs made the same commits for the same calls."""
+    from benchmarks import bench_async
+
+    got = bench_async.run(smoke=True)
+    modes = got["modes"]
+    assert set(modes) == set(bench_async.MODES)
+    assert modes["Session"]["commits_per_call"] == modes["AsyncSession"]["commits_per_call"] > 2
+    assert modes["no ledger"]["commits_per_call"] == 0
+    assert all(set(m) == set(modes["Session"]) for m in modes.values())

@@ -101,7 +101,7 @@ class _Lane:
     """One session's steps: one at a time, in the order submitted, on a shared pool."""
 
     def __init__(self, pool: concurrent.futures.Executor) -> None:
-        self._pool = pool
+        self.pool = pool
         self._mutex = threading.Lock()
         self._queue: deque[tuple[concurrent.futures.Future[Any], Callable[[], Any]]] = deque()
         self._draining = False
@@ -114,7 +114,7 @@ class _Lane:
                 return fut
             self._draining = True
         try:
-            self._pool.submit(self._drain)
+            self.pool.submit(self._drain)
         except BaseException:  # a pool shut down: nothing of this lane runs
             with self._mutex:
                 self._draining = False
@@ -331,7 +331,9 @@ class AsyncSession:
             except BaseException as exc:  # the session's (or a body's) error, for the awaiter
                 fut.set_exception(exc)
 
-        threading.Thread(target=main, name=f"toolledger-{self.session_id}", daemon=True).start()
+        thread = threading.Thread(target=main, name=f"toolledger-{self.session_id}", daemon=True)
+        # started from a pool thread: Thread.start() waits until the new thread runs
+        self._lane.pool.submit(thread.start)
         try:
             return await asyncio.wrap_future(fut)
         except asyncio.CancelledError:
