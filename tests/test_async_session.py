@@ -209,6 +209,20 @@ def test_a_coroutine_body_runs_on_the_loop_a_plain_one_in_a_thread() -> None:
         got = await s.execute(k3, lambda a: later(a))  # a lambda returning a coroutine
         assert got.tool_message()["content"] == "returned an awaitable"
         assert where == {"async": (True, True), "plain": (False, False)}
+        # execute_message: a plain body in the method's own thread, a coroutine on the loop
+        threads: dict[str, bool] = {}
+
+        def plain_body(a: Attempt) -> str:
+            threads["plain"] = threading.get_ident() == loop_thread
+            return "p"
+
+        async def async_body(a: Attempt) -> str:
+            threads["async"] = threading.get_ident() == loop_thread
+            return "a"
+
+        await s.execute_message(4, [{**CALL, "id": "c4"}], plain_body)
+        await s.execute_message(5, [{**CALL, "id": "c5"}], async_body)
+        assert threads == {"plain": False, "async": True}
 
     run(main)
 
@@ -319,6 +333,30 @@ def test_a_crash_in_the_body_then_reopen_recover_and_retry_with_the_same_key(
         assert keys == [key, key]  # both attempts carried the execution id
 
     run(main)
+
+
+def test_a_keyboard_interrupt_in_the_body_stops_the_loop_and_records_nothing(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "ledger.db"
+    tools = {TOOL: "idempotent"}
+
+    async def interrupted(a: Attempt) -> str:
+        a.sending()
+        raise KeyboardInterrupt
+
+    async def main() -> None:
+        s = await AsyncSession.open(SqliteStore(db), SID, tools)
+        await s.execute(await one_call(s), interrupted)
+
+    with pytest.raises(KeyboardInterrupt):
+        run(main)  # out of asyncio.run, as a Ctrl-C does
+    store = SqliteStore(db)  # a new process
+    try:
+        [todo] = Session.open(store, SID, tools).recover()
+        assert (todo.next, todo.attempt, todo.recovered) == (Next.RETRY, 1, True)
+    finally:
+        store.close()
 
 
 def test_a_halted_call_is_resolved_by_a_human(backend: Backend) -> None:
