@@ -27,6 +27,8 @@ Theory of operation
   synchronous method in a thread of their own (it waits for the bodies, so it
   never takes a pool thread) and hand every awaitable body (or ``ask``) back to
   the loop: the same commits as the synchronous API, its batching included.
+  They start after every step sent to the lane before them; the session's
+  lock (``Session``'s "Threads") orders their commits with the lane's.
 - ``a.sending()`` (a ``marks_send`` tool) in a body on the loop only marks the
   attempt; the in-memory step it makes in ``Session`` (which needs the session's
   lock) is made right before the outcome, in the worker: nothing durable
