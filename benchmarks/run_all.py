@@ -30,6 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import (
+    bench_async,
     bench_bugfinding,
     bench_bytes,
     bench_check,
@@ -66,6 +67,7 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "check": bench_check.run,
     "bytes": lambda smoke=False: bench_bytes.run(smoke=smoke, with_profile=True),
     "group": bench_group.run,
+    "async": bench_async.run,
 }
 
 

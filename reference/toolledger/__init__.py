@@ -8,7 +8,8 @@ What an engine imports is re-exported here, and only here (stdlib only)::
     from toolledger import Session, Tool, NotApplied, SqliteStore
 
 - :class:`Session`: the adopter's API, one session's tool calls on a store:
-  record, approve, execute, recover, resolve;
+  record, approve, execute, recover, resolve; :class:`AsyncSession`, the same
+  for asyncio, whose store I/O never runs on the event loop;
 - :class:`Tool`, :class:`NotApplied`, :class:`Outcome`: what an engine declares
   per tool and how a tool says how its call ended;
 - :class:`MemoryStore`, :class:`SqliteStore`, :class:`PostgresStore`: where
@@ -35,6 +36,7 @@ The package is laid out by who uses what:
   verify-store).
 """
 
+from ._core.async_session import AsyncSession
 from ._core.calls import (
     Attempt,
     CallBusy,
@@ -74,6 +76,7 @@ from ._core.tools import CannotTell, NotAppliedFenced, WasApplied
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncSession",
     "Attempt",
     "CallBusy",
     "CallRef",

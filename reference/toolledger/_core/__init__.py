@@ -12,7 +12,8 @@ modules of this package are internals and may be split or renamed.  They are
   ``calls``: what it takes and gives per tool and call (``Tool``, ``Outcome``, ...),
   ``session_guard``: its lock and store-error guard, ``call_input``: the
   validation of what an engine hands it, ``next_step``: what a call's state
-  says to do next, and ``legacy``: legacy adoption;
+  says to do next, and ``legacy``: legacy adoption; ``async_session``: the
+  same API for asyncio (``AsyncSession``), with no store I/O on the event loop;
 - ``tools``: the adapter seam, the tool registry and the reserved argument names;
 - ``stores``: the store port and ``MemoryStore``, re-exporting ``store_errors``
   (what a store raises, the lease check) and ``commit_plan`` (the audit rows
