@@ -379,6 +379,18 @@ def test_a_halted_call_is_resolved_by_a_human(backend: Backend) -> None:
     run(main)
 
 
+def test_find_returns_the_recorded_call_as_the_sync_api_does() -> None:
+    async def main() -> None:
+        s = await AsyncSession.open(MemoryStore(), SID, {TOOL: "manual"})
+        assert await s.find(CALL) is None  # not recorded yet
+        [st] = await s.record([CALL], seen=[])
+        found = await s.find(CALL)
+        assert found is not None and found.key == st.call.key
+        assert found.next is Next.AWAIT_APPROVAL
+
+    run(main)
+
+
 def test_reconcile_with_an_async_or_a_plain_ask() -> None:
     async def main() -> None:
         s = await AsyncSession.open(MemoryStore(), SID, {TOOL: Tool("reconcile", False)})

@@ -253,6 +253,7 @@ class AsyncSession:
     halted = _off_loop(Session.halted)
     resolve = _off_loop(Session.resolve)
     status = _off_loop(Session.status)
+    find = _off_loop(Session.find)
     call = _off_loop(Session.call)
     pending_approvals = _off_loop(Session.pending_approvals)
     audit = _off_loop(Session.audit)
