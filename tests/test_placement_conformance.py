@@ -130,7 +130,8 @@ def test_the_session_decides_through_placement(monkeypatch: pytest.MonkeyPatch) 
     call = {"id": "call_0", "name": "send_email", "arguments": {"to": "ada"}}
 
     def repeat_key() -> tuple[str, str]:
-        s = Session.open(MemoryStore(), "conv", tools={"send_email": Tool(policy="idempotent", requires_approval=False)})
+        tools = {"send_email": Tool(policy="idempotent", requires_approval=False)}
+        s = Session.open(MemoryStore(), "conv", tools=tools)
         (first,) = s.record([call], seen=[])
         s.execute(first.key, lambda a: "sent")
         (again,) = s.record([call], seen=[first.key])

@@ -145,7 +145,6 @@ from .calls import (
 )
 from .ledger import RESOLUTIONS, SAME_CALL, SUPERSEDED, Ledger, Void
 from .legacy import legacy_calls, write_legacy
-from .placement import Placement, placement, same_call_slots
 from .next_step import (
     approved,
     denied_contents,
@@ -153,6 +152,7 @@ from .next_step import (
     recovery_decision,
     recovery_events,
 )
+from .placement import Placement, placement, same_call_slots
 from .protocol import (
     Action,
     ApprovalState,
