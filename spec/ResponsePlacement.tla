@@ -244,7 +244,7 @@ ModelEmit(R) ==
                    effectOf, handed, numbered, placedAfterTrim, crashes, trims>>
 
 (* RecordAt(n, R, ints, same, poolKeys, base): the ledger records R at     *)
-(* number n (appended; the SeqMonotone twin writes over the number of the  *)
+(* number n (appended; with SeqMonotone = FALSE, over the number of the   *)
 (* response R supersedes) and keys its calls; a call with same[s] # 0 IS   *)
 (* the lost call poolKeys[same[s]] ("same").  A key the ledger already     *)
 (* holds keeps its record (what a store does; only the twins reach it).   *)
