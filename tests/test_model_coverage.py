@@ -35,8 +35,19 @@ CONCURRENT_NO_TWIN = {
 }
 
 
+# spec/ResponsePlacement.tla is a spec of its own too (the ledger places the
+# engine's responses); its models are checked against its sections below.
+PLACEMENT = (ROOT / "spec" / "ResponsePlacement.tla").read_text()
+PLACEMENT_MODULES = {"MCResponsePlacement", "MCPlacementTable"}
+
+
 def main_models() -> list[ModelEntry]:
-    return [m for m in MANIFEST.ci_models() if m.module not in CONCURRENT_MODULES]
+    return [m for m in MANIFEST.ci_models()
+            if m.module not in CONCURRENT_MODULES | PLACEMENT_MODULES]
+
+
+def placement_models() -> list[ModelEntry]:
+    return [m for m in MANIFEST.ci_models() if m.module in PLACEMENT_MODULES]
 
 
 def concurrent_models() -> list[ModelEntry]:
@@ -44,8 +55,8 @@ def concurrent_models() -> list[ModelEntry]:
 
 # Invariants that cannot fail in the spec as it stands, and why.  Each entry
 # must be removed once a twin exists (the test below insists).  Empty: every
-# safety invariant has a twin (ExecutionIdUnique is an ASSUME of the spec,
-# not an invariant).
+# safety invariant has a twin (ExecutionIdUnique is an ASSUME of the main spec,
+# checked as an invariant by spec/ResponsePlacement.tla, below).
 NO_TWIN_YET: dict[str, str] = {}
 
 
@@ -111,7 +122,7 @@ def test_manifest_names_are_the_specs_and_pythons() -> None:
     named = {
         n
         for m in MANIFEST.models
-        if m.module not in CONCURRENT_MODULES
+        if m.module not in CONCURRENT_MODULES | PLACEMENT_MODULES
         for n in (*m.witnesses, *m.antecedent_of)
     }
     assert named <= set(INVARIANTS), named - set(INVARIANTS)
@@ -149,3 +160,39 @@ def test_the_resume_without_cas_twin_is_in_ci() -> None:
     """The name fixed across the project: the twin whose writes are blind."""
     twin = {m.name: m for m in concurrent_models()}["ResumeWithoutCAS"]
     assert twin.expect == "AtMostOnceEffect" and twin.witnesses
+
+
+def test_every_placement_invariant_has_a_twin_and_a_reached_antecedent() -> None:
+    """spec/ResponsePlacement.tla: each invariant fails on a twin that violates it
+    first, and each is about a situation a probe on the must-pass model reaches."""
+    names = safety_invariants(PLACEMENT)
+    assert set(names) == {"ExecutionIdUnique", "NoAlias", "NoDuplicateDispatch",
+                          "PlacementTotal", "SequenceMonotone"}
+    twins = {n for m in placement_models() for n in m.witnesses}
+    reached = {n for m in placement_models() for n in m.antecedent_of}
+    assert [n for n in names if n not in twins] == []
+    assert [n for n in names if n not in reached] == []
+    for m in placement_models():
+        assert set(m.witnesses) | set(m.antecedent_of) <= set(names)
+        if m.witnesses:
+            assert m.expect in m.witnesses
+
+
+def test_every_witness_of_the_placement_spec_is_probed_on_a_must_pass_model() -> None:
+    defined = set(re.findall(rf"^({WITNESS_PREFIX}\w+) ==$", PLACEMENT, re.MULTILINE))
+    probes = {m.expect: m for m in placement_models() if m.antecedent_of}
+    assert defined == set(probes), defined ^ set(probes)
+    passing = {m.module for m in placement_models() if m.expect == "pass"}
+    for m in probes.values():
+        assert m.module in passing and m.expected_violation == m.expect
+
+
+def test_execution_id_unique_is_checked_not_assumed() -> None:
+    """The main spec's ASSUME ExecutionIdUnique is discharged by ResponsePlacement:
+    there it is a state invariant of the must-pass model, and two twins break it."""
+    assert re.search(r"^ASSUME KeyByPosition => ExecutionIdUnique", SPEC, re.MULTILINE)
+    must_pass = [m for m in placement_models() if m.name == "ResponsePlacement"]
+    assert must_pass and must_pass[0].expect == "pass"
+    assert "ExecutionIdUnique" in must_pass[0].cfg_path.read_text()
+    twins = [m.name for m in placement_models() if m.witnesses == ("ExecutionIdUnique",)]
+    assert sorted(twins) == ["KeyByListIndex", "KeyByProviderId"]

@@ -18,6 +18,8 @@ def _names(section: str, text: str) -> set[str]:
 # The models of spec/ConcurrentResumers.tla (two engine processes) check that
 # spec's invariants, which the single-engine Python checkers do not carry.
 CONCURRENT_MODULES = {"MCConcurrentResumers", "MCConcurrentDecideTie"}
+# Those of spec/ResponsePlacement.tla (the ledger places responses) check its own.
+PLACEMENT_MODULES = {"MCResponsePlacement", "MCPlacementTable"}
 
 
 def test_python_invariants_are_exactly_the_specs() -> None:
@@ -26,7 +28,7 @@ def test_python_invariants_are_exactly_the_specs() -> None:
     cfgs = sorted((ROOT / "model").glob("*.cfg"))
     models = load_manifest(ROOT).models
     assert {c.name for c in cfgs} == {m.cfg for m in models}
-    concurrent = {m.cfg for m in models if m.module in CONCURRENT_MODULES}
+    concurrent = {m.cfg for m in models if m.module in CONCURRENT_MODULES | PLACEMENT_MODULES}
     for cfg in cfgs:
         if cfg.name in concurrent:
             continue
@@ -68,6 +70,24 @@ def test_the_concurrent_models_check_the_concurrent_specs_names() -> None:
             if name != "TypeOK" and not name.startswith(WITNESS_PREFIX):
                 assert re.search(rf"\(\* {name}[: ]", spec), f"{name} has no comment box"
                 assert name in INVARIANTS or name == "StaleWorkerNeverCommits", name
+
+
+def test_the_placement_models_check_the_placement_specs_names() -> None:
+    """Their invariants are ResponsePlacement's, each with a comment box, and
+    docs/protocol.md names each (the table model's own check excepted)."""
+    spec = (ROOT / "spec" / "ResponsePlacement.tla").read_text()
+    protocol = (ROOT / "docs" / "protocol.md").read_text()
+    models = [m for m in load_manifest(ROOT).models if m.module in PLACEMENT_MODULES]
+    assert len(models) >= 10
+    for m in models:
+        for name in _names("INVARIANT", m.cfg_path.read_text()):
+            if name == "PlacementTotalOnInputs":
+                assert m.module == "MCPlacementTable"
+                continue
+            assert re.search(rf"^{name} ==", spec, re.MULTILINE), f"{m.cfg}: {name}"
+            if name != "TypeOK" and not name.startswith(WITNESS_PREFIX):
+                assert re.search(rf"\(\* {name}[: ]", spec), f"{name} has no comment box"
+                assert f"`{name}`" in protocol, f"docs/protocol.md does not name {name}"
 
 
 def test_every_invariant_is_defined_in_the_spec_with_a_comment_box() -> None:

@@ -348,9 +348,13 @@ def test_models_of_spec_tells_the_two_specs_models_apart() -> None:
     concurrent = {m.name for m in ns.models_of_spec(manifest, "ConcurrentResumers")}
     # the Decide tie instantiates both specs and extends neither
     tie = {m.name for m in manifest.models if m.module == "MCConcurrentDecideTie"}
+    placement = {m.name for m in ns.models_of_spec(manifest, "ResponsePlacement")}
+    # the placement table instantiates ResponsePlacement and extends it not
+    table = {m.name for m in manifest.models if m.module == "MCPlacementTable"}
     assert "TwoCalls" in ours and "LegacyResume" in legacy
     assert "ConcurrentReconcile" in concurrent and "ConcurrentDecideTie" in tie
-    groups = (ours, legacy, concurrent, tie)
+    assert "ResponsePlacement" in placement and "PlacementTable" in table
+    groups = (ours, legacy, concurrent, tie, placement, table)
     assert sum(map(len, groups)) == len(set().union(*groups)) == len(manifest.names())
 
 

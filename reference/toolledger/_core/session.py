@@ -152,6 +152,7 @@ from .next_step import (
     recovery_decision,
     recovery_events,
 )
+from .placement import Placement, placement, same_call_slots
 from .protocol import (
     Action,
     ApprovalState,
@@ -684,12 +685,12 @@ class Session(LedgerGuard):
                     "(docs/protocol.md#placing-a-response)"
                 )
             # placed by the ledger (docs/protocol.md#placing-a-response)
-            if last is None or last < st.marker:
+            latest = None if last is None or last < st.marker else self._turn(last, last)
+            kind = placement(None if latest is None else _call_keys(latest),
+                             latest is not None and bool(seen_keys & _keys_of(latest)), wanted)
+            if kind is Placement.NEW or latest is None:
                 return self._record_new(self._ledger.next_turn(), parsed, profiles, dispatch, ())
-            latest = self._turn(last, last)
-            if seen_keys & _keys_of(latest):
-                return self._record_new(self._ledger.next_turn(), parsed, profiles, dispatch, ())
-            if _same_calls(latest, wanted):
+            if kind is Placement.RERECORD:
                 return self._rerecorded(latest)
             return self._record_new(self._ledger.next_turn(), parsed, profiles, dispatch,
                                     latest.calls, replaced=latest)
@@ -785,14 +786,9 @@ class Session(LedgerGuard):
                 pool.append(target)
             elif replaced.record(c.execution_id).status is not LedgerStatus.NONE:
                 pool.append(c)
-        out: dict[CallPosition, CallState] = {}
-        for pos, (_, name, args) in zip(positions, parsed, strict=True):
-            digest = args_digest(name, args)
-            for i, c in enumerate(pool):
-                if (c.tool.name, c.args_digest) == (name, digest):
-                    out[pos] = pool.pop(i)
-                    break
-        return out
+        slots = same_call_slots([(c.tool.name, c.args_digest) for c in pool],
+                                [(name, args_digest(name, args)) for _, name, args in parsed])
+        return {pos: pool[i] for pos, i in zip(positions, slots, strict=True) if i is not None}
 
     def _same_call_target(self, st: SessionState, c: CallState) -> CallState | None:
         """The earlier call ``c`` is the same call as (``None``: ``c`` is its own)."""
@@ -1389,6 +1385,12 @@ def _seen_keys(seen: object, *, given_seq: bool) -> frozenset[str]:
         raise InvalidInput(f"seen must hold call keys (strings), got {bad[0]!r}; nothing was "
                            "recorded")
     return frozenset(keys)
+
+
+def _call_keys(there: SessionState) -> list[tuple[str, str, str]]:
+    """The recorded calls of one message as the placement rule compares them:
+    (id, name, digest) in slot order (record writes slots 0..n-1)."""
+    return [(c.tool_call_id, c.tool.name, c.args_digest) for c in there.calls]
 
 
 def _same_calls(there: SessionState, wanted: Sequence[tuple[str, str, str]]) -> bool:
