@@ -196,6 +196,30 @@ def test_model_option_runs_a_non_ci_model(
 
 
 @pytest.mark.slow
+def test_repeated_model_option_runs_every_named_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--model A --model B` runs A and B (argparse's default would keep only
+    B), each once, in the order given, CI or not; the other models do not run."""
+    root = make_root(tmp_path)
+    assert check(root, "--model", "Settle", "--model", "LedgerRetry", "--model", "Settle",
+                 "--json") == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["model"], r["got"], r["status"]) for r in rows] == [
+        ("Settle", "Settle", "ok"), ("LedgerRetry", "AtMostOneAttempt", "ok")]
+
+
+def test_repeated_model_option_names_every_unknown_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert check(make_root(tmp_path), "--model", "Stuck", "--model", "Nope", "--model",
+                 "Nah") == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "no model named 'Nope', 'Nah'; valid names: LedgerPass," in err
+
+
+@pytest.mark.slow
 def test_parse_error_is_reported_once_and_its_model_not_checked(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -557,6 +581,59 @@ def test_a_spec_typo_leaves_tlc_and_conformance_rows_not_checked(tmp_path: Path)
 
 
 # ---------------------------------------------------------------------------
+# Honest conformance rows: the issue-24 scenario, a guard dropped from the spec.
+
+GUARD = '    /\\ stage[c] = "reconciling" /\\ applied[e] = 0\n'
+
+
+@pytest.mark.slow
+def test_a_failed_run_leaves_conformance_not_checked_and_the_real_drift_is_shown(
+    tmp_path: Path,
+) -> None:
+    """Drop `/\\ applied[e] = 0` from EngineReconcileNotApplied in a copy of
+    the spec. ReconcileReadonlyOneCrash violates AtMostOnceEffect: TLC stops
+    early, so its conformance row is NOT CHECKED with the reason (comparing the
+    reference with that partial graph reported 591 false mismatches). The same
+    model checking TypeOK only (a cfg and manifest row added to the copy) runs
+    to the end, and its conformance row reports the real drift: the spec now
+    allows EngineReconcileNotApplied where the reference refuses it, grouped,
+    counted, and shown first as a step table."""
+    other = copy_repo(tmp_path / "other")
+    tla = other / "spec" / "DurableToolExecution.tla"
+    text = tla.read_text()
+    assert text.count(GUARD) == 1, "the guard this test drops is not in the spec any more"
+    tla.write_text(text.replace(GUARD, '    /\\ stage[c] = "reconciling"\n'))
+    cfg = (other / "model" / "ReconcileReadonlyOneCrash.cfg").read_text()
+    (other / "model" / "TypeOKOnly.cfg").write_text(
+        cfg.split("INVARIANTS")[0] + "INVARIANT TypeOK\n")
+    manifest = other / "model" / "manifest.toml"
+    [block] = [b for b in manifest.read_text().split("[[model]]")
+               if 'name = "ReconcileReadonlyOneCrash"' in b]
+    manifest.write_text(manifest.read_text() + "\n[[model]]" + block.replace(
+        'name = "ReconcileReadonlyOneCrash"', 'name = "TypeOKOnly"').replace(
+        'cfg = "ReconcileReadonlyOneCrash.cfg"', 'cfg = "TypeOKOnly.cfg"'))
+    done = run_cli("check", "--model", "ReconcileReadonlyOneCrash", "--model", "TypeOKOnly",
+                   cwd=other)
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = done.stdout
+    rows = {ln.split("  ")[0]: ln.split() for ln in out.splitlines()[2:6]}
+    assert rows["ReconcileReadonlyOneCrash"][2] == "AtMostOnceEffect"
+    assert rows["ReconcileReadonlyOneCrash [conformance]"][-2:] == ["NOT", "CHECKED"]
+    assert ("ReconcileReadonlyOneCrash [conformance]: conformance not checked: TLC stopped at "
+            "the first violation (AtMostOnceEffect) after ") in out
+    assert "of the model's 8,518 states" in out
+    assert "reference allows" not in out  # no false mismatch from the partial graph
+    assert rows["TypeOKOnly"][2] == "pass"
+    assert rows["TypeOKOnly [conformance]"][-1] == "DRIFT"
+    [first] = [ln for ln in out.splitlines() if ln.startswith("TypeOKOnly [conformance]: ")]
+    assert first.split(": ", 1)[1].split(";")[0].endswith(
+        "mismatches on EngineReconcileNotApplied: the spec allows, the reference refuses")
+    after = out[out.index(first):]
+    assert " EngineReconcileNotApplied (!)  " in after  # the step table ends with that step
+    assert "the spec takes step (!); the reference has no such step" in after
+
+
+# ---------------------------------------------------------------------------
 # One Ctrl-C stops everything.
 
 # LedgerPass takes about a second, each Big about a minute.
@@ -649,7 +726,7 @@ def test_one_sigint_stops_the_check(
     assert "Traceback" not in out + err
     rows = {ln.split()[0]: ln.split() for ln in out.splitlines()[2:] if ln.startswith("LedgerPass")}
     assert rows["LedgerPass"][-1] == "ok"  # the finished row is reported
-    assert not any(ln.startswith("Big") for ln in out.splitlines())
+    assert not any(ln.startswith("Big") for ln in out.splitlines()), out + err
     interrupted = [ln for ln in out.splitlines() if ln.startswith(f"interrupted ({name}) after")]
     assert len(interrupted) == 1, out
     assert "1 of 4 models finished" in interrupted[0]
@@ -657,6 +734,48 @@ def test_one_sigint_stops_the_check(
     assert "started Big3" not in err  # no new model after the SIGINT
     assert processes_under(temp) == []
     assert list(temp.iterdir()) == []  # every toolledger-* directory was removed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["process", "process group"])
+def test_sigint_during_the_parse_exits_130_with_one_line(tmp_path: Path, target: str) -> None:
+    """A Ctrl-C while SANY parses (the first seconds of every check): exit 130
+    and one "interrupted" line, no traceback, no JVM or temporary directory
+    left. SANY's JVM is frozen (SIGSTOP) once it exists, so the signal lands
+    during the parse however fast the machine is; the cancel kills it anyway."""
+    root = make_root(tmp_path / "proj")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    proc = subprocess.Popen(
+        [str(TOOLLEDGER), "check", "--root", str(root), "--no-conformance"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        env={**os.environ, "TMPDIR": str(temp)}, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (sany := [p for p in processes_under(temp)
+                            if b"tla2sany.SANY" in Path(f"/proc/{p}/cmdline").read_bytes()]):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(sany[0], signal.SIGSTOP)
+        if target == "process":
+            proc.send_signal(signal.SIGINT)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in out + err
+    [line] = out.splitlines()
+    assert line.startswith("interrupted (Ctrl-C) after ")
+    assert "before SANY's parse of the spec was done: nothing was checked" in line
+    left = processes_under(temp)
+    assert left == [], [Path(f"/proc/{p}/cmdline").read_bytes() for p in left]
+    assert list(temp.iterdir()) == []
 
 
 @pytest.mark.slow

@@ -241,7 +241,8 @@ def _positive(kind: type[int] | type[float], what: str) -> Callable[[str], float
 
 def _configure_check(p: argparse.ArgumentParser) -> None:
     add_root_argument(p)
-    p.add_argument("--model", metavar="NAME", help="run only this model (CI or not)")
+    p.add_argument("--model", metavar="NAME", action="append",
+                   help="run only this model (CI or not); repeat it to run several")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     p.add_argument(
         "--trace",
@@ -390,13 +391,47 @@ def _conformance_row(
     ratio = seconds / tlc.wall_seconds if tlc.wall_seconds else 0.0
     count = int(report["mismatch_count"])
     got = f"{count:,} mismatches, {report['edges']:,} edges, {ratio:.1f}x TLC time"
-    reasons = [str(r) for r in report["reasons"]]
-    if count > len(reasons):
-        reasons.append(f"... and {count - len(reasons)} more mismatches")
+    # one reason per (direction, action), the spec-allows-reference-refuses
+    # ones first, each with its first mismatch as a step table
+    groups = report.get("groups", [])
+    reasons = [str(g["text"]) for g in groups]
+    if len(groups) > 1:
+        reasons.insert(0, f"{count:,} mismatches in {len(groups)} groups: "
+                       + "; ".join(str(g["title"]) for g in groups))
     ok = count == 0 and int(report["states"]) > 0
     cpu = report.get("cpu_seconds")
     return row(got, "ok" if ok else "DRIFT", reasons, seconds, int(report["states"]),
                cpu=round(float(cpu), 2) if cpu is not None else None)
+
+
+def _incomplete_graph(entry: ModelEntry, tlc: TLCResult) -> str | None:
+    """Why TLC's state graph of ``entry`` is not the whole state space, or None.
+
+    Only a run that passed explored every state: one that stopped at a
+    violation, a deadlock, an error or a time-out dumped a prefix of the
+    graph, whose unexplored frontier states have no successors. Comparing the
+    reference with it would report steps the reference rightly allows as
+    drift (and hide the real difference)."""
+    if tlc.outcome is Outcome.PASS:
+        return None
+    of = (f"{_fmt_count(tlc.distinct_states)} of the model's "
+          f"{_fmt_count(entry.distinct_states)} states")
+    if tlc.outcome in (Outcome.INVARIANT_VIOLATED, Outcome.PROPERTY_VIOLATED):
+        what = f"the first violation ({_result_label(tlc)})"
+        return f"TLC stopped at {what} after {of}"
+    if tlc.outcome is Outcome.DEADLOCK:
+        return f"TLC stopped at the first deadlock after {of}"
+    return f"TLC did not finish ({_result_label(tlc)}) after {of}"
+
+
+def _not_conformance_row(entry: ModelEntry, tlc: TLCResult, why: str) -> Row:
+    return Row(
+        model=entry.name, expected="conforms", got="not checked", distinct_states=None,
+        expected_distinct_states=entry.distinct_states, wall_seconds=0.0, status=NOT_CHECKED,
+        check="conformance",
+        reasons=[f"conformance not checked: {why}; it is computed on a complete state graph "
+                 "only (fix the TLC row first)"],
+    )
 
 
 def _row_for(entry: ModelEntry, result: TLCResult, with_trace: bool) -> Row:
@@ -465,17 +500,19 @@ def _table(rows: Sequence[Row]) -> str:
 
 class _Interrupt:
     """SIGINT (Ctrl-C) or SIGTERM during ``toolledger check``: the first one
-    cancels everything (no new model starts, running JVMs and conformance
-    processes are killed) and raises KeyboardInterrupt in the main thread;
-    later ones are ignored, so the cleanup and the report of the rows
-    finished so far always run."""
+    cancels everything (no new process starts, running JVMs and conformance
+    processes are killed); later ones are ignored. The handler raises
+    nothing: an exception thrown at an arbitrary point of the main thread
+    (e.g. inside ``Popen`` after the fork, before the child is registered)
+    would leak that child. Every wait of the main thread is on a process the
+    :class:`Cancellation` kills, so the run ends promptly with
+    :class:`Cancelled`, and the rows finished so far are reported."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self, cancel: Cancellation) -> None:
         self.cancel = cancel
         self.signum: int | None = None
-        self.raising = True  # False once the run is over: cleanup and report must not break
         self.previous: dict[int, object] = {}
 
     def __enter__(self) -> _Interrupt:
@@ -489,8 +526,6 @@ class _Interrupt:
             return
         self.signum = signum
         self.cancel.cancel()
-        if self.raising:
-            raise KeyboardInterrupt
 
     @property
     def name(self) -> str:
@@ -511,13 +546,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     # absolute: child processes run in <root>/reference and get paths under root
     root = resolve_root(args).resolve()
     manifest = load_manifest(root)
-    if args.model is not None:
-        try:
-            models = [manifest.get(args.model)]
-        except KeyError:
+    if args.model:
+        unknown = [n for n in args.model if n not in manifest.names()]
+        if unknown:
             raise UsageError(
-                f"no model named {args.model!r}; valid names: {', '.join(manifest.names())}"
-            ) from None
+                f"no model named {', '.join(map(repr, unknown))}; "
+                f"valid names: {', '.join(manifest.names())}"
+            )
+        models = [manifest.get(n) for n in dict.fromkeys(args.model)]  # once each, in order
     else:
         models = manifest.ci_models()
         if not models:
@@ -526,7 +562,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise UsageError("--all and --no-conformance contradict each other: give one of them")
     # a model named with --model gets its conformance row whatever its tier
     conform = [e for e in models if e.conformance and not args.no_conformance
-               and (args.all or args.model is not None or e.conformance_tier == "check")]
+               and (args.all or bool(args.model) or e.conformance_tier == "check")]
 
     cancel = Cancellation()
     with _Interrupt(cancel) as interrupt, tempfile.TemporaryDirectory(
@@ -535,11 +571,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         run = _CheckRun(manifest, models, conform, None, Path(dumps), args, cancel)
         try:
             run.run()
-        except KeyboardInterrupt:
-            if interrupt.signum is None:  # raised by Python's own handler, not ours
-                interrupt.signum = signal.SIGINT
+        except Cancelled:
+            if interrupt.signum is None:
+                raise  # a Cancelled nobody asked for is a bug: show it
+        except KeyboardInterrupt:  # only without our handler (not in the main thread)
+            interrupt.signum = signal.SIGINT
         finally:
-            interrupt.raising = False
             run.stop()
         if interrupt.signum is None:
             return run.report()
@@ -663,6 +700,7 @@ class _CheckRun:
     def run(self) -> None:
         if self.conform:  # refuses (exit 2) before anything runs if it cannot be checked
             self.package = _reference_package(self.root)
+            self.cancel.check()  # a Ctrl-C during the probe (it is not a registered child)
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.jobs)
         # SANY's parse of every module (one JVM, one core) takes a few
         # seconds; the longest TLC run starts beside it rather than after it.
@@ -815,7 +853,11 @@ class _CheckRun:
                 + ("" if self.progress.tty or n == todo else f"  ({self._status()})")
             )
             if entry in self.conform:
-                self.ready.append(_Job("conformance", (entry,)))
+                why = _incomplete_graph(entry, result)
+                if why is None:
+                    self.ready.append(_Job("conformance", (entry,)))
+                else:
+                    self.conformance_rows[entry.name] = _not_conformance_row(entry, result, why)
 
     def _run_all(self, head: tuple[_Job, _Future] | None = None) -> None:
         """TLC runs and conformance checks, ``--jobs`` at a time.
@@ -895,6 +937,10 @@ class _CheckRun:
             for provider in CHECK_ROW_PROVIDERS:
                 rows.extend(provider(self.manifest, self.models, self.args))
         total = time.monotonic() - self.started
+        if interrupted is not None and not rows:  # nothing finished: one line, no empty table
+            print(self._interrupted_line(total, interrupted.name),
+                  file=sys.stderr if self.args.json else sys.stdout)
+            return interrupted.exit_status
         checked = self._checked_line()
         if self.args.json:
             print(json.dumps([asdict(r) for r in rows], indent=2))
@@ -906,15 +952,16 @@ class _CheckRun:
             side_by_side = min(self.jobs, max(1, len(self.to_run)))
             print(f"total wall time {total:.1f} s ({_plural(side_by_side, 'TLC run')} at a time)")
             for r in rows:
-                if r.status == NOT_CHECKED:
+                if r.status == NOT_CHECKED and not r.reasons:
                     continue  # its parse errors were printed once, before any model ran
+                name = r.model if r.check == "tlc" else f"{r.model} [{r.check}]"
                 for reason in r.reasons:
-                    print(f"{r.model}: {reason}")
+                    print(f"{name}: {reason}")
                 if r.error and r.status == "ERROR":
                     print(f"\n{r.model}: {'TLC' if r.check == 'tlc' else r.check} said:\n"
                           f"{r.error}\n")
             if self.unparsed:
-                names = sorted({r.model for r in rows if r.status == NOT_CHECKED})
+                names = sorted({r.model for r in rows if r.status == NOT_CHECKED and not r.reasons})
                 print(f"not checked: {', '.join(names)}: the spec does not parse "
                       "(SANY's errors are printed above, before any model ran)")
             if self.args.trace:
@@ -948,6 +995,9 @@ class _CheckRun:
                 '(conformance_tier = "test"; toolledger check --all runs it)')
 
     def _interrupted_line(self, total: float, signal_name: str) -> str:
+        if not self.parsed:
+            return (f"interrupted ({signal_name}) after {total:.1f} s, before SANY's parse of "
+                    "the spec was done: nothing was checked; nothing is left running")
         runnable = [e for e in self.models if e.module not in self.unparsed]
         stopped = [e.name for e in runnable if e.name not in self.tlc_rows]
         conf = [e.name for e in self.conform
@@ -1050,6 +1100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ManifestError, ToolchainError) as e:
         print(f"toolledger {args.command}: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before a command installed its own handler (see _Interrupt)
+        print(f"toolledger {args.command}: interrupted (Ctrl-C) before it started; "
+              "nothing was checked", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
