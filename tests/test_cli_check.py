@@ -25,7 +25,9 @@ from pathlib import Path
 import pytest
 
 from toolledger import cli
+from toolledger.check.counterexample import trace_json
 from toolledger.check.manifest import Manifest, ModelEntry, load_manifest
+from toolledger.check.mapping import NO_INPUTS
 from toolledger.check.tlavalues import FnValue, ModelValue, Value
 from toolledger.check.tlc import Cancellation, TraceStep
 from toolledger.cli import Row, Subcommand, changes, main, render_trace
@@ -461,6 +463,44 @@ def test_render_trace_stuttering_lasso_and_long_values() -> None:
     assert stutter.splitlines()[-1].split()[:2] == ["2", "Stuttering"]
     assert "nothing changes from here on" in stutter
     assert render_trace([]) == "(no counterexample)"
+
+
+def test_render_trace_skips_placeholders_shows_set_growth_and_names_the_violation() -> None:
+    """An audit row without decision inputs (the spec's NoInputs) prints as
+    <<kind, n>>; a row with inputs keeps them; a set that grows prints only
+    its new elements, one that shrinks only the removed ones; the table ends
+    with what was violated. The JSON form (--trace --json) says the same."""
+    e = (1, 0, "call_0")
+    inputs = FnValue({**NO_INPUTS, "policy": "reconcile", "attempt": 1, "status": "dispatched",
+                      "approval": "approved"})
+
+    def state(rows: frozenset[Value], approved: frozenset[Value]) -> dict[str, Value]:
+        return {"audit": FnValue({e: rows}), "humanApproved": approved}
+
+    dispatch = ("dispatch", 1, NO_INPUTS)
+    reconcile = ("reconcile", 1, inputs)
+    trace = [
+        TraceStep(1, "Init", state(frozenset(), frozenset())),
+        TraceStep(2, "EnginePersistDispatched", state(frozenset({dispatch}), frozenset({"c1"}))),
+        TraceStep(3, "Recover", state(frozenset({dispatch, reconcile}), frozenset({"c1", "c2"}))),
+        TraceStep(4, "Forget", state(frozenset({dispatch, reconcile}), frozenset({"c2"}))),
+    ]
+    text = render_trace(trace, violated="invariant AtMostOnceEffect (in the last state)")
+    assert '"none"' not in text  # NoInputs' fields are all placeholders
+    assert 'audit[<<1, 0, "call_0">>] = {<<"dispatch", 1>>}' in text  # from {}: the whole set
+    step3 = text[text.index("3  Recover"):text.index("4  Forget")]
+    assert 'audit[<<1, 0, "call_0">>] \\cup { << "reconcile",' in step3  # only the new row
+    assert '"dispatch"' not in step3 and 'policy |-> "reconcile"' in step3  # its inputs kept
+    assert 'humanApproved \\cup {"c2"}' in step3
+    assert 'humanApproved \\ {"c1"}' in text
+    assert text.splitlines()[-1] == "violated: invariant AtMostOnceEffect (in the last state)"
+    rows = trace_json(trace)
+    assert rows[1]["changes"] == {'audit[<<1, 0, "call_0">>]': '= {<<"dispatch", 1>>}',
+                                  "humanApproved": '= {"c1"}'}
+    assert rows[2]["changes"]["humanApproved"] == '\\cup {"c2"}'  # type: ignore[index]
+    # changes() itself (the notebooks' figures use it) still gives whole values by default
+    assert changes(trace[1].state, trace[2].state)[1] == (
+        "humanApproved", "=", frozenset({"c1", "c2"}))
 
 
 # ---------------------------------------------------------------------------

@@ -434,6 +434,17 @@ def _not_conformance_row(entry: ModelEntry, tlc: TLCResult, why: str) -> Row:
     )
 
 
+def _violated(result: TLCResult) -> str | None:
+    """What a counterexample violates, for the last line of its step table."""
+    if result.outcome is Outcome.INVARIANT_VIOLATED:
+        return f"invariant {result.violated or '(unnamed)'} (in the last state)"
+    if result.outcome is Outcome.PROPERTY_VIOLATED:
+        return f"temporal property {result.violated or '(unnamed)'} (by this behaviour)"
+    if result.outcome is Outcome.DEADLOCK:
+        return "deadlock (no step is enabled in the last state)"
+    return None
+
+
 def _row_for(entry: ModelEntry, result: TLCResult, with_trace: bool) -> Row:
     reasons = drift(entry, result)
     if result.outcome in (Outcome.PARSE_ERROR, Outcome.ERROR, Outcome.TIMEOUT):
@@ -968,7 +979,7 @@ class _CheckRun:
                 for name, result in self.results.items():
                     if result.trace:
                         print(f"\n== {name}: {_result_label(result)} ({len(result.trace)} steps)")
-                        print(render_trace(result.trace))
+                        print(render_trace(result.trace, violated=_violated(result)))
         if interrupted is not None:
             print(self._interrupted_line(total, interrupted.name),
                   file=sys.stderr if self.args.json else sys.stdout)
