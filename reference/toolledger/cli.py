@@ -274,6 +274,12 @@ def _configure_check(p: argparse.ArgumentParser) -> None:
         help='also the conformance rows the manifest leaves to make test '
         '(conformance_tier = "test")',
     )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="only the models and conformance rows that exercise what `git diff HEAD` "
+        "changes in spec/, model/ and reference/ (model/exercises.json), in ~20 s",
+    )
 
 
 # The reference a conformance check checks is the one under the root's
@@ -574,6 +580,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     # a model named with --model gets its conformance row whatever its tier
     conform = [e for e in models if e.conformance and not args.no_conformance
                and (args.all or bool(args.model) or e.conformance_tier == "check")]
+    quick_line = ""
+    if args.quick:
+        if args.model or args.all:
+            raise UsageError("--quick picks the models itself: give it without --model/--all")
+        picked = _quick_selection(root, manifest, args)
+        if picked is None:
+            return 0
+        models, conform, quick_line = picked
 
     cancel = Cancellation()
     with _Interrupt(cancel) as interrupt, tempfile.TemporaryDirectory(
@@ -589,9 +603,140 @@ def cmd_check(args: argparse.Namespace) -> int:
             interrupt.signum = signal.SIGINT
         finally:
             run.stop()
-        if interrupt.signum is None:
-            return run.report()
-        return run.report(interrupted=interrupt)
+        status = run.report(interrupted=interrupt if interrupt.signum is not None else None)
+        if quick_line:
+            print(quick_line, file=sys.stderr if args.json else sys.stdout)
+        return status
+
+
+# The budget of `check --quick` in estimated CPU seconds (job_cost): 2 cores
+# for 20 s, less SANY's parse and the estimates' error on a busy machine.
+QUICK_BUDGET = 30.0
+
+
+def _quick_selection(root: Path, manifest: Manifest, args: argparse.Namespace
+                     ) -> tuple[list[ModelEntry], list[ModelEntry], str] | None:
+    """The rows of ``check --quick`` (see :mod:`toolledger.check.quick`), or None
+    when nothing changed (said on stdout)."""
+    from .check import quick
+
+    table = quick.load_table(root)
+    if table is None:
+        raise UsageError(f"{root / quick.TABLE} does not exist: run `toolledger exercises` "
+                         "once to generate it (or run the full `toolledger check`)")
+    try:
+        change = quick.touched(root)
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
+        raise UsageError(f"--quick needs git to see what changed ({e}); run the full "
+                         "`toolledger check` instead") from None
+    if change.empty:
+        print("quick: nothing changed in spec/, model/ or reference/ against HEAD "
+              "(git diff HEAD): nothing to check; `toolledger check` runs everything")
+        return None
+    ci = manifest.ci_models()
+    by_name = {e.name: e for e in ci}
+
+    def cost(name: str, conf: bool) -> float:
+        e = by_name[name]
+        return job_cost("tlc", e.distinct_states, temporal=bool(parse_cfg(e.cfg_path).properties),
+                        dump=conf, then_conformance=conf)
+
+    sel = quick.select(
+        table, change, cost=cost, ci=[e.name for e in ci],
+        conformance_models=[] if args.no_conformance else [e.name for e in ci if e.conformance],
+        module_of={e.name: e.module for e in ci}, cfg_of={e.name: e.cfg for e in ci},
+        budget=QUICK_BUDGET,
+    )
+    out = sys.stderr
+    print(f"quick: {', '.join(change.files)} changed against HEAD", file=out)
+    for line in sel.reasons:
+        print(f"quick: {line}", file=out)
+    stale = quick.stale_files(root, table)
+    notes = []
+    if sel.uncovered:
+        notes.append(f"no model evaluated {', '.join(sel.uncovered)} when {quick.TABLE} was "
+                     "generated (new, or unused?)")
+    if stale:
+        notes.append(f"{quick.TABLE} was generated on other versions of {', '.join(stale)}: "
+                     "`toolledger exercises` refreshes it")
+    if not sel.models:
+        notes.append("no model exercises the change")
+    models = [by_name[n] for n in sel.models]
+    conform = [by_name[n] for n in sel.conformance]
+    if not models:  # nothing known exercises it: the cheapest must-pass models, in budget
+        spent = 0.0
+        for cheap in sorted((m for m in ci if m.expect == "pass"),
+                            key=lambda m: cost(m.name, False)):
+            if spent + cost(cheap.name, False) > QUICK_BUDGET:
+                break
+            models.append(cheap)
+            spent += cost(cheap.name, False)
+        notes.append(f"so the {len(models)} cheapest must-pass models run instead")
+    line = (f"quick: {len(models)} of {len(ci)} CI models and {len(conform)} conformance "
+            f"row{'' if len(conform) == 1 else 's'} (~{sel.cost:.0f} CPU s estimated)"
+            + (f"; {sel.left_out} more models exercise the change but did not fit"
+               if sel.left_out else "")
+            + "".join(f"; {n}" for n in notes)
+            + "; the full answer is `toolledger check`")
+    return models, conform, line
+
+
+def _configure_exercises(p: argparse.ArgumentParser) -> None:
+    add_root_argument(p)
+    p.add_argument("--jobs", type=_positive(int, "a whole number of TLC runs >= 1"),
+                   default=min(2, os.cpu_count() or 1), metavar="N",
+                   help="TLC runs side by side (default: 2)")
+
+
+def _cmd_exercises(args: argparse.Namespace) -> int:
+    """Run every CI model once with TLC's -coverage; write model/exercises.json and
+    docs/exercises.md (what ``check --quick`` selects by)."""
+    from .check import quick
+
+    root = resolve_root(args).resolve()
+    manifest = load_manifest(root)
+    ci = manifest.ci_models()
+    texts = quick.tla_texts(manifest.search_dirs)
+    cancel = Cancellation()
+    done: dict[str, dict[str, object]] = {}
+
+    def one(e: ModelEntry) -> tuple[ModelEntry, TLCResult]:
+        return e, run_tlc(e.module, e.cfg_path, search_dirs=manifest.search_dirs,
+                          check_deadlock=e.check_deadlock, workers=e.workers,
+                          extra_args=("-coverage", "1"), cancel=cancel,
+                          jvm_args=_tlc_jvm_args(e.cfg_path))
+
+    with _Interrupt(cancel) as interrupt, concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        futures = [pool.submit(one, e) for e in sorted(ci, key=lambda e: -e.distinct_states)]
+        try:
+            for n, fut in enumerate(concurrent.futures.as_completed(futures), 1):
+                e, result = fut.result()
+                actions, lines = quick.coverage_of(result.output)
+                cfg = parse_cfg(e.cfg_path)
+                done[e.name] = {
+                    "outcome": _result_label(result),
+                    "distinct_states": result.distinct_states,
+                    "actions": sorted(actions),
+                    "invariants": list(cfg.invariants),
+                    "properties": list(cfg.properties),
+                    "definitions": quick.exercised_definitions(lines, texts),
+                }
+                print(f"[{n}/{len(ci)}] {e.name}: {len(actions)} actions, "
+                      f"{_result_label(result)}", file=sys.stderr)
+        except Cancelled:
+            pass
+        if interrupt.signum is not None:
+            cancel.cancel()
+            print(f"interrupted ({interrupt.name}): nothing was written", file=sys.stderr)
+            return interrupt.exit_status
+    models = {e.name: done[e.name] for e in ci}  # the manifest's order
+    digests = {str(p.relative_to(root)): quick.file_digest(p)
+               for d in manifest.search_dirs for p in sorted(d.glob("*.tla"))}
+    table = json.loads(quick.table_json(models, digests))
+    (root / quick.TABLE).write_text(quick.table_json(models, digests), encoding="utf-8")
+    (root / quick.DOC).write_text(quick.markdown(table), encoding="utf-8")
+    print(f"wrote {quick.TABLE} and {quick.DOC} ({len(models)} models)")
+    return 0
 
 
 NOT_CHECKED = "NOT CHECKED"
@@ -665,6 +810,19 @@ class _Job:
         if self.batch is not None:
             return self.batch.name
         return self.entries[0].name + (" [conformance]" if self.kind == "conformance" else "")
+
+    def priority(self) -> tuple[int, float]:
+        """The order jobs start in (the highest first): the rows most likely to
+        fail a change first. A conformance check whose graph is dumped (it is
+        what finds a bug in the reference) before any TLC run, then the TLC runs
+        that dump a graph for one, smallest first (a small model's conformance
+        row answers in seconds instead of after every big run), then the other
+        TLC runs longest first (so that no big run is left alone at the end)."""
+        if self.kind == "conformance":
+            return 2, -self.cost()
+        if self.dumps:
+            return 1, -self.cost()
+        return 0, self.cost()
 
     def cost(self) -> float:
         """A rough estimate of the seconds of the job and of the conformance
@@ -873,11 +1031,12 @@ class _CheckRun:
     def _run_all(self, head: tuple[_Job, _Future] | None = None) -> None:
         """TLC runs and conformance checks, ``--jobs`` at a time.
 
-        The most expensive ready job starts first (so that the big models do
-        not run last, alone); a model's conformance check becomes ready as
-        soon as its TLC run has dumped its state graph, and is ranked with
-        the TLC runs still waiting by its own cost.  ``head``: the job
-        started beside the parse (see :meth:`run`) and its future."""
+        The ready jobs start in :meth:`_Job.priority` order: conformance
+        checks (ready as soon as their TLC run has dumped its state graph),
+        then the TLC runs that dump a graph, smallest first, then the others
+        longest first (so that the big models do not run last, alone).
+        ``head``: the job started beside the parse, the longest (see
+        :meth:`run`), and its future."""
         pending: dict[_Future, _Job] = {}
         if head is not None:
             job, fut = head
@@ -901,7 +1060,7 @@ class _CheckRun:
         assert self.pool is not None
         while self.ready or pending:
             while self.ready and len(pending) < self.jobs:
-                job = max(self.ready, key=_Job.cost)
+                job = max(self.ready, key=_Job.priority)
                 self.ready.remove(job)
                 pending[self.pool.submit(self._run_job, job)] = job
             done, _ = concurrent.futures.wait(
@@ -1055,6 +1214,13 @@ SUBCOMMANDS: list[Subcommand] = [
         "run the CI models of model/manifest.toml with TLC; fail on any drift",
         _configure_check,
         cmd_check,
+    ),
+    Subcommand(
+        "exercises",
+        "run every CI model with TLC's -coverage; write which model exercises which action "
+        "and definition (model/exercises.json, docs/exercises.md) for check --quick",
+        _configure_exercises,
+        _cmd_exercises,
     ),
     Subcommand(
         "models",
