@@ -55,10 +55,11 @@ _DEF_RE = re.compile(
     r"^(?:LOCAL\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*(?:\([^)]*\)|\[[^\]]*\])?\s*==", re.M)
 # TLC's coverage records: `line A, col x to line B, col y of module M: count`
 # (and `<Name line ...>: distinct:total` for an action).
-_COVER_RE = re.compile(
-    r"line (\d+), col \d+ to line (\d+), col \d+ of module (\w+)>?: (\d+)(?::(\d+))?")
-_ACTION_RE = re.compile(r"^<(\w+) line \d+, col \d+ to line \d+, col \d+ of module \w+>: "
-                        r"(\d+):(\d+)", re.M)
+# (an action's header may name its body's span: `of module M (497 5 508 24)>`)
+_COVER_RE = re.compile(r"line (\d+), col \d+ to line (\d+), col \d+ of module (\w+)"
+                       r"(?: \([\d ]+\))?>?: (\d+)(?::(\d+))?")
+_ACTION_RE = re.compile(r"^<(\w+) line \d+, col \d+ to line \d+, col \d+ of module \w+"
+                        r"(?: \([\d ]+\))?>: (\d+):(\d+)", re.M)
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", re.M)
 
 
@@ -312,7 +313,8 @@ def select(
     for (module, def_name), by in wanted.items():
         if not any(m in chosen for m in by):
             take(by[0])
-        reasons.append(f"{module}!{def_name}: evaluated by {len(by)} CI model"
+        how = "taken" if def_name in all_actions else "evaluated"
+        reasons.append(f"{module}!{def_name}: {how} by {len(by)} CI model"
                        f"{'' if len(by) == 1 else 's'} (cheapest {by[0]})")
     # a spec change can break conformance: the cheapest conformance model per definition
     conf_ok = [m for m in conformance_models if m in exercised]
@@ -393,13 +395,20 @@ def table_json(models: Mapping[str, Mapping[str, object]], digests: Mapping[str,
 
 
 def stale_files(root: Path, table: Mapping[str, object]) -> list[str]:
-    """The .tla files whose text differs from the one the table was computed on."""
+    """The .tla files whose last commit (HEAD, what ``--quick`` diffs against;
+    the working tree outside git) differs from the text the table was computed on."""
     files = table.get("files", {})
     assert isinstance(files, dict)
     out = []
     for rel, digest in files.items():
-        path = root / rel
-        if not path.is_file() or file_digest(path) != digest:
+        proc = subprocess.run(["git", "-C", str(root), "show", f"HEAD:{rel}"],
+                              capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+        if proc.returncode == 0:
+            got = hashlib.sha256(proc.stdout).hexdigest()[:16]
+        else:
+            path = root / rel
+            got = file_digest(path) if path.is_file() else ""
+        if got != digest:
             out.append(rel)
     return sorted(out)
 
