@@ -711,12 +711,32 @@ def processes_under(marker: Path, program: bytes = b"java") -> list[int]:
     return pids
 
 
+_TGKILL = {"x86_64": 234, "aarch64": 131}  # the tgkill syscall's number
+
+
+def send_to_a_worker_thread(pid: int, signum: int) -> None:
+    """Send ``signum`` to a thread of ``pid`` other than its main thread (tgkill).
+
+    The kernel delivers a process-directed signal to any thread; one that
+    lands on a worker (blocked reading TLC's pipe) does not wake the main
+    thread, which alone runs Python's handlers. This makes that case certain."""
+    import ctypes
+
+    number = _TGKILL.get(os.uname().machine)
+    assert number is not None, f"no tgkill number for {os.uname().machine}: add it"
+    tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+    assert tids, "the check has no worker thread"
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(number, pid, tids[0], signum) == 0, ctypes.get_errno()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("target", "signum", "status", "name"),
     [
         ("process", signal.SIGINT, 130, "Ctrl-C"),
         ("process group", signal.SIGINT, 130, "Ctrl-C"),
+        ("worker thread", signal.SIGINT, 130, "Ctrl-C"),
         ("process", signal.SIGTERM, 143, "SIGTERM"),
     ],
 )
@@ -753,6 +773,8 @@ def test_one_sigint_stops_the_check(
             time.sleep(0.05)
         if target == "process":
             proc.send_signal(signum)
+        elif target == "worker thread":
+            send_to_a_worker_thread(proc.pid, signum)
         else:
             os.killpg(proc.pid, signum)
         out, _ = proc.communicate(timeout=60)
@@ -777,7 +799,7 @@ def test_one_sigint_stops_the_check(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["process", "process group"])
+@pytest.mark.parametrize("target", ["process", "process group", "worker thread"])
 def test_sigint_during_the_parse_exits_130_with_one_line(tmp_path: Path, target: str) -> None:
     """A Ctrl-C while SANY parses (the first seconds of every check): exit 130
     and one "interrupted" line, no traceback, no JVM or temporary directory
@@ -801,6 +823,8 @@ def test_sigint_during_the_parse_exits_130_with_one_line(tmp_path: Path, target:
         os.kill(sany[0], signal.SIGSTOP)
         if target == "process":
             proc.send_signal(signal.SIGINT)
+        elif target == "worker thread":
+            send_to_a_worker_thread(proc.pid, signal.SIGINT)
         else:
             os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=60)

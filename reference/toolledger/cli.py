@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, TypeVar
 
 from .check.batch import Batch, batch_files, plan, split_result
 from .check.counterexample import changes, render_trace, trace_json
@@ -515,6 +515,38 @@ def _table(rows: Sequence[Row]) -> str:
     return "\n".join([line(head), line(["-" * w for w in widths]), *(line(b) for b in body)])
 
 
+# How often the main thread wakes from a wait: Python runs signal handlers in
+# the main thread only, when it executes; a signal that the kernel delivered
+# to a worker thread (blocked in a read from TLC's pipe) does not interrupt the
+# main thread's wait, so a Ctrl-C was handled only when the main thread next
+# woke, once up to a whole TLC run later.
+_WAKE_SECONDS = 0.2
+
+
+_T = TypeVar("_T")
+
+
+def _in_a_thread(work: Callable[[], _T]) -> _T:
+    """``work()`` in a helper thread while the main thread wakes every
+    :data:`_WAKE_SECONDS` (so that a Ctrl-C is handled at once)."""
+    out: list[_T] = []
+    err: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(work())
+        except BaseException as e:  # re-raised in the caller's thread
+            err.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(_WAKE_SECONDS)
+    if err:
+        raise err[0]
+    return out[0]
+
+
 class _Interrupt:
     """SIGINT (Ctrl-C) or SIGTERM during ``toolledger check``: the first one
     cancels everything (no new process starts, running JVMs and conformance
@@ -688,6 +720,25 @@ def _configure_exercises(p: argparse.ArgumentParser) -> None:
                    help="TLC runs side by side (default: 2)")
 
 
+def _exercise(got: tuple[ModelEntry, TLCResult], n: int, total: int, texts: dict[str, str],
+              done: dict[str, dict[str, object]]) -> None:
+    from .check import quick
+
+    e, result = got
+    actions, lines = quick.coverage_of(result.output)
+    cfg = parse_cfg(e.cfg_path)
+    done[e.name] = {
+        "outcome": _result_label(result),
+        "distinct_states": result.distinct_states,
+        "actions": sorted(actions),
+        "invariants": list(cfg.invariants),
+        "properties": list(cfg.properties),
+        "definitions": quick.exercised_definitions(lines, texts),
+    }
+    print(f"[{n}/{total}] {e.name}: {len(actions)} actions, {_result_label(result)}",
+          file=sys.stderr)
+
+
 def _cmd_exercises(args: argparse.Namespace) -> int:
     """Run every CI model once with TLC's -coverage; write model/exercises.json and
     docs/exercises.md (what ``check --quick`` selects by)."""
@@ -707,22 +758,15 @@ def _cmd_exercises(args: argparse.Namespace) -> int:
                           jvm_args=_tlc_jvm_args(e.cfg_path))
 
     with _Interrupt(cancel) as interrupt, concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        futures = [pool.submit(one, e) for e in sorted(ci, key=lambda e: -e.distinct_states)]
+        futures = {pool.submit(one, e) for e in sorted(ci, key=lambda e: -e.distinct_states)}
         try:
-            for n, fut in enumerate(concurrent.futures.as_completed(futures), 1):
-                e, result = fut.result()
-                actions, lines = quick.coverage_of(result.output)
-                cfg = parse_cfg(e.cfg_path)
-                done[e.name] = {
-                    "outcome": _result_label(result),
-                    "distinct_states": result.distinct_states,
-                    "actions": sorted(actions),
-                    "invariants": list(cfg.invariants),
-                    "properties": list(cfg.properties),
-                    "definitions": quick.exercised_definitions(lines, texts),
-                }
-                print(f"[{n}/{len(ci)}] {e.name}: {len(actions)} actions, "
-                      f"{_result_label(result)}", file=sys.stderr)
+            n = 0
+            while futures:
+                finished, futures = concurrent.futures.wait(
+                    futures, timeout=_WAKE_SECONDS, return_when=concurrent.futures.FIRST_COMPLETED)
+                for fut in finished:
+                    n += 1
+                    _exercise(fut.result(), n, len(ci), texts, done)
         except Cancelled:
             pass
         if interrupt.signum is not None:
@@ -888,7 +932,8 @@ class _CheckRun:
         modules = list(dict.fromkeys(e.module for e in self.models))
         self.progress.live(lambda: f"parsing {_plural(len(modules), 'module')} with SANY "
                                    f"({_seconds(time.monotonic() - self.started)})")
-        errors = parse_modules(modules, search_dirs=self.manifest.search_dirs, cancel=self.cancel)
+        errors = _in_a_thread(lambda: parse_modules(
+            modules, search_dirs=self.manifest.search_dirs, cancel=self.cancel))
         self.progress.live(None)
         self.unparsed = {m: errs for m, errs in errors.items() if errs}
         shown: set[str] = set()
@@ -1064,7 +1109,7 @@ class _CheckRun:
                 self.ready.remove(job)
                 pending[self.pool.submit(self._run_job, job)] = job
             done, _ = concurrent.futures.wait(
-                pending, return_when=concurrent.futures.FIRST_COMPLETED)
+                pending, timeout=_WAKE_SECONDS, return_when=concurrent.futures.FIRST_COMPLETED)
             for fut in done:
                 job = pending.pop(fut)
                 out = fut.result()
