@@ -142,6 +142,17 @@ def test_select_takes_the_models_that_take_a_touched_action_cheapest_first() -> 
     assert set(guard.models) == {"A", "B", "C", "D"}
 
 
+def test_select_tries_the_must_pass_models_first() -> None:
+    """A model expected to pass explores its whole state space; a twin or probe
+    (A here) stops at its first violation: B, though dearer, comes first."""
+    sel = quick.select(_table(), quick.Touched(definitions={"S": {"Up"}}), cost=_cost,
+                       ci=["A", "B", "C", "D"], conformance_models=[],
+                       module_of={m: f"MC{m}" for m in "ABCD"},
+                       cfg_of={m: f"{m}.cfg" for m in "ABCD"}, budget=6.0, must_pass=["B", "D"])
+    assert sel.models == ["B", "A"] and sel.left_out == 1
+    assert "cheapest B" in sel.reasons[0]
+
+
 def test_select_covers_the_reference_and_model_files_and_says_what_is_unknown() -> None:
     ref = _select(quick.Touched(reference=["reference/toolledger/_core/protocol.py"]),
                   budget=100.0)

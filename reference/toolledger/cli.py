@@ -677,7 +677,7 @@ def _quick_selection(root: Path, manifest: Manifest, args: argparse.Namespace
         table, change, cost=cost, ci=[e.name for e in ci],
         conformance_models=[] if args.no_conformance else [e.name for e in ci if e.conformance],
         module_of={e.name: e.module for e in ci}, cfg_of={e.name: e.cfg for e in ci},
-        budget=QUICK_BUDGET,
+        budget=QUICK_BUDGET, must_pass=[e.name for e in ci if e.expect == "pass"],
     )
     out = sys.stderr
     print(f"quick: {', '.join(change.files)} changed against HEAD", file=out)
