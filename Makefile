@@ -52,9 +52,9 @@ typecheck: $(SETUP)
 # of every start. Hypothesis' plugin and nbmake are named here; the connector
 # kit's plugin (toolledger.extra.pytest) is loaded by the tests whose subject
 # it is (tests/test_extra_pytest.py). The same set collects the same tests.
-PYTEST_PLUGINS := -p _hypothesis_pytestplugin -p nbmake
+PYTEST_PLUGIN_ARGS := -p _hypothesis_pytestplugin -p nbmake
 pytest: $(SETUP)
-	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $(BIN)/python -m pytest $(PYTEST_PLUGINS) tests $(if $(NOTEBOOKS),--nbmake $(NOTEBOOKS))
+	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $(BIN)/python -m pytest $(PYTEST_PLUGIN_ARGS) tests $(if $(NOTEBOOKS),--nbmake $(NOTEBOOKS))
 
 bench: $(SETUP)
 	$(BIN)/python benchmarks/run_all.py
