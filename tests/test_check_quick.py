@@ -173,7 +173,9 @@ def test_the_table_covers_every_ci_model_and_the_doc_is_its_rendering() -> None:
     models = table["models"]
     assert isinstance(models, dict)
     manifest = load_manifest(ROOT)
-    assert list(models) == [e.name for e in manifest.ci_models()]
+    assert list(models) == [e.name for e in manifest.ci_models()], (
+        "model/exercises.json is out of date with the manifest: run `toolledger exercises` "
+        "(a few minutes) and commit model/exercises.json and docs/exercises.md")
     for e in manifest.ci_models():
         info = models[e.name]
         assert info["actions"], e.name  # every model takes some action
