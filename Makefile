@@ -47,8 +47,14 @@ typecheck: $(SETUP)
 
 # The notebooks run under nbmake with the tests: a notebook whose TLA+ parse
 # or model check fails fails `make test` (see toolledger/notebook/kernel.py).
+# Only the plugins the suite needs are loaded: auto-loading every installed
+# pytest11 plugin (the integrations' dependencies bring several) cost ~10 s
+# of every start. Hypothesis' plugin and nbmake are named here; the connector
+# kit's plugin (toolledger.extra.pytest) is loaded by the tests whose subject
+# it is (tests/test_extra_pytest.py). The same set collects the same tests.
+PYTEST_PLUGIN_ARGS := -p _hypothesis_pytestplugin -p nbmake
 pytest: $(SETUP)
-	$(BIN)/python -m pytest tests $(if $(NOTEBOOKS),--nbmake $(NOTEBOOKS))
+	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $(BIN)/python -m pytest $(PYTEST_PLUGIN_ARGS) tests $(if $(NOTEBOOKS),--nbmake $(NOTEBOOKS))
 
 bench: $(SETUP)
 	$(BIN)/python benchmarks/run_all.py

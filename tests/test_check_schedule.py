@@ -60,3 +60,22 @@ def test_the_jobs_know_what_they_dump_and_check(tmp_path: Path) -> None:
         host = j.batch.host if j.batch is not None else j.entries[0]
         assert j.dumps == (host is not None and host.name in conform), j.name
         assert j.temporal == (j.name in {"Liveness", "LivenessNoHumanFairness"}), j.name
+
+
+def test_the_rows_most_likely_to_fail_start_first(tmp_path: Path) -> None:
+    """After the head job (the longest, beside the parse): a ready conformance
+    check before any TLC run, the TLC runs that dump a graph for one smallest
+    first, then the plain runs longest first. A reference bug found by a small
+    model's conformance row was reported 435 s into a 440 s check when every
+    job was ranked by cost alone."""
+    run, jobs = _ci_plan(tmp_path)
+    order = sorted(jobs, key=_Job.priority, reverse=True)
+    dumping = [j for j in order if j.dumps]
+    assert dumping and order[: len(dumping)] == dumping  # every conformance chain first
+    assert [j.cost() for j in dumping] == sorted(j.cost() for j in dumping)  # small first
+    assert dumping[0].name.startswith("Renumbered"), [j.name for j in dumping]  # 1,192 states
+    plain = order[len(dumping):]
+    assert [j.cost() for j in plain] == sorted((j.cost() for j in plain), reverse=True)
+    [renumbered] = [e for e in run.conform if e.name == "Renumbered"]
+    check = _Job("conformance", (renumbered,))
+    assert max([*jobs, check], key=_Job.priority) is check  # ready: it starts next

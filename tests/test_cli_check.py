@@ -25,7 +25,9 @@ from pathlib import Path
 import pytest
 
 from toolledger import cli
+from toolledger.check.counterexample import trace_json
 from toolledger.check.manifest import Manifest, ModelEntry, load_manifest
+from toolledger.check.mapping import NO_INPUTS
 from toolledger.check.tlavalues import FnValue, ModelValue, Value
 from toolledger.check.tlc import Cancellation, TraceStep
 from toolledger.cli import Row, Subcommand, changes, main, render_trace
@@ -193,6 +195,30 @@ def test_model_option_runs_a_non_ci_model(
     assert [s["action"] for s in row["trace"]] == ["Init", "Up", "Up", "Up"]
     assert row["trace"][-1]["loop_to"] == 1
     assert row["trace"][1]["changes"] == {"x": "= 1"}
+
+
+@pytest.mark.slow
+def test_repeated_model_option_runs_every_named_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--model A --model B` runs A and B (argparse's default would keep only
+    B), each once, in the order given, CI or not; the other models do not run."""
+    root = make_root(tmp_path)
+    assert check(root, "--model", "Settle", "--model", "LedgerRetry", "--model", "Settle",
+                 "--json") == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["model"], r["got"], r["status"]) for r in rows] == [
+        ("Settle", "Settle", "ok"), ("LedgerRetry", "AtMostOneAttempt", "ok")]
+
+
+def test_repeated_model_option_names_every_unknown_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert check(make_root(tmp_path), "--model", "Stuck", "--model", "Nope", "--model",
+                 "Nah") == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "no model named 'Nope', 'Nah'; valid names: LedgerPass," in err
 
 
 @pytest.mark.slow
@@ -439,6 +465,44 @@ def test_render_trace_stuttering_lasso_and_long_values() -> None:
     assert render_trace([]) == "(no counterexample)"
 
 
+def test_render_trace_skips_placeholders_shows_set_growth_and_names_the_violation() -> None:
+    """An audit row without decision inputs (the spec's NoInputs) prints as
+    <<kind, n>>; a row with inputs keeps them; a set that grows prints only
+    its new elements, one that shrinks only the removed ones; the table ends
+    with what was violated. The JSON form (--trace --json) says the same."""
+    e = (1, 0, "call_0")
+    inputs = FnValue({**NO_INPUTS, "policy": "reconcile", "attempt": 1, "status": "dispatched",
+                      "approval": "approved"})
+
+    def state(rows: frozenset[Value], approved: frozenset[Value]) -> dict[str, Value]:
+        return {"audit": FnValue({e: rows}), "humanApproved": approved}
+
+    dispatch = ("dispatch", 1, NO_INPUTS)
+    reconcile = ("reconcile", 1, inputs)
+    trace = [
+        TraceStep(1, "Init", state(frozenset(), frozenset())),
+        TraceStep(2, "EnginePersistDispatched", state(frozenset({dispatch}), frozenset({"c1"}))),
+        TraceStep(3, "Recover", state(frozenset({dispatch, reconcile}), frozenset({"c1", "c2"}))),
+        TraceStep(4, "Forget", state(frozenset({dispatch, reconcile}), frozenset({"c2"}))),
+    ]
+    text = render_trace(trace, violated="invariant AtMostOnceEffect (in the last state)")
+    assert '"none"' not in text  # NoInputs' fields are all placeholders
+    assert 'audit[<<1, 0, "call_0">>] = {<<"dispatch", 1>>}' in text  # from {}: the whole set
+    step3 = text[text.index("3  Recover"):text.index("4  Forget")]
+    assert 'audit[<<1, 0, "call_0">>] \\cup { << "reconcile",' in step3  # only the new row
+    assert '"dispatch"' not in step3 and 'policy |-> "reconcile"' in step3  # its inputs kept
+    assert 'humanApproved \\cup {"c2"}' in step3
+    assert 'humanApproved \\ {"c1"}' in text
+    assert text.splitlines()[-1] == "violated: invariant AtMostOnceEffect (in the last state)"
+    rows = trace_json(trace)
+    assert rows[1]["changes"] == {'audit[<<1, 0, "call_0">>]': '= {<<"dispatch", 1>>}',
+                                  "humanApproved": '= {"c1"}'}
+    assert rows[2]["changes"]["humanApproved"] == '\\cup {"c2"}'  # type: ignore[index]
+    # changes() itself (the notebooks' figures use it) still gives whole values by default
+    assert changes(trace[1].state, trace[2].state)[1] == (
+        "humanApproved", "=", frozenset({"c1", "c2"}))
+
+
 # ---------------------------------------------------------------------------
 # Against a copy of this repository: which code does `toolledger check` check?
 
@@ -557,6 +621,59 @@ def test_a_spec_typo_leaves_tlc_and_conformance_rows_not_checked(tmp_path: Path)
 
 
 # ---------------------------------------------------------------------------
+# Honest conformance rows: the issue-24 scenario, a guard dropped from the spec.
+
+GUARD = '    /\\ stage[c] = "reconciling" /\\ applied[e] = 0\n'
+
+
+@pytest.mark.slow
+def test_a_failed_run_leaves_conformance_not_checked_and_the_real_drift_is_shown(
+    tmp_path: Path,
+) -> None:
+    """Drop `/\\ applied[e] = 0` from EngineReconcileNotApplied in a copy of
+    the spec. ReconcileReadonlyOneCrash violates AtMostOnceEffect: TLC stops
+    early, so its conformance row is NOT CHECKED with the reason (comparing the
+    reference with that partial graph reported 591 false mismatches). The same
+    model checking TypeOK only (a cfg and manifest row added to the copy) runs
+    to the end, and its conformance row reports the real drift: the spec now
+    allows EngineReconcileNotApplied where the reference refuses it, grouped,
+    counted, and shown first as a step table."""
+    other = copy_repo(tmp_path / "other")
+    tla = other / "spec" / "DurableToolExecution.tla"
+    text = tla.read_text()
+    assert text.count(GUARD) == 1, "the guard this test drops is not in the spec any more"
+    tla.write_text(text.replace(GUARD, '    /\\ stage[c] = "reconciling"\n'))
+    cfg = (other / "model" / "ReconcileReadonlyOneCrash.cfg").read_text()
+    (other / "model" / "TypeOKOnly.cfg").write_text(
+        cfg.split("INVARIANTS")[0] + "INVARIANT TypeOK\n")
+    manifest = other / "model" / "manifest.toml"
+    [block] = [b for b in manifest.read_text().split("[[model]]")
+               if 'name = "ReconcileReadonlyOneCrash"' in b]
+    manifest.write_text(manifest.read_text() + "\n[[model]]" + block.replace(
+        'name = "ReconcileReadonlyOneCrash"', 'name = "TypeOKOnly"').replace(
+        'cfg = "ReconcileReadonlyOneCrash.cfg"', 'cfg = "TypeOKOnly.cfg"'))
+    done = run_cli("check", "--model", "ReconcileReadonlyOneCrash", "--model", "TypeOKOnly",
+                   cwd=other)
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = done.stdout
+    rows = {ln.split("  ")[0]: ln.split() for ln in out.splitlines()[2:6]}
+    assert rows["ReconcileReadonlyOneCrash"][2] == "AtMostOnceEffect"
+    assert rows["ReconcileReadonlyOneCrash [conformance]"][-2:] == ["NOT", "CHECKED"]
+    assert ("ReconcileReadonlyOneCrash [conformance]: conformance not checked: TLC stopped at "
+            "the first violation (AtMostOnceEffect) after ") in out
+    assert "of the model's 8,518 states" in out
+    assert "reference allows" not in out  # no false mismatch from the partial graph
+    assert rows["TypeOKOnly"][2] == "pass"
+    assert rows["TypeOKOnly [conformance]"][-1] == "DRIFT"
+    [first] = [ln for ln in out.splitlines() if ln.startswith("TypeOKOnly [conformance]: ")]
+    assert first.split(": ", 1)[1].split(";")[0].endswith(
+        "mismatches on EngineReconcileNotApplied: the spec allows, the reference refuses")
+    after = out[out.index(first):]
+    assert " EngineReconcileNotApplied (!)  " in after  # the step table ends with that step
+    assert "the spec takes step (!); the reference has no such step" in after
+
+
+# ---------------------------------------------------------------------------
 # One Ctrl-C stops everything.
 
 # LedgerPass takes about a second, each Big about a minute.
@@ -594,12 +711,32 @@ def processes_under(marker: Path, program: bytes = b"java") -> list[int]:
     return pids
 
 
+_TGKILL = {"x86_64": 234, "aarch64": 131}  # the tgkill syscall's number
+
+
+def send_to_a_worker_thread(pid: int, signum: int) -> None:
+    """Send ``signum`` to a thread of ``pid`` other than its main thread (tgkill).
+
+    The kernel delivers a process-directed signal to any thread; one that
+    lands on a worker (blocked reading TLC's pipe) does not wake the main
+    thread, which alone runs Python's handlers. This makes that case certain."""
+    import ctypes
+
+    number = _TGKILL.get(os.uname().machine)
+    assert number is not None, f"no tgkill number for {os.uname().machine}: add it"
+    tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+    assert tids, "the check has no worker thread"
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(number, pid, tids[0], signum) == 0, ctypes.get_errno()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("target", "signum", "status", "name"),
     [
         ("process", signal.SIGINT, 130, "Ctrl-C"),
         ("process group", signal.SIGINT, 130, "Ctrl-C"),
+        ("worker thread", signal.SIGINT, 130, "Ctrl-C"),
         ("process", signal.SIGTERM, 143, "SIGTERM"),
     ],
 )
@@ -636,6 +773,8 @@ def test_one_sigint_stops_the_check(
             time.sleep(0.05)
         if target == "process":
             proc.send_signal(signum)
+        elif target == "worker thread":
+            send_to_a_worker_thread(proc.pid, signum)
         else:
             os.killpg(proc.pid, signum)
         out, _ = proc.communicate(timeout=60)
@@ -649,7 +788,7 @@ def test_one_sigint_stops_the_check(
     assert "Traceback" not in out + err
     rows = {ln.split()[0]: ln.split() for ln in out.splitlines()[2:] if ln.startswith("LedgerPass")}
     assert rows["LedgerPass"][-1] == "ok"  # the finished row is reported
-    assert not any(ln.startswith("Big") for ln in out.splitlines())
+    assert not any(ln.startswith("Big") for ln in out.splitlines()), out + err
     interrupted = [ln for ln in out.splitlines() if ln.startswith(f"interrupted ({name}) after")]
     assert len(interrupted) == 1, out
     assert "1 of 4 models finished" in interrupted[0]
@@ -657,6 +796,50 @@ def test_one_sigint_stops_the_check(
     assert "started Big3" not in err  # no new model after the SIGINT
     assert processes_under(temp) == []
     assert list(temp.iterdir()) == []  # every toolledger-* directory was removed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["process", "process group", "worker thread"])
+def test_sigint_during_the_parse_exits_130_with_one_line(tmp_path: Path, target: str) -> None:
+    """A Ctrl-C while SANY parses (the first seconds of every check): exit 130
+    and one "interrupted" line, no traceback, no JVM or temporary directory
+    left. SANY's JVM is frozen (SIGSTOP) once it exists, so the signal lands
+    during the parse however fast the machine is; the cancel kills it anyway."""
+    root = make_root(tmp_path / "proj")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    proc = subprocess.Popen(
+        [str(TOOLLEDGER), "check", "--root", str(root), "--no-conformance"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        env={**os.environ, "TMPDIR": str(temp)}, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (sany := [p for p in processes_under(temp)
+                            if b"tla2sany.SANY" in Path(f"/proc/{p}/cmdline").read_bytes()]):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(sany[0], signal.SIGSTOP)
+        if target == "process":
+            proc.send_signal(signal.SIGINT)
+        elif target == "worker thread":
+            send_to_a_worker_thread(proc.pid, signal.SIGINT)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in out + err
+    [line] = out.splitlines()
+    assert line.startswith("interrupted (Ctrl-C) after ")
+    assert "before SANY's parse of the spec was done: nothing was checked" in line
+    left = processes_under(temp)
+    assert left == [], [Path(f"/proc/{p}/cmdline").read_bytes() for p in left]
+    assert list(temp.iterdir()) == []
 
 
 @pytest.mark.slow

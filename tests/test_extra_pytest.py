@@ -45,6 +45,14 @@ from toolledger.extra.pytest import (
 
 pytest_plugins = ("pytester",)
 
+
+@pytest.fixture(autouse=True)
+def _plugin_in_pytester_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-process pytester runs load the plugin as an installed one would be:
+    `make test` disables auto-loading (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1), so it
+    is named in PYTEST_PLUGINS, which pytest reads at every start."""
+    monkeypatch.setenv("PYTEST_PLUGINS", "toolledger.extra.pytest")
+
 CONTRACT = '''
 import pytest
 from toolledger import Tool
@@ -295,7 +303,8 @@ def test_installed_as_a_pytest11_plugin_and_loadable_with_p(
     names = {ep.value for ep in entry_points(group="pytest11")}
     assert "toolledger.extra.pytest" in names
     pytester.makepyfile(test_c=CONTRACT)
-    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_PLUGINS"}
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     base = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
             "--strict-markers", "test_c.py"]
     without = subprocess.run(base, cwd=pytester.path, env=env, capture_output=True,

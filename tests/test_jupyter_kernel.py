@@ -103,6 +103,8 @@ def test_nbmake_fails_notebooks_whose_check_failed(tmp_path: Path, jupyter_path:
             "pytest",
             "-p",
             "no:cacheprovider",
+            "-p",  # named: make test runs with PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
+            "nbmake",
             "--nbmake",
             "--overwrite",
             f"--junitxml={report}",

@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, TypeVar
 
 from .check.batch import Batch, batch_files, plan, split_result
 from .check.counterexample import changes, render_trace, trace_json
@@ -241,7 +241,8 @@ def _positive(kind: type[int] | type[float], what: str) -> Callable[[str], float
 
 def _configure_check(p: argparse.ArgumentParser) -> None:
     add_root_argument(p)
-    p.add_argument("--model", metavar="NAME", help="run only this model (CI or not)")
+    p.add_argument("--model", metavar="NAME", action="append",
+                   help="run only this model (CI or not); repeat it to run several")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     p.add_argument(
         "--trace",
@@ -272,6 +273,12 @@ def _configure_check(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help='also the conformance rows the manifest leaves to make test '
         '(conformance_tier = "test")',
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="only the models and conformance rows that exercise what `git diff HEAD` "
+        "changes in spec/, model/ and reference/ (model/exercises.json), in ~20 s",
     )
 
 
@@ -390,13 +397,58 @@ def _conformance_row(
     ratio = seconds / tlc.wall_seconds if tlc.wall_seconds else 0.0
     count = int(report["mismatch_count"])
     got = f"{count:,} mismatches, {report['edges']:,} edges, {ratio:.1f}x TLC time"
-    reasons = [str(r) for r in report["reasons"]]
-    if count > len(reasons):
-        reasons.append(f"... and {count - len(reasons)} more mismatches")
+    # one reason per (direction, action), the spec-allows-reference-refuses
+    # ones first, each with its first mismatch as a step table
+    groups = report.get("groups", [])
+    reasons = [str(g["text"]) for g in groups]
+    if len(groups) > 1:
+        reasons.insert(0, f"{count:,} mismatches in {len(groups)} groups: "
+                       + "; ".join(str(g["title"]) for g in groups))
     ok = count == 0 and int(report["states"]) > 0
     cpu = report.get("cpu_seconds")
     return row(got, "ok" if ok else "DRIFT", reasons, seconds, int(report["states"]),
                cpu=round(float(cpu), 2) if cpu is not None else None)
+
+
+def _incomplete_graph(entry: ModelEntry, tlc: TLCResult) -> str | None:
+    """Why TLC's state graph of ``entry`` is not the whole state space, or None.
+
+    Only a run that passed explored every state: one that stopped at a
+    violation, a deadlock, an error or a time-out dumped a prefix of the
+    graph, whose unexplored frontier states have no successors. Comparing the
+    reference with it would report steps the reference rightly allows as
+    drift (and hide the real difference)."""
+    if tlc.outcome is Outcome.PASS:
+        return None
+    of = (f"{_fmt_count(tlc.distinct_states)} of the model's "
+          f"{_fmt_count(entry.distinct_states)} states")
+    if tlc.outcome in (Outcome.INVARIANT_VIOLATED, Outcome.PROPERTY_VIOLATED):
+        what = f"the first violation ({_result_label(tlc)})"
+        return f"TLC stopped at {what} after {of}"
+    if tlc.outcome is Outcome.DEADLOCK:
+        return f"TLC stopped at the first deadlock after {of}"
+    return f"TLC did not finish ({_result_label(tlc)}) after {of}"
+
+
+def _not_conformance_row(entry: ModelEntry, tlc: TLCResult, why: str) -> Row:
+    return Row(
+        model=entry.name, expected="conforms", got="not checked", distinct_states=None,
+        expected_distinct_states=entry.distinct_states, wall_seconds=0.0, status=NOT_CHECKED,
+        check="conformance",
+        reasons=[f"conformance not checked: {why}; it is computed on a complete state graph "
+                 "only (fix the TLC row first)"],
+    )
+
+
+def _violated(result: TLCResult) -> str | None:
+    """What a counterexample violates, for the last line of its step table."""
+    if result.outcome is Outcome.INVARIANT_VIOLATED:
+        return f"invariant {result.violated or '(unnamed)'} (in the last state)"
+    if result.outcome is Outcome.PROPERTY_VIOLATED:
+        return f"temporal property {result.violated or '(unnamed)'} (by this behaviour)"
+    if result.outcome is Outcome.DEADLOCK:
+        return "deadlock (no step is enabled in the last state)"
+    return None
 
 
 def _row_for(entry: ModelEntry, result: TLCResult, with_trace: bool) -> Row:
@@ -463,19 +515,53 @@ def _table(rows: Sequence[Row]) -> str:
     return "\n".join([line(head), line(["-" * w for w in widths]), *(line(b) for b in body)])
 
 
+# How often the main thread wakes from a wait: Python runs signal handlers in
+# the main thread only, when it executes; a signal that the kernel delivered
+# to a worker thread (blocked in a read from TLC's pipe) does not interrupt the
+# main thread's wait, so a Ctrl-C was handled only when the main thread next
+# woke, once up to a whole TLC run later.
+_WAKE_SECONDS = 0.2
+
+
+_T = TypeVar("_T")
+
+
+def _in_a_thread(work: Callable[[], _T]) -> _T:
+    """``work()`` in a helper thread while the main thread wakes every
+    :data:`_WAKE_SECONDS` (so that a Ctrl-C is handled at once)."""
+    out: list[_T] = []
+    err: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(work())
+        except BaseException as e:  # re-raised in the caller's thread
+            err.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(_WAKE_SECONDS)
+    if err:
+        raise err[0]
+    return out[0]
+
+
 class _Interrupt:
     """SIGINT (Ctrl-C) or SIGTERM during ``toolledger check``: the first one
-    cancels everything (no new model starts, running JVMs and conformance
-    processes are killed) and raises KeyboardInterrupt in the main thread;
-    later ones are ignored, so the cleanup and the report of the rows
-    finished so far always run."""
+    cancels everything (no new process starts, running JVMs and conformance
+    processes are killed); later ones are ignored. The handler raises
+    nothing: an exception thrown at an arbitrary point of the main thread
+    (e.g. inside ``Popen`` after the fork, before the child is registered)
+    would leak that child. Every wait of the main thread is on a process the
+    :class:`Cancellation` kills, so the run ends promptly with
+    :class:`Cancelled`, and the rows finished so far are reported."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self, cancel: Cancellation) -> None:
         self.cancel = cancel
         self.signum: int | None = None
-        self.raising = True  # False once the run is over: cleanup and report must not break
         self.previous: dict[int, object] = {}
 
     def __enter__(self) -> _Interrupt:
@@ -489,8 +575,6 @@ class _Interrupt:
             return
         self.signum = signum
         self.cancel.cancel()
-        if self.raising:
-            raise KeyboardInterrupt
 
     @property
     def name(self) -> str:
@@ -511,13 +595,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     # absolute: child processes run in <root>/reference and get paths under root
     root = resolve_root(args).resolve()
     manifest = load_manifest(root)
-    if args.model is not None:
-        try:
-            models = [manifest.get(args.model)]
-        except KeyError:
+    if args.model:
+        unknown = [n for n in args.model if n not in manifest.names()]
+        if unknown:
             raise UsageError(
-                f"no model named {args.model!r}; valid names: {', '.join(manifest.names())}"
-            ) from None
+                f"no model named {', '.join(map(repr, unknown))}; "
+                f"valid names: {', '.join(manifest.names())}"
+            )
+        models = [manifest.get(n) for n in dict.fromkeys(args.model)]  # once each, in order
     else:
         models = manifest.ci_models()
         if not models:
@@ -526,7 +611,15 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise UsageError("--all and --no-conformance contradict each other: give one of them")
     # a model named with --model gets its conformance row whatever its tier
     conform = [e for e in models if e.conformance and not args.no_conformance
-               and (args.all or args.model is not None or e.conformance_tier == "check")]
+               and (args.all or bool(args.model) or e.conformance_tier == "check")]
+    quick_line = ""
+    if args.quick:
+        if args.model or args.all:
+            raise UsageError("--quick picks the models itself: give it without --model/--all")
+        picked = _quick_selection(root, manifest, args)
+        if picked is None:
+            return 0
+        models, conform, quick_line = picked
 
     cancel = Cancellation()
     with _Interrupt(cancel) as interrupt, tempfile.TemporaryDirectory(
@@ -535,15 +628,159 @@ def cmd_check(args: argparse.Namespace) -> int:
         run = _CheckRun(manifest, models, conform, None, Path(dumps), args, cancel)
         try:
             run.run()
-        except KeyboardInterrupt:
-            if interrupt.signum is None:  # raised by Python's own handler, not ours
-                interrupt.signum = signal.SIGINT
+        except Cancelled:
+            if interrupt.signum is None:
+                raise  # a Cancelled nobody asked for is a bug: show it
+        except KeyboardInterrupt:  # only without our handler (not in the main thread)
+            interrupt.signum = signal.SIGINT
         finally:
-            interrupt.raising = False
             run.stop()
-        if interrupt.signum is None:
-            return run.report()
-        return run.report(interrupted=interrupt)
+        status = run.report(interrupted=interrupt if interrupt.signum is not None else None)
+        if quick_line:
+            print(quick_line, file=sys.stderr if args.json else sys.stdout)
+        return status
+
+
+# The budget of `check --quick` in estimated CPU seconds (job_cost): 2 cores
+# for 20 s, less SANY's parse and the estimates' error on a busy machine.
+QUICK_BUDGET = 30.0
+
+
+def _quick_selection(root: Path, manifest: Manifest, args: argparse.Namespace
+                     ) -> tuple[list[ModelEntry], list[ModelEntry], str] | None:
+    """The rows of ``check --quick`` (see :mod:`toolledger.check.quick`), or None
+    when nothing changed (said on stdout)."""
+    from .check import quick
+
+    table = quick.load_table(root)
+    if table is None:
+        raise UsageError(f"{root / quick.TABLE} does not exist: run `toolledger exercises` "
+                         "once to generate it (or run the full `toolledger check`)")
+    try:
+        change = quick.touched(root)
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
+        raise UsageError(f"--quick needs git to see what changed ({e}); run the full "
+                         "`toolledger check` instead") from None
+    if change.empty:
+        print("quick: nothing changed in spec/, model/ or reference/ against HEAD "
+              "(git diff HEAD): nothing to check; `toolledger check` runs everything")
+        return None
+    ci = manifest.ci_models()
+    by_name = {e.name: e for e in ci}
+
+    def cost(name: str, conf: bool) -> float:
+        e = by_name[name]
+        return job_cost("tlc", e.distinct_states, temporal=bool(parse_cfg(e.cfg_path).properties),
+                        dump=conf, then_conformance=conf)
+
+    sel = quick.select(
+        table, change, cost=cost, ci=[e.name for e in ci],
+        conformance_models=[] if args.no_conformance else [e.name for e in ci if e.conformance],
+        module_of={e.name: e.module for e in ci}, cfg_of={e.name: e.cfg for e in ci},
+        budget=QUICK_BUDGET, must_pass=[e.name for e in ci if e.expect == "pass"],
+    )
+    out = sys.stderr
+    print(f"quick: {', '.join(change.files)} changed against HEAD", file=out)
+    for line in sel.reasons:
+        print(f"quick: {line}", file=out)
+    stale = quick.stale_files(root, table)
+    notes = []
+    if sel.uncovered:
+        notes.append(f"no model evaluated {', '.join(sel.uncovered)} when {quick.TABLE} was "
+                     "generated (new, or unused?)")
+    if stale:
+        notes.append(f"{quick.TABLE} was generated on other versions of {', '.join(stale)}: "
+                     "`toolledger exercises` refreshes it")
+    if not sel.models:
+        notes.append("no model exercises the change")
+    models = [by_name[n] for n in sel.models]
+    conform = [by_name[n] for n in sel.conformance]
+    if not models:  # nothing known exercises it: the cheapest must-pass models, in budget
+        spent = 0.0
+        for cheap in sorted((m for m in ci if m.expect == "pass"),
+                            key=lambda m: cost(m.name, False)):
+            if spent + cost(cheap.name, False) > QUICK_BUDGET:
+                break
+            models.append(cheap)
+            spent += cost(cheap.name, False)
+        notes.append(f"so the {len(models)} cheapest must-pass models run instead")
+    line = (f"quick: {len(models)} of {len(ci)} CI models and {len(conform)} conformance "
+            f"row{'' if len(conform) == 1 else 's'} (~{sel.cost:.0f} CPU s estimated)"
+            + (f"; {sel.left_out} more models exercise the change but did not fit"
+               if sel.left_out else "")
+            + "".join(f"; {n}" for n in notes)
+            + "; the full answer is `toolledger check`")
+    return models, conform, line
+
+
+def _configure_exercises(p: argparse.ArgumentParser) -> None:
+    add_root_argument(p)
+    p.add_argument("--jobs", type=_positive(int, "a whole number of TLC runs >= 1"),
+                   default=min(2, os.cpu_count() or 1), metavar="N",
+                   help="TLC runs side by side (default: 2)")
+
+
+def _exercise(got: tuple[ModelEntry, TLCResult], n: int, total: int, texts: dict[str, str],
+              done: dict[str, dict[str, object]]) -> None:
+    from .check import quick
+
+    e, result = got
+    actions, lines = quick.coverage_of(result.output)
+    cfg = parse_cfg(e.cfg_path)
+    done[e.name] = {
+        "outcome": _result_label(result),
+        "distinct_states": result.distinct_states,
+        "actions": sorted(actions),
+        "invariants": list(cfg.invariants),
+        "properties": list(cfg.properties),
+        "definitions": quick.exercised_definitions(lines, texts),
+    }
+    print(f"[{n}/{total}] {e.name}: {len(actions)} actions, {_result_label(result)}",
+          file=sys.stderr)
+
+
+def _cmd_exercises(args: argparse.Namespace) -> int:
+    """Run every CI model once with TLC's -coverage; write model/exercises.json and
+    docs/exercises.md (what ``check --quick`` selects by)."""
+    from .check import quick
+
+    root = resolve_root(args).resolve()
+    manifest = load_manifest(root)
+    ci = manifest.ci_models()
+    texts = quick.tla_texts(manifest.search_dirs)
+    cancel = Cancellation()
+    done: dict[str, dict[str, object]] = {}
+
+    def one(e: ModelEntry) -> tuple[ModelEntry, TLCResult]:
+        return e, run_tlc(e.module, e.cfg_path, search_dirs=manifest.search_dirs,
+                          check_deadlock=e.check_deadlock, workers=e.workers,
+                          extra_args=("-coverage", "1"), cancel=cancel,
+                          jvm_args=_tlc_jvm_args(e.cfg_path))
+
+    with _Interrupt(cancel) as interrupt, concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        futures = {pool.submit(one, e) for e in sorted(ci, key=lambda e: -e.distinct_states)}
+        try:
+            n = 0
+            while futures:
+                finished, futures = concurrent.futures.wait(
+                    futures, timeout=_WAKE_SECONDS, return_when=concurrent.futures.FIRST_COMPLETED)
+                for fut in finished:
+                    n += 1
+                    _exercise(fut.result(), n, len(ci), texts, done)
+        except Cancelled:
+            pass
+        if interrupt.signum is not None:
+            cancel.cancel()
+            print(f"interrupted ({interrupt.name}): nothing was written", file=sys.stderr)
+            return interrupt.exit_status
+    models = {e.name: done[e.name] for e in ci}  # the manifest's order
+    digests = {str(p.relative_to(root)): quick.file_digest(p)
+               for d in manifest.search_dirs for p in sorted(d.glob("*.tla"))}
+    table = json.loads(quick.table_json(models, digests))
+    (root / quick.TABLE).write_text(quick.table_json(models, digests), encoding="utf-8")
+    (root / quick.DOC).write_text(quick.markdown(table), encoding="utf-8")
+    print(f"wrote {quick.TABLE} and {quick.DOC} ({len(models)} models)")
+    return 0
 
 
 NOT_CHECKED = "NOT CHECKED"
@@ -618,6 +855,19 @@ class _Job:
             return self.batch.name
         return self.entries[0].name + (" [conformance]" if self.kind == "conformance" else "")
 
+    def priority(self) -> tuple[int, float]:
+        """The order jobs start in (the highest first): the rows most likely to
+        fail a change first. A conformance check whose graph is dumped (it is
+        what finds a bug in the reference) before any TLC run, then the TLC runs
+        that dump a graph for one, smallest first (a small model's conformance
+        row answers in seconds instead of after every big run), then the other
+        TLC runs longest first (so that no big run is left alone at the end)."""
+        if self.kind == "conformance":
+            return 2, -self.cost()
+        if self.dumps:
+            return 1, -self.cost()
+        return 0, self.cost()
+
     def cost(self) -> float:
         """A rough estimate of the seconds of the job and of the conformance
         check waiting for it (:func:`job_cost`), to start the longest first."""
@@ -663,6 +913,7 @@ class _CheckRun:
     def run(self) -> None:
         if self.conform:  # refuses (exit 2) before anything runs if it cannot be checked
             self.package = _reference_package(self.root)
+            self.cancel.check()  # a Ctrl-C during the probe (it is not a registered child)
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.jobs)
         # SANY's parse of every module (one JVM, one core) takes a few
         # seconds; the longest TLC run starts beside it rather than after it.
@@ -681,7 +932,8 @@ class _CheckRun:
         modules = list(dict.fromkeys(e.module for e in self.models))
         self.progress.live(lambda: f"parsing {_plural(len(modules), 'module')} with SANY "
                                    f"({_seconds(time.monotonic() - self.started)})")
-        errors = parse_modules(modules, search_dirs=self.manifest.search_dirs, cancel=self.cancel)
+        errors = _in_a_thread(lambda: parse_modules(
+            modules, search_dirs=self.manifest.search_dirs, cancel=self.cancel))
         self.progress.live(None)
         self.unparsed = {m: errs for m, errs in errors.items() if errs}
         shown: set[str] = set()
@@ -815,16 +1067,21 @@ class _CheckRun:
                 + ("" if self.progress.tty or n == todo else f"  ({self._status()})")
             )
             if entry in self.conform:
-                self.ready.append(_Job("conformance", (entry,)))
+                why = _incomplete_graph(entry, result)
+                if why is None:
+                    self.ready.append(_Job("conformance", (entry,)))
+                else:
+                    self.conformance_rows[entry.name] = _not_conformance_row(entry, result, why)
 
     def _run_all(self, head: tuple[_Job, _Future] | None = None) -> None:
         """TLC runs and conformance checks, ``--jobs`` at a time.
 
-        The most expensive ready job starts first (so that the big models do
-        not run last, alone); a model's conformance check becomes ready as
-        soon as its TLC run has dumped its state graph, and is ranked with
-        the TLC runs still waiting by its own cost.  ``head``: the job
-        started beside the parse (see :meth:`run`) and its future."""
+        The ready jobs start in :meth:`_Job.priority` order: conformance
+        checks (ready as soon as their TLC run has dumped its state graph),
+        then the TLC runs that dump a graph, smallest first, then the others
+        longest first (so that the big models do not run last, alone).
+        ``head``: the job started beside the parse, the longest (see
+        :meth:`run`), and its future."""
         pending: dict[_Future, _Job] = {}
         if head is not None:
             job, fut = head
@@ -848,11 +1105,11 @@ class _CheckRun:
         assert self.pool is not None
         while self.ready or pending:
             while self.ready and len(pending) < self.jobs:
-                job = max(self.ready, key=_Job.cost)
+                job = max(self.ready, key=_Job.priority)
                 self.ready.remove(job)
                 pending[self.pool.submit(self._run_job, job)] = job
             done, _ = concurrent.futures.wait(
-                pending, return_when=concurrent.futures.FIRST_COMPLETED)
+                pending, timeout=_WAKE_SECONDS, return_when=concurrent.futures.FIRST_COMPLETED)
             for fut in done:
                 job = pending.pop(fut)
                 out = fut.result()
@@ -895,6 +1152,10 @@ class _CheckRun:
             for provider in CHECK_ROW_PROVIDERS:
                 rows.extend(provider(self.manifest, self.models, self.args))
         total = time.monotonic() - self.started
+        if interrupted is not None and not rows:  # nothing finished: one line, no empty table
+            print(self._interrupted_line(total, interrupted.name),
+                  file=sys.stderr if self.args.json else sys.stdout)
+            return interrupted.exit_status
         checked = self._checked_line()
         if self.args.json:
             print(json.dumps([asdict(r) for r in rows], indent=2))
@@ -906,22 +1167,23 @@ class _CheckRun:
             side_by_side = min(self.jobs, max(1, len(self.to_run)))
             print(f"total wall time {total:.1f} s ({_plural(side_by_side, 'TLC run')} at a time)")
             for r in rows:
-                if r.status == NOT_CHECKED:
+                if r.status == NOT_CHECKED and not r.reasons:
                     continue  # its parse errors were printed once, before any model ran
+                name = r.model if r.check == "tlc" else f"{r.model} [{r.check}]"
                 for reason in r.reasons:
-                    print(f"{r.model}: {reason}")
+                    print(f"{name}: {reason}")
                 if r.error and r.status == "ERROR":
                     print(f"\n{r.model}: {'TLC' if r.check == 'tlc' else r.check} said:\n"
                           f"{r.error}\n")
             if self.unparsed:
-                names = sorted({r.model for r in rows if r.status == NOT_CHECKED})
+                names = sorted({r.model for r in rows if r.status == NOT_CHECKED and not r.reasons})
                 print(f"not checked: {', '.join(names)}: the spec does not parse "
                       "(SANY's errors are printed above, before any model ran)")
             if self.args.trace:
                 for name, result in self.results.items():
                     if result.trace:
                         print(f"\n== {name}: {_result_label(result)} ({len(result.trace)} steps)")
-                        print(render_trace(result.trace))
+                        print(render_trace(result.trace, violated=_violated(result)))
         if interrupted is not None:
             print(self._interrupted_line(total, interrupted.name),
                   file=sys.stderr if self.args.json else sys.stdout)
@@ -948,6 +1210,9 @@ class _CheckRun:
                 '(conformance_tier = "test"; toolledger check --all runs it)')
 
     def _interrupted_line(self, total: float, signal_name: str) -> str:
+        if not self.parsed:
+            return (f"interrupted ({signal_name}) after {total:.1f} s, before SANY's parse of "
+                    "the spec was done: nothing was checked; nothing is left running")
         runnable = [e for e in self.models if e.module not in self.unparsed]
         stopped = [e.name for e in runnable if e.name not in self.tlc_rows]
         conf = [e.name for e in self.conform
@@ -994,6 +1259,13 @@ SUBCOMMANDS: list[Subcommand] = [
         "run the CI models of model/manifest.toml with TLC; fail on any drift",
         _configure_check,
         cmd_check,
+    ),
+    Subcommand(
+        "exercises",
+        "run every CI model with TLC's -coverage; write which model exercises which action "
+        "and definition (model/exercises.json, docs/exercises.md) for check --quick",
+        _configure_exercises,
+        _cmd_exercises,
     ),
     Subcommand(
         "models",
@@ -1050,6 +1322,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ManifestError, ToolchainError) as e:
         print(f"toolledger {args.command}: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before a command installed its own handler (see _Interrupt)
+        print(f"toolledger {args.command}: interrupted (Ctrl-C) before it started; "
+              "nothing was checked", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

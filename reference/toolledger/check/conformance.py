@@ -41,20 +41,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._core import protocol as p
+from .counterexample import render_trace
 from .manifest import ModelEntry
 from .mapping import SPEC_VARIABLES, from_spec, spec_key, to_spec
 from .memo import CoreMemo, core_memo
 from .stategraph import StateGraph, load_dot
 from .system import ModelConfig, SystemState, initial_states, successors
 from .tlavalues import Value, pretty
-from .tlc import Progress, TLCResult, run_tlc
+from .tlc import Progress, TLCResult, TraceStep, run_tlc
 
 __all__ = [
     "ConformanceReport",
     "Mismatch",
+    "MismatchGroup",
     "check_graph",
     "main",
     "package_dir",
+    "render_group",
     "render_mismatch",
     "run_conformance",
 ]
@@ -76,6 +79,35 @@ class Mismatch:
     got: dict[str, Value] | None = None  # the reference's
 
 
+# The two directions of a drift, in the order they are reported: a step the
+# spec allows and the reference refuses is the one a spec change usually makes
+# (and the one that a long list of the other direction used to hide).
+DIRECTIONS = {
+    "missing": "the spec allows, the reference refuses",
+    "extra": "the reference allows, the spec refuses",
+}
+_KIND_ORDER = ("missing", "extra", "initial", "roundtrip", "error")
+
+
+@dataclass
+class MismatchGroup:
+    """Every mismatch of one kind on one action: how many, and the one at the
+    state closest to an initial state (the smallest reproduction)."""
+
+    kind: str
+    action: str | None
+    count: int
+    first: Mismatch
+    depth: int  # steps from an initial state to ``first.node``
+
+    @property
+    def title(self) -> str:
+        what = DIRECTIONS.get(self.kind, self.first.detail)
+        on = f" on {self.action}" if self.action else ""
+        n = f"{self.count:,} mismatch" + ("" if self.count == 1 else "es")
+        return f"{n}{on}: {what}"
+
+
 @dataclass
 class ConformanceReport:
     model: str
@@ -88,6 +120,9 @@ class ConformanceReport:
     mismatches: list[Mismatch] = field(default_factory=list)
     mismatch_count: int = 0
     graph: StateGraph | None = field(default=None, repr=False)
+    # every mismatch, grouped by (kind, action): counted whatever the limit on
+    # ``mismatches``; spec-allows-reference-refuses first (see DIRECTIONS)
+    groups: list[MismatchGroup] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -106,10 +141,14 @@ class ConformanceReport:
 # --------------------------------------------------------------------------
 
 # Set by check_graph before forking workers (copy-on-write shared).
-_JOB: tuple[ModelConfig, StateGraph, dict[int, Key], SuccessorFn, int, bool, bool] | None = None
+_JOB: tuple[ModelConfig, StateGraph, dict[int, Key], SuccessorFn, int, bool, dict[int, int],
+            bool] | None = None
+
+GroupKey = tuple[str, str | None]
+Found = tuple[int, int, list[Mismatch], dict[GroupKey, MismatchGroup]]
 
 
-def _check_nodes(nodes: Sequence[int]) -> tuple[int, int, list[Mismatch]]:
+def _check_nodes(nodes: Sequence[int]) -> Found:
     assert _JOB is not None
     if not _JOB[-1]:  # memoise=False: every question asked afresh (a benchmark's baseline)
         return _check_with(None, nodes)
@@ -125,12 +164,19 @@ def _check_nodes(nodes: Sequence[int]) -> tuple[int, int, list[Mismatch]]:
             gc.enable()
 
 
-def _check_with(memo: CoreMemo | None, nodes: Sequence[int]
-                ) -> tuple[int, int, list[Mismatch]]:
+def _check_with(memo: CoreMemo | None, nodes: Sequence[int]) -> Found:
     assert _JOB is not None
-    cfg, graph, keys, succ_fn, limit, fail_fast, _ = _JOB
+    cfg, graph, keys, succ_fn, limit, fail_fast, depth, _ = _JOB
     mismatches: list[Mismatch] = []
+    groups: dict[GroupKey, MismatchGroup] = {}
     count = 0
+
+    def found(m: Mismatch) -> None:
+        nonlocal count
+        count += 1
+        if len(mismatches) < limit:
+            mismatches.append(m)
+        _group(groups, m, depth)
     ref_edges = 0
     index = graph._successor_index()
     # Every spec state by its key; a reference state is named by the node it
@@ -166,20 +212,12 @@ def _check_with(memo: CoreMemo | None, nodes: Sequence[int]
             ref = from_spec(cfg, spec_state)
             back_id, back = spec_of(ref)
         except Exception as exc:  # a state the mapping cannot express
-            count += 1
-            if len(mismatches) < limit:
-                mismatches.append(Mismatch("roundtrip", node, None, f"mapping failed: {exc!r}"))
+            found(Mismatch("roundtrip", node, None, f"mapping failed: {exc!r}"))
             continue
         if back_id != node_of[keys[node]]:
-            count += 1
-            if len(mismatches) < limit:
-                mismatches.append(
-                    Mismatch(
-                        "roundtrip", node, None,
-                        "the reference state does not map back to the spec state",
-                        spec_state, back,
-                    )
-                )
+            found(Mismatch("roundtrip", node, None,
+                           "the reference state does not map back to the spec state",
+                           spec_state, back))
             continue
         try:
             mine: dict[tuple[str, int | Key], dict[str, Value]] = {}
@@ -187,33 +225,58 @@ def _check_with(memo: CoreMemo | None, nodes: Sequence[int]
                 dst, st = spec_of(nxt)
                 mine[(str(action), dst)] = st
         except Exception as exc:
-            count += 1
-            if len(mismatches) < limit:
-                mismatches.append(Mismatch("error", node, None, f"reference raised {exc!r}"))
+            found(Mismatch("error", node, None, f"reference raised {exc!r}"))
             continue
         ref_edges += len(mine)
         theirs = {(label, node_of[keys[dst]]): dst for dst, label in index.get(node, [])}
-        for edge in mine.keys() - theirs.keys():
-            count += 1
-            if len(mismatches) < limit:
-                mismatches.append(
-                    Mismatch(
-                        "extra", node, edge[0],
-                        "the reference allows a step the spec does not",
-                        None, mine[edge],
-                    )
-                )
-        for edge in theirs.keys() - mine.keys():
-            count += 1
-            if len(mismatches) < limit:
-                mismatches.append(
-                    Mismatch(
-                        "missing", node, edge[0],
-                        "the spec allows a step the reference does not",
-                        graph.states[theirs[edge]], None,
-                    )
-                )
-    return count, ref_edges, mismatches
+        # sorted: which edge of a node is a group's first does not depend on set order
+        for edge in sorted(mine.keys() - theirs.keys(), key=repr):
+            found(Mismatch("extra", node, edge[0], "the reference allows a step the spec does not",
+                           None, mine[edge]))
+        for edge in sorted(theirs.keys() - mine.keys(), key=repr):
+            found(Mismatch("missing", node, edge[0],
+                           "the spec allows a step the reference does not",
+                           graph.states[theirs[edge]], None))
+    return count, ref_edges, mismatches, groups
+
+
+def _group(groups: dict[GroupKey, MismatchGroup], m: Mismatch, depth: dict[int, int],
+           count: int = 1) -> None:
+    """Count ``m`` in its group; keep the group's mismatch nearest an initial
+    state (ties: the smaller TLC fingerprint), so that the one shown does not
+    depend on how the states were split among workers."""
+    d = depth.get(m.node, 0) if m.node is not None else 0
+    key = (m.kind, m.action)
+    g = groups.get(key)
+    if g is None:
+        groups[key] = MismatchGroup(m.kind, m.action, count, m, d)
+        return
+    g.count += count
+    if (d, m.node or 0) < (g.depth, g.first.node or 0):
+        g.first, g.depth = m, d
+
+
+def _depths(graph: StateGraph) -> dict[int, int]:
+    """Steps from the nearest initial state, for every reachable state (breadth first)."""
+    succ = graph._successor_index()
+    depth = dict.fromkeys(graph.initial, 0)
+    frontier = sorted(graph.initial)
+    while frontier:
+        nxt = []
+        for node in frontier:
+            for dst, _ in succ.get(node, ()):
+                if dst not in depth:
+                    depth[dst] = depth[node] + 1
+                    nxt.append(dst)
+        frontier = nxt
+    return depth
+
+
+def _ordered(groups: dict[GroupKey, MismatchGroup]) -> list[MismatchGroup]:
+    def rank(g: MismatchGroup) -> tuple[int, str]:
+        kind = _KIND_ORDER.index(g.kind) if g.kind in _KIND_ORDER else len(_KIND_ORDER)
+        return kind, g.action or ""
+    return sorted(groups.values(), key=rank)
 
 
 def check_graph(
@@ -252,12 +315,16 @@ def check_graph(
                      "an initial spec state the reference lacks", graph.states[spec_init[k]])
         )
     report.mismatch_count = len(report.mismatches)
+    groups: dict[GroupKey, MismatchGroup] = {}
+    depth = _depths(graph)  # before forking, so workers share it (and the index it builds)
+    for m in report.mismatches:
+        _group(groups, m, depth)
     if fail_fast and report.mismatch_count:
+        report.groups = _ordered(groups)
         report.seconds = time.perf_counter() - started
         return report
     nodes = sorted(graph.states)
-    _JOB = (cfg, graph, keys, successors_fn, max_mismatches, fail_fast, memoise)
-    graph._successor_index()  # build before forking, so workers share it
+    _JOB = (cfg, graph, keys, successors_fn, max_mismatches, fail_fast, depth, memoise)
     try:
         if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
             chunks = [nodes[i::workers] for i in range(workers)]
@@ -268,10 +335,13 @@ def check_graph(
             results = [_check_nodes(nodes)]
     finally:
         _JOB = None
-    for count, ref_edges, found in results:
+    for count, ref_edges, found, found_groups in results:
         report.mismatch_count += count
         report.reference_edges += ref_edges
         report.mismatches.extend(found[: max(0, max_mismatches - len(report.mismatches))])
+        for g in found_groups.values():
+            _group(groups, g.first, depth, g.count)
+    report.groups = _ordered(groups)
     report.seconds = time.perf_counter() - started
     return report
 
@@ -384,6 +454,26 @@ def render_mismatch(report: ConformanceReport, m: Mismatch) -> str:
     return "\n".join(lines)
 
 
+def render_group(report: ConformanceReport, group: MismatchGroup) -> str:
+    """A group of mismatches: its title (count, action, direction) and its
+    first mismatch as a step table (:func:`render_trace`): the shortest path
+    from an initial state, then the step on which the two disagree."""
+    m = group.first
+    graph = report.graph
+    if graph is None or m.node is None or m.action is None:
+        return f"{group.title}\n" + render_mismatch(report, m)
+    steps = graph.trace_to(m.node)
+    other = m.expected if m.kind == "missing" else m.got
+    lines = [group.title + (f"; the first, after {len(steps) - 1} steps:" if steps else ":")]
+    if other is not None:
+        steps.append(TraceStep(index=len(steps) + 1, action=f"{m.action} (!)", state=other))
+    lines.append(render_trace(steps))
+    who = {"missing": "the spec takes step (!); the reference has no such step",
+           "extra": "the reference takes step (!); the spec has no such step"}
+    lines.append(who.get(m.kind, m.detail))
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------
 # The child process of `toolledger check`
 # --------------------------------------------------------------------------
@@ -429,6 +519,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "reference_edges": report.reference_edges,
             "mismatch_count": report.mismatch_count,
             "reasons": [render_mismatch(report, m) for m in report.mismatches],
+            "groups": [{"kind": g.kind, "action": g.action, "count": g.count,
+                        "title": g.title, "text": render_group(report, g)}
+                       for g in report.groups],
             "seconds": time.perf_counter() - started,
             # this process and its workers (forked, waited for by the pool)
             "cpu_seconds": _cpu_seconds(),

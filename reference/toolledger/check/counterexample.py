@@ -2,8 +2,12 @@
 
 :func:`render_trace` turns a TLC counterexample (a list of
 :class:`~toolledger.check.tlc.TraceStep`) into a step table (step, action,
-only what changed); :func:`changes` is the diff of two states it is built on
-(the notebooks' sequence diagrams use it too).  :mod:`toolledger.cli`
+only what changed: the first state in full, then per step the changed
+entries, and of a set only the elements added or removed); :func:`changes`
+is the diff of two states it is built on (the notebooks' sequence diagrams
+use it too).  Placeholders are not shown: an audit row
+``<<kind, n, NoInputs>>`` (a row that records no recovery decision, see
+docs/protocol.md) prints as ``<<kind, n>>``.  :mod:`toolledger.cli`
 re-exports both.
 """
 
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .mapping import NO_INPUTS
 from .tlavalues import FnValue, Value, pretty, serialize
 from .tlc import (
     TraceStep,
@@ -32,14 +37,17 @@ def _appended(a: Value, b: Value) -> tuple[Value, ...] | None:
 Change = tuple[str, str, Value]  # (path, "=" or "\\o", value)
 
 
-def changes(old: dict[str, Value] | None, new: dict[str, Value]) -> list[Change]:
+def changes(old: dict[str, Value] | None, new: dict[str, Value], *,
+            set_deltas: bool = False) -> list[Change]:
     """What changed from ``old`` to ``new``, as ``(path, op, value)`` triples.
 
     Functions and records with an unchanged domain are compared entry by
     entry, so a change shows as ``("ledger[c1].attempts", "=", 2)``; a
     sequence that grew at the end shows as ``("log", "\\o", <the new tail>)``;
     anything else is ``(var, "=", new value)``. With ``old=None`` every
-    variable is listed.
+    variable is listed. ``set_deltas``: a non-empty set that only grew shows
+    as ``("audit[e]", "\\cup", <the added elements>)``, one that only shrank
+    (and is not empty) as ``(path, "\\", <the removed elements>)``.
     """
     out: list[Change] = []
 
@@ -55,6 +63,13 @@ def changes(old: dict[str, Value] | None, new: dict[str, Value]) -> list[Change]
         if tail is not None:
             out.append((path, "\\o", tail))
             return
+        if set_deltas and isinstance(a, frozenset) and isinstance(b, frozenset) and a and b:
+            if a < b:
+                out.append((path, "\\cup", b - a))
+                return
+            if b < a:
+                out.append((path, "\\", a - b))
+                return
         out.append((path, "=", b))
 
     for var, value in new.items():
@@ -65,6 +80,28 @@ def changes(old: dict[str, Value] | None, new: dict[str, Value]) -> list[Change]
     return out
 
 
+# Values a step table leaves out where they are the last element of a tuple.
+PLACEHOLDERS: tuple[Value, ...] = (NO_INPUTS,)
+
+
+def _shown(value: Value) -> Value:
+    """``value`` without placeholders (see :data:`PLACEHOLDERS`)."""
+    if isinstance(value, tuple):
+        items = tuple(_shown(v) for v in value)
+        if len(items) > 1 and items[-1] in PLACEHOLDERS:
+            items = items[:-1]
+        return items
+    if isinstance(value, frozenset):
+        return frozenset(_shown(v) for v in value)
+    if isinstance(value, FnValue):
+        return FnValue({_shown(k): _shown(v) for k, v in value.items()})
+    return value
+
+
+def _shown_state(state: dict[str, Value]) -> dict[str, Value]:
+    return {k: _shown(v) for k, v in state.items()}
+
+
 def _wrap(change: Change, width: int) -> list[str]:
     path, op, value = change
     head = f"{path} {op} "
@@ -73,11 +110,14 @@ def _wrap(change: Change, width: int) -> list[str]:
     return [head + lines[0]] + [" " * len(head) + ln for ln in lines[1:]]
 
 
-def render_trace(trace: Sequence[TraceStep], *, width: int = 100) -> str:
+def render_trace(trace: Sequence[TraceStep], *, width: int = 100,
+                 violated: str | None = None) -> str:
     """A counterexample as a step table: step number, action, and only what changed.
 
     The first step lists every variable. A ``Stuttering`` step says that
     nothing changes any more; a lasso step names the state it returns to.
+    ``violated``: the last line says what the trace violates (e.g.
+    ``"invariant AtMostOnceEffect"``).
     """
     if not trace:
         return "(no counterexample)"
@@ -90,11 +130,12 @@ def render_trace(trace: Sequence[TraceStep], *, width: int = 100) -> str:
     ]
     prev: dict[str, Value] | None = None
     for step in trace:
+        state = _shown_state(step.state)
         if step.is_stuttering:
             lines = ["(stutters: nothing changes from here on)"]
         else:
             lines = []
-            for change in changes(prev, step.state):
+            for change in changes(prev, state, set_deltas=True):
                 lines += _wrap(change, text_w)
             if step.loop_to is not None:
                 lines.append(f"(back to state {step.loop_to}: the behaviour loops from here)")
@@ -103,7 +144,9 @@ def render_trace(trace: Sequence[TraceStep], *, width: int = 100) -> str:
         lead = f"{step.index:>{num_w}}  {step.action:<{act_w}}  "
         out.append(lead + lines[0])
         out += [" " * len(lead) + ln for ln in lines[1:]]
-        prev = step.state
+        prev = state
+    if violated is not None:
+        out.append(f"violated: {violated}")
     return "\n".join(out)
 
 
@@ -111,13 +154,15 @@ def trace_json(trace: Sequence[TraceStep]) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     prev: dict[str, Value] | None = None
     for step in trace:
+        state = _shown_state(step.state)
+        found = changes(prev, state, set_deltas=True)
         rows.append(
             {
                 "index": step.index,
                 "action": step.action,
                 "loop_to": step.loop_to,
-                "changes": {p: f"{op} {serialize(v)}" for p, op, v in changes(prev, step.state)},
+                "changes": {p: f"{op} {serialize(v)}" for p, op, v in found},
             }
         )
-        prev = step.state
+        prev = state
     return rows

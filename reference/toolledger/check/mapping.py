@@ -23,7 +23,7 @@ from .._core import protocol as p
 from .system import ExternalState, Ghosts, ModelConfig, SystemState
 from .tlavalues import FnValue, Value
 
-__all__ = ["SPEC_VARIABLES", "from_spec", "spec_key", "to_spec"]
+__all__ = ["NO_INPUTS", "SPEC_VARIABLES", "from_spec", "spec_key", "to_spec"]
 
 SPEC_VARIABLES: Final = (
     "msg", "args", "result", "approval", "approvalArgs", "ledger", "audit", "marker", "stage",
@@ -36,8 +36,8 @@ SPEC_VARIABLES: Final = (
 NONE: Final = "none"
 _NO_RESULT: Final = FnValue({"kind": NONE, "exec": (), "args": NONE})
 # The spec's NoInputs: the inputs column of an audit row that records no
-# recovery decision.
-_NO_INPUTS: Final = FnValue(
+# recovery decision (a placeholder: counterexamples do not print it).
+NO_INPUTS: Final = FnValue(
     {
         "status": NONE, "attempt": 0, "digestMatches": True, "approval": NONE,
         "hasResult": False, "policy": NONE, "legacy": False, "requiresApproval": False,
@@ -50,7 +50,7 @@ _NO_INPUTS: Final = FnValue(
 def _inputs(i: p.RecoveryInputs | None) -> FnValue:
     """The spec's ``DecisionInputs`` record of a decision's inputs."""
     if i is None:
-        return _NO_INPUTS
+        return NO_INPUTS
     return FnValue(
         {
             "status": i.status.value, "attempt": i.attempt, "digestMatches": i.digest_matches,
@@ -64,7 +64,7 @@ def _inputs(i: p.RecoveryInputs | None) -> FnValue:
 def _inputs_back(v: Value, max_attempts: int) -> p.RecoveryInputs | None:
     if not isinstance(v, FnValue):
         raise ValueError(f"expected an inputs record, got {v!r}")
-    if v == _NO_INPUTS:
+    if v == NO_INPUTS:
         return None
     return p.RecoveryInputs(
         status=p.LedgerStatus(str(v["status"])),
