@@ -29,10 +29,24 @@ the ledger of the graph's thread:
   ``Command(resume={key: "applied" | "retry" | "abandon"})`` (``{"type":
   "applied", "result": "..."}`` to give the result the external system holds).
 
-Execution ids come from the graph's durable identities: the ``thread_id`` (with
-the node's name: the ledger session), the position of the ``AIMessage`` in the
-state's messages (the ``add_messages`` list the checkpointer persists), the
-call's index in it, and the provider's tool call id.
+The ledger places each ``AIMessage`` itself, never by its position in the state's
+messages (docs/protocol.md#placing-a-response): every ``ToolMessage`` this node creates
+carries its call's ledger key in ``response_metadata["toolledger"]`` (:data:`LEDGER_MARK`,
+read with :func:`ledger_key`; it survives the checkpointer and ``RemoveMessage``), and
+an ``AIMessage`` is recorded with ``seen`` = the keys on the ToolMessages before it. So:
+
+- trimming (``RemoveMessage``) or summarising old messages changes nothing, as long as
+  the newest tool results (or a copy of them, marks included) stay in the state;
+- a provider that re-uses ``call_0`` with the same arguments on a later turn gets a new
+  execution, which runs (it follows the previous result);
+- a response the graph lost before it was saved (``durability="exit"``, a kill
+  mid-tool) and the model asks again: the same call (tool and arguments) under a new
+  tool call id IS the lost call, answered under the new id with the lost call's
+  recovery (a result, a retry under its own key, a connector, a human); a different
+  call is new and runs, the lost response's undispatched calls are voided (their
+  approvals ask nothing more) and its dispatched ones are recovered by their policy
+  after the message's calls ran (a ``manual`` one: a ``recovery_required`` interrupt
+  whose ``tool_call_id`` is the lost call's).
 
 Where the ledger lives: a :class:`~toolledger.SqliteStore` beside the graph's
 ``SqliteSaver`` (:func:`store_beside`: ``checkpoints.sqlite`` gets
@@ -43,9 +57,10 @@ another application.
 Not covered: a protected tool that returns a ``Command`` (its text is recorded,
 its state update is not reconstructed after a crash); a protected tool that calls
 ``interrupt()`` itself (its attempt ends with an unknown outcome: use the ledger's
-approvals); message lists trimmed (``RemoveMessage``) before a call that is still
-unanswered (positions would shift: the ledger refuses a position that names
-another message, never confuses them).
+approvals); a history processor that drops the newest ToolMessages with their marks
+(then an identical repeat of the latest call reads as a resume: its recorded result is
+returned, nothing is sent twice); a lost ``idempotent`` call retried with a tool that
+needs the state of its own message (it gets the current one).
 """
 
 from __future__ import annotations
