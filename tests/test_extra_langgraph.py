@@ -10,22 +10,34 @@ then a new child resumes the thread as the LangGraph docs say, graph.invoke(None
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    RemoveMessage,
+    SystemMessage,
+    ToolMessage,
+)
 from langchain_core.tools import InjectedToolArg, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
-from langgraph.prebuilt import tools_condition
+from langgraph.graph.message import REMOVE_ALL_MESSAGES
+from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import Command
 
 from toolledger import InvalidInput, NotApplied, NotAppliedFenced, Tool, WasApplied
 from toolledger.extra.langgraph import (
     INTERRUPT_KEY,
     LedgerToolNode,
+    ledger_key,
     ledger_path,
     open_saver,
     store_beside,
@@ -425,3 +437,302 @@ def test_the_docs_section_runs_as_printed(tmp_path: Path,
     assert [v[0] for v in mail.sent.values()] == ["ada"]
     assert script.seen == ["sent to ada"]
     assert scope["out"]["messages"][-1].content == "done: sent to ada"
+
+
+# --------------------------------------------------------------------------
+# Histories that LangGraph apps shrink, and responses lost before they were saved
+# (issue 23): the ledger places each AIMessage itself; what the history shows is
+# the keys on the ToolMessages the node created before it (response_metadata).
+# --------------------------------------------------------------------------
+
+
+def _remind_tool(outbox: list[str]) -> Any:
+    @tool
+    def remind(to: str) -> str:
+        """Send a reminder."""
+        outbox.append(to)
+        return f"reminded {to} (#{len(outbox)})"
+
+    return remind
+
+
+def _shrinking_graph(node: Any, script: Script, saver: Any,
+                     shrink: Callable[[list[BaseMessage]], list[Any]]) -> Any:
+    """agent -> tools -> history -> agent: ``history`` shrinks the state after every tools
+    step, as the LangGraph docs' trimming / summarising nodes do."""
+    g = StateGraph(MessagesState)
+    g.add_node("agent", script)
+    g.add_node("tools", node)
+    g.add_node("history", lambda state: {"messages": shrink(state["messages"])})
+    g.add_edge(START, "agent")
+    g.add_conditional_edges("agent", tools_condition)
+    g.add_edge("tools", "history")
+    g.add_edge("history", "agent")
+    return g.compile(checkpointer=saver)
+
+
+def _trim_to(n: int) -> Callable[[list[BaseMessage]], list[Any]]:
+    """The RemoveMessage pattern: keep the last ``n`` messages."""
+    return lambda messages: [RemoveMessage(id=m.id or "") for m in messages[:-n]]
+
+
+def _summarise(messages: list[BaseMessage]) -> list[Any]:
+    """A summarisation node: every message but the last two becomes one summary."""
+    if len(messages) <= 3:
+        return []
+    return [RemoveMessage(id=REMOVE_ALL_MESSAGES),
+            SystemMessage(f"summary of {len(messages) - 2} messages"), *messages[-2:]]
+
+
+class _Positional(LedgerToolNode):
+    """The drop-in as it was (the twin the tests below must fail): a message's sequence
+    number is its position in the state's messages."""
+
+    def _settle(self, plan: Any) -> Any:
+        seq = self._at
+        statuses = plan.session.record(seq, plan.calls)
+        return {c["id"]: st for c, st in zip(plan.calls, statuses, strict=True)}, {}
+
+    def _plan(self, input: Any, config: Any) -> Any:
+        state: Any = self._extract_state(input, config)
+        self._at = len(state["messages"]) - 1
+        return super()._plan(input, config)
+
+
+class _Keyless(LedgerToolNode):
+    """A twin that ignores the keys on the history's ToolMessages (``seen=[]``)."""
+
+    def _plan(self, input: Any, config: Any) -> Any:
+        plan = super()._plan(input, config)
+        return None if plan is None else replace(plan, seen=frozenset())
+
+
+@pytest.mark.parametrize("shrink", [_trim_to(3), _summarise], ids=["trim", "summarise"])
+def test_a_shrinking_history_never_stalls_and_every_call_runs_once(
+        tmp_path: Path, shrink: Callable[[list[BaseMessage]], list[Any]]) -> None:
+    turns = [[{"name": "remind", "args": {"to": f"r{i}"}, "id": f"call_{i}"}]
+             for i in range(8)]
+    outbox: list[str] = []
+    saver = open_saver(tmp_path / "cp.sqlite")
+    node = LedgerToolNode([_remind_tool(outbox)], store=store_beside(saver),
+                          policies={"remind": NO_APPROVAL})
+    out = _invoke(_shrinking_graph(node, Script(*turns), saver, shrink),
+                  {"messages": [("user", "remind them all")]})
+    assert outbox == [f"r{i}" for i in range(8)]
+    assert out["messages"][-1].content == "done: reminded r7 (#8)"
+    assert len(out["messages"]) <= 4  # the history really shrank
+    # every response was placed as new (its predecessor's result was in the history):
+    # eight ledger messages, nothing superseded
+    s = node.session("t1")
+    assert sorted({st.call.position[0] for st in s.recover()})[-1] == 7
+    assert [r.kind for r in s.audit()].count("superseded") == 0
+    # the marks survived the checkpoint (and the summary's re-adding)
+    kept = [m for m in graph_state(saver) if isinstance(m, ToolMessage)]
+    assert kept and all(ledger_key(m, s.session_id) for m in kept)
+    # control: the drop-in as it was, placing by list position, dead-ends on the same run
+    outbox2: list[str] = []
+    saver2 = open_saver(tmp_path / "cp2.sqlite")
+    twin = _Positional([_remind_tool(outbox2)], store=store_beside(saver2),
+                       policies={"remind": NO_APPROVAL})
+    with pytest.raises(InvalidInput, match="already recorded with other calls"):
+        _invoke(_shrinking_graph(twin, Script(*turns), saver2, shrink),
+                {"messages": [("user", "remind them all")]})
+    assert len(outbox2) < 8
+
+
+def graph_state(saver: Any) -> list[BaseMessage]:
+    """The messages of thread t1 as the checkpointer stored them (read back from disk)."""
+    tup = saver.get_tuple(CFG)
+    assert tup is not None
+    messages: list[BaseMessage] = tup.checkpoint["channel_values"]["messages"]
+    return messages
+
+
+def test_a_reused_call_0_repeated_on_purpose_runs_every_time(tmp_path: Path) -> None:
+    """Gemini's ``call_0`` with identical arguments on every turn, in a trimmed history:
+    each repeat follows the previous result, so each is a new call and runs."""
+    same = [{"name": "remind", "args": {"to": "ada"}, "id": "call_0"}]
+
+    def conversation(kind: type[LedgerToolNode], where: Path) -> tuple[list[str], Script]:
+        outbox: list[str] = []
+        saver = open_saver(where)
+        node = kind([_remind_tool(outbox)], store=store_beside(saver),
+                    policies={"remind": NO_APPROVAL})
+        script = Script(same, same, same, same)
+        _invoke(_shrinking_graph(node, script, saver, _trim_to(2)),
+                {"messages": [("user", "remind ada 4 times")]})
+        return outbox, script
+
+    outbox, script = conversation(LedgerToolNode, tmp_path / "cp.sqlite")
+    assert outbox == ["ada"] * 4
+    assert script.seen == [f"reminded ada (#{i})" for i in range(1, 5)]
+    # control: without the keys the history carries, each repeat reads as a resume of
+    # the previous call and gets its result: the model is told "reminded" 4 times, but
+    # one reminder went out
+    outbox2, script2 = conversation(_Keyless, tmp_path / "cp2.sqlite")
+    assert outbox2 == ["ada"] and len(script2.seen) == 4
+
+
+def test_an_unanswered_call_the_history_dropped_asks_nothing_more(tmp_path: Path) -> None:
+    """An approval is pending; the app drops that AIMessage (RemoveMessage) and the model
+    asks for something else: the lost call is voided, its interrupt does not come back,
+    an answer to it runs nothing."""
+    outbox: list[str] = []
+    node, saver = _node(tmp_path, _logging(outbox, None), {"send_email": "manual"})
+    graph = _graph(node, Script([_call("ada", "call_0")]), saver)
+    [first] = _asks(_invoke(graph, {"messages": [("user", "mail ada")]}))
+    state = graph.get_state(CFG)
+    asked = state.values["messages"][-1]
+    # the app rewinds: drops the call, the user asks for another email
+    graph.update_state(CFG, {"messages": [RemoveMessage(id=asked.id)]}, as_node="agent")
+    graph2 = _graph(node, Script([_call("bob", "call_1")]), saver)
+    out = _invoke(graph2, {"messages": [("user", "no: mail bob")]})
+    [second] = _asks(out)
+    assert second["args"] == {"to": "bob"}
+    assert [c.key for c in node.session("t1").pending_approvals()] == [second["key"]]
+    out = _invoke(graph2, Command(resume={first["key"]: "approve", second["key"]: "approve"}))
+    assert outbox == ["bob"] and out["messages"][-1].content == "done: sent to bob"
+    with pytest.raises(InvalidInput):
+        node.session("t1").approve(first["key"])
+
+
+# -- durability="exit": a kill mid-tool loses the AIMessage that asked -------------------
+
+
+class _Server:
+    """The mail server: one fsynced JSON line per request; deduplicates on the key."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def log(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines()]
+
+    def send(self, to: str, eid: str, key: str | None) -> str:
+        log = self.log()
+        done = next((m for m in log if key and m["key"] == key), None)
+        reply = done["reply"] if done else f"sent to {to} as #{len(log) + 1}"
+        with self.path.open("a") as f:
+            f.write(json.dumps({"to": to, "eid": eid, "key": key, "applied": done is None,
+                                "reply": reply}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return reply
+
+    def sent(self) -> list[str]:
+        return [m["to"] for m in self.log() if m["applied"]]
+
+    def says(self, eid: str) -> str | None:
+        return next((m["reply"] for m in self.log() if m["eid"] == eid and m["applied"]), None)
+
+
+def _exit_graph(tmp_path: Path, server: _Server, policy: str, ledger: bool,
+                first: dict[str, Any], *, kill: bool) -> Any:
+    def body(to: str, eid: str, key: str | None) -> str:
+        reply = server.send(to, eid, key)
+        if kill:
+            os.kill(os.getpid(), signal.SIGKILL)  # the email is out, nothing else is
+        return reply
+
+    saver = open_saver(tmp_path / "checkpoints.sqlite")
+    node: Any = (LedgerToolNode([_mail_tool(body)], store=store_beside(saver),
+                                policies={"send_email": Tool(policy=policy,
+                                                             requires_approval=False)})
+                 if ledger else ToolNode([_mail_tool(body)]))
+    return _graph(node, Script([first]), saver)
+
+
+def _killed_in_a_child(run: Callable[[], None]) -> int:
+    """``run()`` in a forked process (real process, real SIGKILL); its exit code."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover  (the child)
+        code = 1
+        try:
+            run()
+            code = 0
+        finally:
+            os._exit(code)
+    _, st = os.waitpid(pid, 0)
+    return -os.WTERMSIG(st) if os.WIFSIGNALED(st) else os.WEXITSTATUS(st)
+
+
+def _lost_then_rerun(tmp_path: Path, policy: str, ledger: bool,
+                     again: dict[str, Any]) -> tuple[_Server, list[dict[str, Any]], Any]:
+    """First process: the model asks ``send_email(ada)`` as call_0, the email leaves, the
+    process is SIGKILLed; with durability="exit" LangGraph saved nothing. Then the app
+    sends the user's message again and the re-run model answers with ``again``."""
+    server = _Server(tmp_path / "mail.jsonl")
+    ada = _call("ada", "call_0")
+    user: Any = {"messages": [("user", "mail ada")]}
+
+    def first() -> None:
+        _exit_graph(tmp_path, server, policy, ledger, ada, kill=True).invoke(
+            user, CFG, durability="exit")
+
+    assert _killed_in_a_child(first) == -signal.SIGKILL
+    assert server.sent() == ["ada"]
+    graph = _exit_graph(tmp_path, server, policy, ledger, again, kill=False)
+    assert graph.get_state(CFG).values == {}  # the AIMessage that asked is gone
+    asked: list[dict[str, Any]] = []
+    out = graph.invoke(user, CFG, durability="exit")
+    while asks := _asks(out):  # a careful human: the server's log decides
+        asked += asks
+        answer = {a["key"]: {"type": "applied", "result": says} if (says := server.says(
+            a["key"])) else "retry" for a in asks}
+        out = graph.invoke(Command(resume=answer), CFG, durability="exit")
+    return server, asked, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["manual", "idempotent"])
+def test_a_lost_response_re_emitted_with_a_new_id_goes_on_and_sends_once(
+        tmp_path: Path, policy: str) -> None:
+    server, asked, out = _lost_then_rerun(tmp_path, policy, True, _call("ada", "call_9"))
+    assert server.sent() == ["ada"]  # once, whatever the policy
+    # the conversation goes on: the re-emitted call is answered under ITS id with the
+    # lost call's result
+    tool_msg = out["messages"][-2]
+    assert tool_msg.tool_call_id == "call_9" and tool_msg.content == "sent to ada as #1"
+    assert out["messages"][-1].content == "done: sent to ada as #1"
+    lost_key = server.log()[0]["eid"]
+    assert ledger_key(tool_msg) == lost_key
+    if policy == "manual":  # nobody can tell: a human was asked, about the lost call
+        assert [(a["kind"], a["key"], a["tool_call_id"]) for a in asked] == [
+            ("recovery_required", lost_key, "call_0")]
+    else:  # retried under the lost call's own key: the server deduplicated it
+        assert asked == [] and [m["key"] for m in server.log()] == [lost_key, lost_key]
+
+
+@pytest.mark.slow
+def test_a_lost_response_without_the_ledger_sends_twice(tmp_path: Path) -> None:
+    """The control: LangGraph alone, the same kill and re-run."""
+    server, _, out = _lost_then_rerun(tmp_path, "manual", False, _call("ada", "call_9"))
+    assert server.sent() == ["ada", "ada"]
+    assert out["messages"][-1].content == "done: sent to ada as #2"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["manual", "idempotent"])
+def test_a_lost_response_replaced_by_another_call_recovers_the_lost_one(
+        tmp_path: Path, policy: str) -> None:
+    server, asked, out = _lost_then_rerun(tmp_path, policy, True, _call("bob", "call_9"))
+    lost_key = server.log()[0]["eid"]
+    # the new call ran, and the conversation ended
+    assert out["messages"][-2].tool_call_id == "call_9"
+    assert out["messages"][-1].content == "done: sent to bob as #2"
+    assert server.sent() == ["ada", "bob"]  # the lost email never went out twice
+    if policy == "manual":  # recovered by its policy: a human, who says "applied"
+        assert [(a["kind"], a["key"]) for a in asked] == [("recovery_required", lost_key)]
+    else:  # retried under its own key (the server deduplicates), nobody asked
+        assert asked == [] and [m["key"] for m in server.log()].count(lost_key) == 2
+    ledger = LedgerToolNode([_mail_tool(lambda to, e, k: "")],
+                            store=store_beside(tmp_path / "checkpoints.sqlite"),
+                            policies={"send_email": Tool(policy=policy,
+                                                         requires_approval=False)})
+    s2 = ledger.session("t1")  # a fresh process's view: the lost call is settled
+    assert s2.halted() == [] and s2.pending_approvals() == []
+    kinds = [r.kind for r in s2.audit() if r.execution_id == lost_key]
+    assert "superseded" in kinds  # audited: the history lost its response
+    assert ("human_applied" in kinds) if policy == "manual" else kinds.count("dispatch") == 2

@@ -29,10 +29,24 @@ the ledger of the graph's thread:
   ``Command(resume={key: "applied" | "retry" | "abandon"})`` (``{"type":
   "applied", "result": "..."}`` to give the result the external system holds).
 
-Execution ids come from the graph's durable identities: the ``thread_id`` (with
-the node's name: the ledger session), the position of the ``AIMessage`` in the
-state's messages (the ``add_messages`` list the checkpointer persists), the
-call's index in it, and the provider's tool call id.
+The ledger places each ``AIMessage`` itself, never by its position in the state's
+messages (docs/protocol.md#placing-a-response): every ``ToolMessage`` this node creates
+carries its call's ledger key in ``response_metadata["toolledger"]`` (:data:`LEDGER_MARK`,
+read with :func:`ledger_key`; it survives the checkpointer and ``RemoveMessage``), and
+an ``AIMessage`` is recorded with ``seen`` = the keys on the ToolMessages before it. So:
+
+- trimming (``RemoveMessage``) or summarising old messages changes nothing, as long as
+  the newest tool results (or a copy of them, marks included) stay in the state;
+- a provider that re-uses ``call_0`` with the same arguments on a later turn gets a new
+  execution, which runs (it follows the previous result);
+- a response the graph lost before it was saved (``durability="exit"``, a kill
+  mid-tool) and the model asks again: the same call (tool and arguments) under a new
+  tool call id IS the lost call, answered under the new id with the lost call's
+  recovery (a result, a retry under its own key, a connector, a human); a different
+  call is new and runs, the lost response's undispatched calls are voided (their
+  approvals ask nothing more) and its dispatched ones are recovered by their policy
+  after the message's calls ran (a ``manual`` one: a ``recovery_required`` interrupt
+  whose ``tool_call_id`` is the lost call's).
 
 Where the ledger lives: a :class:`~toolledger.SqliteStore` beside the graph's
 ``SqliteSaver`` (:func:`store_beside`: ``checkpoints.sqlite`` gets
@@ -43,9 +57,10 @@ another application.
 Not covered: a protected tool that returns a ``Command`` (its text is recorded,
 its state update is not reconstructed after a crash); a protected tool that calls
 ``interrupt()`` itself (its attempt ends with an unknown outcome: use the ledger's
-approvals); message lists trimmed (``RemoveMessage``) before a call that is still
-unanswered (positions would shift: the ledger refuses a position that names
-another message, never confuses them).
+approvals); a history processor that drops the newest ToolMessages with their marks
+(then an identical repeat of the latest call reads as a resume: its recorded result is
+returned, nothing is sent twice); a lost ``idempotent`` call retried with a tool that
+needs the state of its own message (it gets the current one).
 """
 
 from __future__ import annotations
@@ -89,8 +104,10 @@ __all__ = [
     "APPROVAL_DECISIONS",
     "INTERRUPT_KEY",
     "LEDGER_KEYWORDS",
+    "LEDGER_MARK",
     "LedgerToolNode",
     "Reconciler",
+    "ledger_key",
     "ledger_path",
     "open_saver",
     "store_beside",
@@ -109,8 +126,32 @@ Reconciler: TypeAlias = Callable[..., ReconcileAnswer]
 """``ask(call, attempt)``: asks the external system about a ``reconcile`` call
 (:meth:`toolledger.Session.reconcile`)."""
 
+LEDGER_MARK: Final = "toolledger"
+"""The key of the ledger's mark in a ``ToolMessage``'s ``response_metadata``:
+``{"session": ..., "key": ...}``, the execution id of the call it answers."""
+
 _ASK: Final = (Next.AWAIT_APPROVAL, Next.HALTED)
 _RUN_AGAIN: Final = (Next.EXECUTE, Next.RETRY)
+_LOST: Final = "toolledger-lost:"  # the tool call id a lost call runs under (never the model's)
+_LOST_NEXT: Final = (Next.HALTED, Next.RECONCILE, *_RUN_AGAIN)
+
+
+def ledger_key(message: ToolMessage, session_id: str | None = None) -> str | None:
+    """The ledger key a :class:`LedgerToolNode` put on a ``ToolMessage`` it created (of
+    the ledger session ``session_id`` if given); ``None`` on any other message."""
+    mark = message.response_metadata.get(LEDGER_MARK)
+    if not isinstance(mark, Mapping) or not isinstance(mark.get("key"), str):
+        return None
+    if session_id is not None and mark.get("session") != session_id:
+        return None
+    return str(mark["key"])
+
+
+def _marked(message: ToolMessage, session: Session, key: str) -> ToolMessage:
+    """``message`` with the ledger's mark (a copy: the tool's own message is not changed)."""
+    meta = {**message.response_metadata,
+            LEDGER_MARK: {"session": session.session_id, "key": key}}
+    return message.model_copy(update={"response_metadata": meta})
 
 
 def store_beside(checkpointer: SqliteSaver | str | Path) -> SqliteStore:
@@ -161,7 +202,7 @@ _ATTEMPT: contextvars.ContextVar[tuple[str, str, str | None]] = contextvars.Cont
 @dataclass(frozen=True, slots=True)
 class _Plan:
     session: Session
-    seq: int
+    seen: frozenset[str]  # the keys on this node's ToolMessages before the AIMessage
     calls: list[dict[str, Any]]  # every call of the message to this node's tools
     mine: list[str]  # the tool call ids this run of the node executes
     refused: str | None  # why nothing of this message may be recorded
@@ -248,17 +289,26 @@ class LedgerToolNode(ToolNode):
         if plan.refused is not None:
             return self._refusal(input, plan)
         while True:
-            statuses = self._settle(plan)
-            if self._ask(plan, statuses):
+            statuses, lost = self._settle(plan)
+            if self._ask(plan, statuses, lost, own_first=True):
                 continue
-            token = _RUN.set(_Run(plan.session, statuses))
+            token = _RUN.set(_Run(plan.session, {**statuses, **lost}))
             try:
                 out = super()._func(input, config, runtime)
+                for call, rt in self._lost_calls(input, config, runtime, lost):
+                    try:
+                        self._run_one(call, "tool_calls", rt)
+                    except GraphBubbleUp:
+                        raise
+                    except Exception:  # the ledger recorded it; the model never asked
+                        continue
             finally:
                 _RUN.reset(token)
-            if not any(s.next in _ASK for s in self._settle(plan).values()):
+            statuses, lost = self._settle(plan)
+            if not self._ask(plan, statuses, lost, own_first=False):
                 return out
-            # a call ended halted: the human's interrupt comes next, this output is dropped
+            # asked (a call ended halted, a lost call waits for a human): this output is
+            # dropped, the node runs again with the answer applied
 
     async def _afunc(self, input: list[AnyMessage] | dict[str, Any] | BaseModel,
                      config: RunnableConfig, runtime: Runtime[Any]) -> Any:
@@ -268,19 +318,28 @@ class LedgerToolNode(ToolNode):
         if plan.refused is not None:
             return self._refusal(input, plan)
         while True:
-            statuses = self._settle(plan)
-            if self._ask(plan, statuses):
+            statuses, lost = self._settle(plan)
+            if self._ask(plan, statuses, lost, own_first=True):
                 continue
-            token = _RUN.set(_Run(plan.session, statuses))
+            token = _RUN.set(_Run(plan.session, {**statuses, **lost}))
             try:
                 out = await super()._afunc(input, config, runtime)
+                for call, rt in self._lost_calls(input, config, runtime, lost):
+                    try:
+                        await self._arun_one(call, "tool_calls", rt)
+                    except GraphBubbleUp:
+                        raise
+                    except Exception:  # the ledger recorded it; the model never asked
+                        continue
             finally:
                 _RUN.reset(token)
-            if not any(s.next in _ASK for s in self._settle(plan).values()):
+            statuses, lost = self._settle(plan)
+            if not self._ask(plan, statuses, lost, own_first=False):
                 return out
 
     def _plan(self, input: Any, config: RunnableConfig) -> _Plan | None:
-        """The session, message position and calls of this run; None if none is ours."""
+        """The session, what the history shows (``seen``) and the calls of this run; None
+        if no call is ours."""
         wanted, _ = self._parse_input(input)
         ours = [c for c in wanted if c["name"] in self.tools_by_name]
         if not ours:
@@ -297,8 +356,8 @@ class LedgerToolNode(ToolNode):
         ids = {c["id"] for c in ours}
         # the LAST message that carries these ids: a provider that re-uses an id names
         # the newest call with it
-        for seq in range(len(messages) - 1, -1, -1):
-            m = messages[seq]
+        for at in range(len(messages) - 1, -1, -1):
+            m = messages[at]
             if isinstance(m, AIMessage) and ids & {c["id"] for c in m.tool_calls}:
                 break
         else:
@@ -306,6 +365,10 @@ class LedgerToolNode(ToolNode):
                                "the state's messages; nothing was executed")
         calls = [c for c in m.tool_calls if c["name"] in self.tools_by_name]
         session = self.session(str(thread))
+        # what the history shows: the keys on this node's ToolMessages BEFORE the message
+        # (docs/protocol.md#placing-a-response); trimming older ones changes nothing
+        seen = frozenset(k for msg in messages[:at] if isinstance(msg, ToolMessage)
+                         for k in [ledger_key(msg, session.session_id)] if k is not None)
         call_ids = [c["id"] for c in calls]
         refused = None
         if len(set(call_ids)) != len(call_ids) or None in call_ids:
@@ -318,28 +381,41 @@ class LedgerToolNode(ToolNode):
                 check_arguments(c["name"], c["args"])
             except InvalidInput as exc:
                 refused = str(exc)
-        return _Plan(session, seq, [{"id": c["id"] or "", "name": c["name"],
-                                     "arguments": c["args"]} for c in calls],
+        return _Plan(session, seen, [{"id": c["id"] or "", "name": c["name"],
+                                      "arguments": c["args"]} for c in calls],
                      [c["id"] or "" for c in ours], refused)
 
-    def _settle(self, plan: _Plan) -> dict[str, CallStatus]:
-        """Record the message (again: idempotent), run the reconcile connectors; the
-        status of every call this run executes, by tool call id."""
-        statuses = plan.session.record(plan.seq, plan.calls)
-        out = {}
-        for status in statuses:
-            while status.next is Next.RECONCILE:
-                ask = self.reconcilers.get(status.call.name)
-                status = plan.session.reconcile(
-                    status.key, ask if ask is not None else _cannot_tell)
-            out[status.call.tool_call_id] = status
-        return {cid: out[cid] for cid in plan.mine}
+    def _settle(self, plan: _Plan) -> tuple[dict[str, CallStatus], dict[str, CallStatus]]:
+        """Record the message (placed by the ledger; again: a re-record, nothing written),
+        run the reconcile connectors.
 
-    def _ask(self, plan: _Plan, statuses: Mapping[str, CallStatus]) -> bool:
+        Returns the status of every call this run executes, by tool call id (a call that
+        is the same call as a dispatched call of a lost response has that call's status),
+        and the lost calls to recover (dispatched calls of a response the history lost,
+        not re-emitted), by :data:`_LOST` + key: only in the run that holds the message's
+        first call (with ``Send``, one run per call), so a lost call is recovered once."""
+        statuses = plan.session.record(plan.calls, seen=plan.seen)
+        out = {c["id"]: self._reconciled(plan.session, st)
+               for c, st in zip(plan.calls, statuses, strict=True)}
+        lost: dict[str, CallStatus] = {}
+        if plan.calls[0]["id"] in plan.mine:
+            keys = {st.key for st in out.values()}
+            for st in plan.session.recover():
+                if st.key not in keys and st.result is None and st.next in _LOST_NEXT:
+                    lost[_LOST + st.key] = self._reconciled(plan.session, st)
+        return {cid: out[cid] for cid in plan.mine}, lost
+
+    def _ask(self, plan: _Plan, statuses: Mapping[str, CallStatus],
+             lost: Mapping[str, CallStatus], *, own_first: bool) -> bool:
         """Interrupt for the approvals and recovery items of this run; apply the answer.
 
-        Returns whether anything was asked (then the caller settles again)."""
+        ``own_first``: ask only if a call of this message must wait (a lost call's human
+        never holds the message's calls back). Returns whether anything was asked (then
+        the caller settles again)."""
         asks = [s for s in statuses.values() if s.next in _ASK]
+        if own_first and not asks:
+            return False
+        asks += [s for s in lost.values() if s.next in _ASK]
         if not asks:
             return False
         # the core's decision and the attempt, for the human who answers
@@ -347,6 +423,24 @@ class LedgerToolNode(ToolNode):
         answer = interrupt({INTERRUPT_KEY: [_request(decided.get(s.key, s)) for s in asks]})
         _apply(plan.session, asks, answer)
         return True
+
+    def _lost_calls(self, input: Any, config: RunnableConfig, runtime: Runtime[Any],
+                    lost: Mapping[str, CallStatus]) -> list[tuple[ToolCall, ToolRuntime[Any, Any]]]:
+        """The lost calls to run again (an ``idempotent`` retry under its own key, a
+        ``retry`` a human chose), as ``ToolNode`` runs a call: with the recorded
+        arguments and the state of this run; what they return is not the model's."""
+        out = []
+        for lid, st in lost.items():
+            if st.next not in _RUN_AGAIN:
+                continue
+            call = ToolCall(name=st.call.name, args=dict(st.call.arguments), id=lid,
+                            type="tool_call")
+            out.append((call, ToolRuntime(
+                state=self._extract_state(input, config), tool_call_id=lid, config=config,
+                context=runtime.context, store=runtime.store,
+                stream_writer=runtime.stream_writer, tools=list(self.tools_by_name.values()),
+                execution_info=runtime.execution_info, server_info=runtime.server_info)))
+        return out
 
     def _refusal(self, input: Any, plan: _Plan) -> Any:
         return self._combine_tool_outputs(
@@ -376,7 +470,7 @@ class LedgerToolNode(ToolNode):
             elif status.next is Next.RECONCILE:
                 status = self._reconciled(run.session, status)
             else:
-                return self._message(request, status, fresh)
+                return self._message(run.session, request, status, fresh)
 
     async def _awrap(self, request: ToolCallRequest,
                      execute: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]]
@@ -399,7 +493,7 @@ class LedgerToolNode(ToolNode):
             elif status.next is Next.RECONCILE:
                 status = self._reconciled(run.session, status)
             else:
-                return self._message(request, status, fresh)
+                return self._message(run.session, request, status, fresh)
 
     @staticmethod
     def _call_of(request: ToolCallRequest) -> tuple[_Run | None, CallStatus | None]:
@@ -413,11 +507,17 @@ class LedgerToolNode(ToolNode):
         return _Dispatching(self, session, request, status)
 
     def _reconciled(self, session: Session, status: CallStatus) -> CallStatus:
-        ask = self.reconcilers.get(status.call.name)
-        return session.reconcile(status.key, ask if ask is not None else _cannot_tell)
+        """Ask a ``reconcile`` call's connector until it has a next step (a status that
+        is not ``reconcile`` is returned as it is)."""
+        while status.next is Next.RECONCILE:
+            ask = self.reconcilers.get(status.call.name)
+            status = session.reconcile(status.key, ask if ask is not None else _cannot_tell)
+        return status
 
-    def _message(self, request: ToolCallRequest, status: CallStatus,
+    def _message(self, session: Session, request: ToolCallRequest, status: CallStatus,
                  fresh: list[Any]) -> ToolMessage | Command[Any]:
+        """The ToolMessage of a settled call, under the request's tool call id, with the
+        call's ledger key on it (:data:`LEDGER_MARK`: the next message's ``seen``)."""
         call = request.tool_call
         if status.next is not Next.RESULT or status.result is None:
             # halted (or waiting): the node interrupts for a human before this output
@@ -426,14 +526,17 @@ class LedgerToolNode(ToolNode):
                                tool_call_id=call["id"] or "", name=call["name"],
                                status="error")
         last = fresh[-1] if fresh else None
-        if isinstance(last, (ToolMessage, Command)) and status.outcome is Outcome.APPLIED:
-            return last  # the live message, as ToolNode returns it
+        if isinstance(last, Command) and status.outcome is Outcome.APPLIED:
+            return last  # the live Command, as ToolNode returns it (not marked)
+        if isinstance(last, ToolMessage) and status.outcome is Outcome.APPLIED:
+            return _marked(last, session, status.key)  # the live message
         if fresh and status.outcome is Outcome.NOT_APPLIED and isinstance(last, Exception):
             # a definite failure ends as it would without the ledger
-            return self._error_message(last, call)
+            return _marked(self._error_message(last, call), session, status.key)
         ok = status.result.kind is ResultKind.OK
-        return ToolMessage(content=status.result.content, tool_call_id=call["id"] or "",
-                           name=call["name"], status="success" if ok else "error")
+        return _marked(ToolMessage(content=status.result.content,
+                                   tool_call_id=call["id"] or "", name=call["name"],
+                                   status="success" if ok else "error"), session, status.key)
 
     def _error_message(self, exc: Exception, call: ToolCall) -> ToolMessage:
         flag = self._user_handle_tool_errors
