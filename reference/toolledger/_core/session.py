@@ -88,7 +88,10 @@ Threads
 A Session may be used from several threads (engines run tools in worker
 threads): every method takes the session's lock while it reads or changes
 the ledger, and releases it while a tool body runs, so calls of one message
-may run in parallel.  Running the same call twice at once is an error
+may run in parallel; :meth:`Session.execute_message` ``(concurrency=w)`` runs
+up to ``w`` bodies of a message at once in its own worker threads (each call's
+``dispatched`` durable before its body, the same commit counts; see
+docs/adopting.md).  Running the same call twice at once is an error
 (:class:`CallBusy`), never a second dispatch.
 
 Store errors
