@@ -120,6 +120,23 @@ checks it: killed after the first of 5 effects, recovery finds all 5 calls to
 retry, to reconcile or halted, by policy).  The peers' parallel rows run the
 same one-call turn through their concurrent form (its recovery path).
 
+Tools that take time
+--------------------
+Real tools are network calls of tens to thousands of milliseconds; there, how
+a message's calls are scheduled matters more than any sync.  A second table
+runs the same 5-call turn with a tool that sleeps ``LATENCIES_MS`` (0, 20 and
+200 ms; the peers' async forms ``await asyncio.sleep``), fast disk only, for
+toolledger's message paths, sequential (``toolledger-batched``,
+``toolledger-together``) and concurrent (``toolledger-concurrent``,
+``toolledger-together-concurrent``: ``execute_message(..., concurrency=5)``,
+the 5 bodies in 5 worker threads, with and without ``together``), against the
+peers' parallel forms (``langgraph-parallel``, ``dbos-wal-parallel``).  One
+child per system and round runs every latency (warm turns first at each),
+rounds interleaved as above.  The goal (``LATENCY_GOAL``): every concurrent
+toolledger row >= 1.0x each peer's parallel form at 20 and 200 ms; the
+sequential rows' ratios are printed beside them (they run the 5 bodies one
+after the other, so they tend to 1/5 of a parallel form as the tool slows).
+
 ``python benchmarks/bench_peers.py [--smoke] [--json]``; needs the
 ``peers`` extra (``pip install -e '.[peers]'``); a peer that is not installed
 is reported as such and skipped.
@@ -156,6 +173,22 @@ SEQUENTIAL_REFERENCE = "toolledger-batched"
 are reported beside the reference's, against the same peer forms."""
 TOOLLEDGER_MODES = {"toolledger": "sequential", "toolledger-batched": "batched",
                     "toolledger-together": "together"}
+CONCURRENT_MODES = {"toolledger-concurrent": "concurrent",
+                    "toolledger-together-concurrent": "together-concurrent"}
+"""toolledger's message paths with ``execute_message(..., concurrency=CALLS_PER_TURN)``:
+the rows of the latency table only."""
+ALL_MODES = {**TOOLLEDGER_MODES, **CONCURRENT_MODES}
+LATENCIES_MS = (0, 20, 200)
+"""How long the tool takes in the latency table (a sleep in the body)."""
+LATENCY_SYSTEMS = ("toolledger-batched", "toolledger-together", "toolledger-concurrent",
+                   "toolledger-together-concurrent", "langgraph-parallel", "dbos-wal-parallel")
+LATENCY_JUDGED = ("toolledger-concurrent", "toolledger-together-concurrent")
+"""The rows the latency goal judges (the sequential ones are reported beside them)."""
+LATENCY_PEERS = ("langgraph-parallel", "dbos-wal-parallel")
+LATENCY_GOAL = 1.0
+"""toolledger / each peer's parallel form, calls/s, at every latency > 0."""
+TOOL_LATENCY_S = [0.0]
+"""How long every system's tool body sleeps now (the latency child sets it)."""
 PEER_FORMS = {"langgraph": ("langgraph", "langgraph-parallel"),
               "dbos-wal": ("dbos-wal", "dbos-wal-parallel")}
 """Each judged peer's forms of the same message: its sequential loop and its own
@@ -176,7 +209,7 @@ GOALS = {"langgraph": 1.2, "dbos-wal": 2.0}
 
 
 def _requirements(system: str) -> list[str]:
-    if system in TOOLLEDGER_MODES:
+    if system in ALL_MODES:
         return []
     if system.startswith("langgraph"):
         return ["langgraph", "langgraph.checkpoint.sqlite"]
@@ -243,12 +276,14 @@ def toolledger_workload(directory: Path, effects: Effects, policy: str = "idempo
                         mode: str = "sequential") -> tuple[Turn, Any]:
     """toolledger's turn in ``mode`` (``sequential``: record, then one ``execute`` per
     call; ``batched``: ``lazy_create`` + ``execute_message``; ``together``: the same with
-    ``together=True``), and its store (whose ``commits`` counter the worker reads)."""
+    ``together=True``; ``concurrent`` / ``together-concurrent``: those two with
+    ``concurrency=`` the message's calls), and its store (whose ``commits`` counter the
+    worker reads).  The tool sleeps ``TOOL_LATENCY_S[0]`` (a network call)."""
     from toolledger import Session, SqliteStore, Tool
 
-    if mode not in TOOLLEDGER_MODES.values():
+    if mode not in ALL_MODES.values():
         raise ValueError(f"unknown toolledger mode {mode!r}; one of "
-                         f"{', '.join(TOOLLEDGER_MODES.values())}")
+                         f"{', '.join(ALL_MODES.values())}")
     store = SqliteStore(directory / "toolledger.sqlite3")
     tools = {"send": Tool(policy, requires_approval=False)}
 
@@ -258,6 +293,8 @@ def toolledger_workload(directory: Path, effects: Effects, policy: str = "idempo
         def body(a: Any) -> str:
             # idempotent: the external system deduplicates on the key; reconcile: it
             # keeps the execution id it was sent, to answer reconcile(); manual: nothing
+            if TOOL_LATENCY_S[0]:
+                time.sleep(TOOL_LATENCY_S[0])
             effects.apply(a.idempotency_key or (a.call.key if policy == "reconcile"
                                                 else None))
             if after_effect is not None:
@@ -271,6 +308,9 @@ def toolledger_workload(directory: Path, effects: Effects, policy: str = "idempo
         elif mode == "together":  # [create + record + dispatched(1..n)], [succeeded(1..n)]
             Session.open(store, f"turn-{n}", tools, lazy_create=True).execute_message(
                 1, message, body, together=True)
+        elif mode in ("concurrent", "together-concurrent"):  # n + 1 / 2 commits, n at once
+            Session.open(store, f"turn-{n}", tools, lazy_create=True).execute_message(
+                1, message, body, together=mode == "together-concurrent", concurrency=calls)
         else:
             s = Session.open(store, f"turn-{n}", tools)
             for st in s.record(1, message):
@@ -292,6 +332,8 @@ def langgraph_turns(directory: Path, effects: Effects,
 
     @task
     def send(i: int) -> str:
+        if TOOL_LATENCY_S[0]:
+            time.sleep(TOOL_LATENCY_S[0])
         effects.apply()
         if after_effect is not None:
             after_effect()
@@ -337,6 +379,8 @@ def dbos_turns(directory: Path, effects: Effects, *, wal: bool,
 
     @DBOS.step()
     def send(i: int) -> str:
+        if TOOL_LATENCY_S[0]:
+            time.sleep(TOOL_LATENCY_S[0])
         effects.apply()
         if after_effect is not None:
             after_effect()
@@ -348,6 +392,8 @@ def dbos_turns(directory: Path, effects: Effects, *, wal: bool,
 
     @DBOS.step()
     async def send_async(i: int) -> str:
+        if TOOL_LATENCY_S[0]:
+            await asyncio.sleep(TOOL_LATENCY_S[0])  # an async tool: its own way to wait
         effects.apply()
         if after_effect is not None:
             after_effect()
@@ -381,9 +427,9 @@ def dbos_turns(directory: Path, effects: Effects, *, wal: bool,
 
 def make(system: str, directory: Path, effects: Effects, policy: str = "idempotent",
          after_effect: Callable[[], None] | None = None) -> tuple[Turn, Callable[[], None]]:
-    if system in TOOLLEDGER_MODES:
+    if system in ALL_MODES:
         return toolledger_turns(directory, effects, policy, after_effect,
-                                mode=TOOLLEDGER_MODES[system])
+                                mode=ALL_MODES[system])
     if system in ("langgraph", "langgraph-parallel"):
         return langgraph_turns(directory, effects, after_effect,
                                parallel=system == "langgraph-parallel")
@@ -413,36 +459,152 @@ def _cpu() -> float:
 def worker(system: str, directory: Path, warm: int, turns: int) -> Result:
     """Child process: ``warm`` untimed turns, then ``turns`` timed ones."""
     effects = Effects()
-    store: Any = None
-    if system in TOOLLEDGER_MODES:
-        turn, store = toolledger_workload(directory, effects, mode=TOOLLEDGER_MODES[system])
-        close = store.close
-    else:
-        turn, close = make(system, directory, effects)
+    turn, close, store = build(system, directory, effects)
     try:
-        for n in range(warm):
-            turn(n)
-        commits0 = None if store is None else (store.commits, store.ledger_commits)
-        io0, cpu0 = _io(), _cpu()
-        os.access(MARK_BEGIN, os.F_OK)  # the strace mark: timed turns begin
-        t0 = time.perf_counter()
-        for n in range(warm, warm + turns):
-            turn(n)
-        wall = time.perf_counter() - t0
-        os.access(MARK_END, os.F_OK)
-        cpu, io1 = _cpu() - cpu0, _io()
-        commits = None if store is None or commits0 is None else (
-            store.commits - commits0[0], store.ledger_commits - commits0[1])
+        return measure(turn, store, effects, warm, turns)
     finally:
         close()
+
+
+def build(system: str, directory: Path, effects: Effects
+          ) -> tuple[Turn, Callable[[], None], Any]:
+    """``system``'s turn, how to close it, and its store (toolledger: the counters the
+    measurement reads; None for a peer)."""
+    if system in ALL_MODES:
+        turn, store = toolledger_workload(directory, effects, mode=ALL_MODES[system])
+        return turn, store.close, store
+    turn, close = make(system, directory, effects)
+    return turn, close, None
+
+
+def measure(turn: Turn, store: Any, effects: Effects, warm: int, turns: int,
+            start: int = 0) -> Result:
+    """``warm`` untimed turns, then ``turns`` timed ones, numbered from ``start`` (a child
+    measuring several times in a row): wall, CPU, I/O and the store's commits."""
+    counted = effects.count
+    for n in range(start, start + warm):
+        turn(n)
+    commits0 = None if store is None else (store.commits, store.ledger_commits)
+    io0, cpu0 = _io(), _cpu()
+    os.access(MARK_BEGIN, os.F_OK)  # the strace mark: timed turns begin
+    t0 = time.perf_counter()
+    for n in range(start + warm, start + warm + turns):
+        turn(n)
+    wall = time.perf_counter() - t0
+    os.access(MARK_END, os.F_OK)
+    cpu, io1 = _cpu() - cpu0, _io()
+    commits = None if store is None or commits0 is None else (
+        store.commits - commits0[0], store.ledger_commits - commits0[1])
     calls = turns * CALLS_PER_TURN
-    assert effects.count == (warm + turns) * CALLS_PER_TURN, "an effect was lost or repeated"
+    assert effects.count - counted == (warm + turns) * CALLS_PER_TURN, \
+        "an effect was lost or repeated"
     out: Result = {"calls": calls, "seconds": wall, "cpu_seconds": cpu,
                    "write_bytes": io1.get("write_bytes", 0) - io0.get("write_bytes", 0),
                    "wchar": io1.get("wchar", 0) - io0.get("wchar", 0)}
     if commits is not None:  # counted by the store: every commit, and the ledger's
         out["commits"], out["ledger_commits"] = commits
     return out
+
+
+def latency_worker(system: str, directory: Path, plan: list[tuple[float, int, int]]
+                   ) -> dict[str, Result]:
+    """Child process of the latency table: one workload, and for each ``(latency_ms,
+    warm, turns)`` of ``plan`` the tool sleeps that long (:data:`TOOL_LATENCY_S`) while
+    :func:`measure` runs ``warm`` untimed, then ``turns`` timed turns (one process:
+    DBOS is one instance per process)."""
+    effects = Effects()
+    turn, close, store = build(system, directory, effects)
+    out: dict[str, Result] = {}
+    start = 0
+    try:
+        for latency_ms, warm, turns in plan:
+            TOOL_LATENCY_S[0] = latency_ms / 1000
+            out[f"{latency_ms:g}"] = measure(turn, store, effects, warm, turns, start)
+            start += warm + turns
+    finally:
+        TOOL_LATENCY_S[0] = 0.0
+        close()
+    return out
+
+
+def latency_plan(smoke: bool) -> list[tuple[float, int, int]]:
+    """``(latency_ms, warm turns, timed turns)``: about the same time at each latency."""
+    if smoke:
+        return [(ms, 1, 1) for ms in LATENCIES_MS[:2]]
+    return [(ms, 2 if ms < 100 else 1, {0: 30, 20: 10}.get(ms, 3)) for ms in LATENCIES_MS]
+
+
+def latency_goals(per: dict[str, dict[str, Result]]) -> Result:
+    """Each toolledger message row / each peer's parallel form, calls/s, per latency; the
+    goal: every judged (concurrent) row >= ``LATENCY_GOAL`` at every latency > 0."""
+    ratios: Result = {}
+    met = True
+    for ms, rows in per.items():
+        at: Result = {}
+        for tl in (s for s in LATENCY_SYSTEMS if s in ALL_MODES and s in rows):
+            at[tl] = {peer: rows[tl]["calls_per_second"] / rows[peer]["calls_per_second"]
+                      for peer in LATENCY_PEERS if peer in rows}
+            if float(ms) > 0 and tl in LATENCY_JUDGED:
+                met = met and bool(at[tl]) and all(r >= LATENCY_GOAL for r in at[tl].values())
+        ratios[ms] = at
+    judged = any(float(ms) > 0 and any(p in rows for p in LATENCY_PEERS)
+                 for ms, rows in per.items())
+    return {"target": LATENCY_GOAL, "rows": list(LATENCY_JUDGED), "peers": list(LATENCY_PEERS),
+            "ratios": ratios, "met": met if judged else None}
+
+
+def latency_table(d: Path, smoke: bool) -> Result:
+    """The latency table (see the module doc): interleaved rounds, fast disk only."""
+    rounds = 1 if smoke else 3
+    plan = latency_plan(smoke)
+    systems = [s for s in LATENCY_SYSTEMS if installed(s)]
+    raw: dict[str, list[dict[str, Result]]] = {s: [] for s in systems}
+    load = [os.getloadavg()[0]]
+    for r in range(rounds):
+        for s in systems[r % len(systems):] + systems[:r % len(systems)]:
+            work = d / f"latency-{s}-{time.monotonic_ns()}"
+            work.mkdir()
+            try:
+                raw[s].append(_run_json(_child_code(
+                    f"print(json.dumps(b.latency_worker({s!r}, b.Path({str(work)!r}), "
+                    f"{plan!r})))"), s))
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+        load.append(os.getloadavg()[0])
+    per: dict[str, dict[str, Result]] = {}
+    for ms, _, _ in plan:
+        key = f"{ms:g}"
+        per[key] = {}
+        for s in systems:
+            xs = [x[key] for x in raw[s]]
+            row: Result = {"calls_per_second": median([x["calls"] / x["seconds"] for x in xs]),
+                           "cpu_ms_per_call": _per_call(xs, "cpu_seconds") * 1000}
+            if all("commits" in x for x in xs):
+                row["commits_per_message"] = median(
+                    [x["commits"] / x["calls"] for x in xs]) * CALLS_PER_TURN
+            per[key][s] = row
+    goals = latency_goals(per)
+    print(f"\ntools that take time: {CALLS_PER_TURN}-call turns, {rounds} interleaved rounds, "
+          f"fast disk; toolledger / each peer's parallel form (load {min(load):.2f} to "
+          f"{max(load):.2f}):")
+    head = ["system"]
+    for ms, _, _ in plan:
+        head += [f"{ms:g} ms calls/s"] + [f"/{p.split('-')[0]}" for p in LATENCY_PEERS]
+    body = []
+    for s in systems:
+        line = [s]
+        for ms, _, _ in plan:
+            key = f"{ms:g}"
+            line.append(format(per[key][s]["calls_per_second"], ".0f"))
+            rs = goals["ratios"][key].get(s, {})
+            line += [format(rs[p], ".2f") if p in rs else "-" for p in LATENCY_PEERS]
+        body.append(tuple(line))
+    print(table(tuple(head), body, right=range(1, len(head))))
+    print(f"goal: {', '.join(LATENCY_JUDGED)} >= {LATENCY_GOAL:g}x each of "
+          f"{', '.join(LATENCY_PEERS)} at every latency > 0: "
+          + {True: "met", False: "not met", None: "not judged"}[goals["met"]])
+    return {"plan": [list(x) for x in plan], "rounds": rounds, "load_average_1min": load,
+            "systems": per, "goals": goals}
 
 
 # --------------------------------------------------------------------------
@@ -480,6 +642,14 @@ def run_child(system: str, directory: Path, warm: int, turns: int,
         return res
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_json(cmd: list[str], system: str) -> Any:
+    """A child's last line of output, as JSON."""
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"{system} child failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def count_marked_syncs(log: str) -> dict[str, int]:
@@ -703,6 +873,7 @@ def run(smoke: bool = False) -> Result:
                 f"{s} {fast[s][-1]['calls'] / fast[s][-1]['seconds']:.0f}/s" for s in order),
                 flush=True)
         crash = [crash_row(s, d, p) for s, p in CRASH_CASES if s in systems]
+        latency = latency_table(d, smoke)
 
     f_ms = median(fast_ms)
     s_ms = median(slow_ms) if slow_ms else None
@@ -807,7 +978,7 @@ def run(smoke: bool = False) -> Result:
             "how": f"strace -e inject=fsync,fdatasync:{SLOW}",
             "no_sync": f"strace -e inject=fsync,fdatasync:{NO_SYNC}",
             "fast_sync_ms": f_ms, "slow_sync_ms": s_ms, "model_sync_ms": MODEL_SYNC_MS},
-        "systems": per, "crash": crash, "goals": goals,
+        "systems": per, "crash": crash, "goals": goals, "latency": latency,
     }
 
 

@@ -185,6 +185,18 @@ def goals(b: dict[str, Any]) -> list[dict[str, Any]]:
                 f"; {x['sequential_row']} (sequential fused): {ratios(x, 'sequential_')}")
              + "; met by " + (", ".join(x["met_by"]) or "neither row"),
              None if x is None else x["met"])
+    lat = _get(b.get("peers"), "latency", "goals")
+    if lat is not None:
+
+        def at(ms: str) -> str:
+            return f"{ms} ms " + ", ".join(
+                f"{row} " + " / ".join(f"{r:.2f}" for r in lat["ratios"][ms][row].values())
+                for row in lat["rows"] if row in lat["ratios"][ms])
+
+        goal("message paths with 20 ms and 200 ms tools: toolledger's concurrent rows / "
+             f"each peer's parallel form ({', '.join(lat['peers'])}) calls/s",
+             f">= {lat['target']:g}x",
+             "; ".join(at(ms) for ms in lat["ratios"] if float(ms) > 0), lat["met"])
     sy, by = pg.get("syncs_per_call"), pg.get("bytes_per_call")
 
     def both(g: dict[str, Any], fmt: Callable[[float], str]) -> str:

@@ -41,7 +41,7 @@ def test_every_benchmark_ran_and_the_machine_is_recorded(smoke: dict[str, Any]) 
     for key in ("date", "nproc", "python", "java", "sqlite", "scratch_fs", "git_commit"):
         assert machine[key], key
     goals = smoke["goals"]
-    assert len(goals) == 17
+    assert len(goals) == 18
     assert all(set(g) == {"goal", "target", "measured", "met"} for g in goals)
     assert all(g["measured"] is not None for g in goals)
 
@@ -147,6 +147,41 @@ def test_peers_figures_and_crash_table(smoke: dict[str, Any]) -> None:
     # the peers re-run a step whose checkpoint was lost: the table's point of comparison
     for peer in ("langgraph", "langgraph-parallel", "dbos", "dbos-wal", "dbos-wal-parallel"):
         assert crash[(peer, "as shipped")]["effects"] >= 1
+
+
+def test_peers_latency_rows(smoke: dict[str, Any]) -> None:
+    lat = smoke["benchmarks"]["peers"]["latency"]
+    assert [ms for ms, _, _ in lat["plan"]] == list(bench_peers.LATENCIES_MS[:2])
+    for ms, rows in lat["systems"].items():
+        assert set(rows) == set(bench_peers.LATENCY_SYSTEMS), ms
+        assert all(r["calls_per_second"] > 0 for r in rows.values()), ms
+        # the concurrent message paths cost the sequential ones' commits: n + 1 and 2
+        commits = {s: r["commits_per_message"] for s, r in rows.items()
+                   if s in bench_peers.ALL_MODES}
+        n = bench_peers.CALLS_PER_TURN
+        assert commits == {"toolledger-batched": n + 1, "toolledger-together": 2,
+                           "toolledger-concurrent": n + 1,
+                           "toolledger-together-concurrent": 2}, ms
+        assert set(lat["goals"]["ratios"][ms]) == set(commits)
+    assert lat["goals"]["met"] in (True, False)  # judged: a latency > 0 ran
+    assert any(g["goal"].startswith("message paths with 20 ms") for g in smoke["goals"])
+
+
+def test_latency_goal_judges_the_concurrent_rows_at_every_latency() -> None:
+    def rows(tl: float, peer: float) -> dict[str, Any]:
+        out = {s: {"calls_per_second": tl} for s in bench_peers.LATENCY_SYSTEMS}
+        out.update({p: {"calls_per_second": peer} for p in bench_peers.LATENCY_PEERS})
+        return out
+
+    # a slow sequential row never fails the goal; a slow concurrent row at any
+    # latency > 0 does; at 0 ms nothing is judged
+    ok = {"0": rows(1, 100), "20": rows(200, 100), "200": rows(30, 25)}
+    ok["20"]["toolledger-batched"] = {"calls_per_second": 1.0}
+    assert bench_peers.latency_goals(ok)["met"] is True
+    slow = {**ok, "200": rows(30, 25)}
+    slow["200"]["toolledger-concurrent"] = {"calls_per_second": 24.0}
+    assert bench_peers.latency_goals(slow)["met"] is False
+    assert bench_peers.latency_goals({"0": rows(1, 2)})["met"] is None
 
 
 def test_together_row_takes_two_commits_per_message(tmp_path: Path) -> None:

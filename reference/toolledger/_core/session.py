@@ -92,7 +92,10 @@ Threads
 A Session may be used from several threads (engines run tools in worker
 threads): every method takes the session's lock while it reads or changes
 the ledger, and releases it while a tool body runs, so calls of one message
-may run in parallel.  Running the same call twice at once is an error
+may run in parallel; :meth:`Session.execute_message` ``(concurrency=w)`` runs
+up to ``w`` bodies of a message at once in its own worker threads (each call's
+``dispatched`` durable before its body, the same commit counts; see
+docs/adopting.md).  Running the same call twice at once is an error
 (:class:`CallBusy`), never a second dispatch.
 
 Store errors
@@ -118,8 +121,11 @@ store-error guard every step goes through), :mod:`~toolledger._core.call_input`
 
 from __future__ import annotations
 
+import contextvars
 import json
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -195,6 +201,25 @@ __all__ = [
     "SessionInterrupted",
     "Tool",
 ]
+
+
+class _Run:
+    """The shared state of one message's concurrent run (under the session's lock)."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.queue: deque[str] = deque(keys)  # not started yet, in the message's order
+        self.out: dict[str, CallStatus] = {}
+        self.error: Exception | None = None  # the session's first error
+        self.crash: BaseException | None = None  # the first BaseException of a body
+        self.stopped = False
+
+
+class _Abandoned(BaseException):
+    """A body ended after a sibling's crash: nothing is recorded for it."""
+
+    def __init__(self, first: str) -> None:
+        super().__init__(first)
+        self.first = first
 
 
 # --------------------------------------------------------------------------
@@ -492,6 +517,7 @@ class Session(LedgerGuard):
         requires_approval: Sequence[bool | None] | None = None,
         together: bool = False,
         seen: Iterable[str] | None = None,
+        concurrency: int = 1,
     ) -> list[CallStatus]:
         """Record the calls of an assistant message and run those that need no human.
 
@@ -546,6 +572,32 @@ class Session(LedgerGuard):
         exception from the session (not from a tool body) records the
         outcomes known so far before it propagates; a ``BaseException`` in a
         tool body records nothing more, as a crash would.
+
+        ``concurrency=w`` (default 1: one body after the other, in this
+        thread): up to ``w`` bodies run at once, each in a worker thread of a
+        pool of ``min(w, runnable calls)`` threads made for the message (the
+        caller's context variables copied in), taken in the message's order;
+        ``fn`` must then be safe to call from several threads at once.  Each
+        call is its own process of the spec, so any interleaving of different
+        calls' steps is one of its behaviours.  Per-call form: the record
+        commit carries the ``dispatched`` of the first ``w`` runnable protected
+        calls (a resumed message: one commit of them before any body starts);
+        each outcome is committed as its body ends, and a success's commit
+        carries the ``dispatched`` of the next call still waiting for a worker,
+        which that worker runs next.  So a message of n protected calls still
+        takes n + 1 commits, and never more than with ``w = 1``; a crash leaves
+        the calls whose bodies were running (or just dispatched for one)
+        dispatched-and-unknown.  ``together=True``: still two commits.  Results
+        come back in the message's order.  An error of the session in one
+        worker (a store error, a call that cannot start) starts no further
+        call, lets the running bodies end and record their outcomes, then
+        propagates (the first one); a store error makes the
+        session reload the durable state, so a body still running then ends
+        with its call dispatched-and-unknown, decided by :meth:`recover` as
+        after a crash.  A ``BaseException`` in one body records nothing more
+        for any call of the message: the others' bodies end, unrecorded, and
+        it propagates.  See docs/adopting.md ("Running a message's calls
+        concurrently").
         """
         given: tuple[object, object] = (seq, calls)
         if fn is None and callable(calls):
@@ -556,11 +608,20 @@ class Session(LedgerGuard):
         if not isinstance(together, bool):
             raise InvalidInput(f"execute_message: together must be True or False, got "
                                f"{together!r}; nothing was recorded")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise InvalidInput(f"execute_message: concurrency must be an int >= 1 (how many "
+                               f"bodies may run at once), got {concurrency!r}; nothing was "
+                               "recorded")
         seq_, calls_ = self._seq_and(*given, "execute_message")
         recorded = self._record(seq_, calls_, requires_approval,
-                                dispatch="all" if together else "first", seen=seen)
+                                dispatch="all" if together else concurrency,
+                                seen=seen)
         runnable = [st.call.key for st in recorded if st.next in (Next.EXECUTE, Next.RETRY)]
-        if together:
+        if concurrency > 1 and len(runnable) > 1:
+            ran = dict(zip(runnable, self._execute_concurrently(
+                runnable, fn, together=together, workers=min(concurrency, len(runnable))),
+                strict=True))
+        elif together:
             ran = dict(zip(runnable, self._execute_together(runnable, fn), strict=True))
         else:
             ran = dict(zip(runnable, self.execute_many([(k, fn) for k in runnable]),
@@ -605,6 +666,130 @@ class Session(LedgerGuard):
                             error=st.error, decision=st.decision, inputs=st.inputs,
                             recovered=st.recovered) for st in out]
 
+    def _execute_concurrently(
+        self, keys: list[str], fn: Callable[[Attempt], object], *, together: bool,
+        workers: int
+    ) -> list[CallStatus]:
+        """Run ``keys`` with up to ``workers`` bodies at once (see :meth:`execute_message`)."""
+        run = _Run(keys)
+        with self._usable():
+            # a message recorded before (a resume): the calls about to start are
+            # dispatched here, in ONE commit; a new message's were in its record commit
+            first = keys if together else keys[:workers]
+            pending = [Event(Action.EnginePersistDispatched, c.position)
+                       for c in map(self._find, first) if self._dispatchable(c)]
+            if pending:
+                self._step_many(pending)
+            self._defer_keys.update(keys)  # every outcome waits for its commit, below
+        threads = [threading.Thread(target=contextvars.copy_context().run,
+                                    args=(self._concurrent_worker, run, fn, together),
+                                    name=f"toolledger-{self.session_id}-{i}", daemon=True)
+                   for i in range(workers)]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        except BaseException as exc:  # the caller is interrupted while waiting: a crash
+            with self._lock:
+                run.stopped = True
+                if self._interrupted_by is None:
+                    self._interrupted_by = f"{type(exc).__name__} while a message's calls ran"
+                for key in keys:
+                    self._deferred.pop(key, None)
+            raise
+        finally:
+            with self._lock:
+                self._defer_keys.difference_update(keys)
+        with self._lock:
+            if run.crash is not None:  # the process is going away: nothing more is recorded
+                for key in keys:
+                    self._deferred.pop(key, None)
+                raise run.crash
+            if together:  # ONE commit of every outcome known (before any error propagates)
+                self._flush_deferred(keys)
+            if run.error is not None:
+                raise run.error
+            return [replace(self._status_now(self._find(k)), outcome=st.outcome,
+                            error=st.error, decision=st.decision, inputs=st.inputs,
+                            recovered=st.recovered)
+                    for k, st in ((k, run.out[k]) for k in keys)]
+
+    def _concurrent_worker(self, run: _Run, fn: Callable[[Attempt], object],
+                           together: bool) -> None:
+        """One worker thread of :meth:`_execute_concurrently`: calls from the queue until
+        it is empty or the run stops (a session error, a crash)."""
+        claimed: str | None = None  # dispatched in this worker's last outcome commit
+        while True:
+            with self._lock:
+                if claimed is not None and run.crash is None:
+                    key, claimed = claimed, None  # durable as dispatched: it runs now
+                elif run.stopped or not run.queue:
+                    return
+                else:
+                    key = run.queue.popleft()
+            held = [False]
+
+            def body(a: Attempt, held: list[bool] = held) -> object:
+                try:
+                    return fn(a)
+                finally:
+                    # From the body's end until its outcome is committed this worker
+                    # holds the lock: a sibling's crash cannot fall in between, and a
+                    # body that ends after one records nothing (as after the crash).
+                    self._lock.acquire()
+                    held[0] = True
+                    if self._interrupted_by is not None:
+                        raise _Abandoned(self._interrupted_by)
+            try:
+                try:
+                    st = self.execute(key, body)
+                    if not together:
+                        st, claimed = self._commit_outcome(run, key, st)
+                    run.out[key] = st
+                except _Abandoned as gone:
+                    self._interrupted_by = gone.first  # the crash's own account stays
+                    return
+                finally:
+                    if held[0]:
+                        self._lock.release()
+            except Exception as exc:  # the session's error: start nothing more
+                with self._lock:
+                    if run.error is None:  # the first; a later one is its consequence
+                        run.error = exc
+                    run.stopped = True
+                return
+            except BaseException as exc:  # a crash in this body
+                with self._lock:
+                    if run.crash is None:
+                        run.crash = exc
+                    run.stopped = True
+                return
+
+    def _commit_outcome(self, run: _Run, key: str, st: CallStatus
+                        ) -> tuple[CallStatus, str | None]:
+        """Commit the outcome of ``key`` kept by :meth:`_defer` (lock held), with the
+        ``dispatched`` of the next queued call after a success (that call is then
+        claimed by this worker; see :meth:`execute_message`)."""
+        got = self._deferred.pop(key, None)
+        if got is None:  # unknown: decided and recorded by execute itself
+            return st, None
+        events, text = got
+        pos = self._find(key).position
+        chained: list[Event] = []
+        if (events[0].action is Action.EngineRecordSucceeded and run.queue
+                and not run.stopped and self._dispatchable(self._find(run.queue[0]))):
+            chained = [Event(Action.EnginePersistDispatched, self._find(run.queue[0]).position)]
+        try:  # succeeded + the tool result (+ the next call's dispatched), ONE tx
+            self._step_many(events + chained, result_content={pos: text})
+        except ProtocolError:
+            if not chained:
+                raise
+            # the next call could not be dispatched after all: record this one alone
+            self._step_many(events, result_content={pos: text})
+            chained = []
+        return st, run.queue.popleft() if chained else None
+
     def _dispatchable(self, c: CallState) -> bool:
         """Call ``c`` can be dispatched right now (the checks of :meth:`_start`)."""
         return (c.result is None and c.execution_id not in self._running and c.tool.protected
@@ -640,7 +825,7 @@ class Session(LedgerGuard):
         calls: Sequence[Mapping[str, Any]],
         requires_approval: Sequence[bool | None] | None,
         *,
-        dispatch: str,
+        dispatch: str | int,
         seen: Iterable[str] | None = None,
     ) -> list[CallStatus]:
         overrides = list(requires_approval) if requires_approval is not None else [None] * len(
@@ -706,7 +891,7 @@ class Session(LedgerGuard):
         seq: int,
         parsed: list[tuple[str, str, dict[str, Any]]],
         profiles: list[ToolProfile],
-        dispatch: str,
+        dispatch: str | int,
         lost: Sequence[CallState],
         *,
         replaced: SessionState | None = None,
@@ -752,13 +937,13 @@ class Session(LedgerGuard):
                    if prof.requires_approval and pos not in same]
         runnable = [(pos, prof) for pos, prof in zip(positions, profiles, strict=True)
                     if not prof.requires_approval and pos not in same]
-        if dispatch == "first" and runnable and runnable[0][1].protected:
-            # execute_message runs this call next: its dispatched joins the record
-            # commit (a readonly first call runs with no commit: nothing to join)
-            events.append(Event(Action.EnginePersistDispatched, runnable[0][0]))
-        elif dispatch == "all":  # execute_message(together=True): every protected one
-            events += [Event(Action.EnginePersistDispatched, pos)
-                       for pos, prof in runnable if prof.protected]
+        # execute_message runs the first `window` runnable calls next (one, or
+        # `concurrency` at once; together: all): their dispatched join the record
+        # commit (a readonly call runs with no commit: nothing to join)
+        window = (len(runnable) if dispatch == "all" else 1 if dispatch == "first"
+                  else 0 if dispatch == "none" else int(dispatch))
+        events += [Event(Action.EnginePersistDispatched, pos)
+                   for pos, prof in runnable[:window] if prof.protected]
         for pos, target in same.items():
             voids.append(Void(pos, SAME_CALL, f"the same call as {target.execution_id} at "
                               f"{target.position} (same tool and arguments, dispatched as "
