@@ -28,19 +28,24 @@
 (*    history (the keys of the results before the response), dispatches   *)
 (*    its calls and answers them with the results the ledger holds;        *)
 (*  - the ledger (led, sup, lstat, bind): a durable monotone sequence of   *)
-(*    the responses it recorded and the placement rule Placement: new,     *)
-(*    re-record, or re-emission superseding the latest response (its       *)
-(*    undispatched calls voided, a re-emitted call bound to a dispatched   *)
-(*    lost call with the same arguments: "same call");                     *)
+(*    the responses it recorded and the placement rule Placement: the      *)
+(*    response goes right after the latest recorded response whose results *)
+(*    the history shows; the one recorded there (the candidate) is         *)
+(*    re-recorded if identical, else replaced: a re-emission superseding   *)
+(*    the candidate and every response after it (their undispatched calls  *)
+(*    voided, a re-emitted call bound to a dispatched lost call with the   *)
+(*    same arguments: "same call"); no candidate: new;                     *)
 (*  - the external system (ExternalResult): a dispatched call gets its     *)
 (*    result; the policy's recovery of an unknown outcome (halt, retry     *)
 (*    under the same key, reconcile) is abstracted into that one step.     *)
 (*                                                                         *)
 (* Ghosts (no implementation keeps them): the INTENT of every call, the    *)
 (* real-world identity the invariants are about.  Every emission of the    *)
-(* model is a new intent per call, a deliberate repeat included; a call    *)
-(* of a re-emission after a lost response is the intent of the lost call   *)
-(* at its slot if it asks for the same arguments, a new one otherwise.    *)
+(* model is a new intent per call, a deliberate repeat included; after a   *)
+(* loss, a call asking for the arguments of a call of a lost response (any *)
+(* of them: the model re-plans from the history it has; the first unused  *)
+(* one, each at most once) is that lost call's intent, a new one           *)
+(* otherwise; each emission re-expresses the oldest lost response.         *)
 (*                                                                         *)
 (* What is left out: approvals (spec/DurableToolExecution.tla binds them), *)
 (* tool names (one tool; the Python matches name and argument digest),     *)
@@ -48,11 +53,13 @@
 (* legacy calls, retries (a retry under the same key adds no new           *)
 (* <<intent, key>> pair), more than one engine process.                   *)
 (*                                                                         *)
-(* ASSUMPTION (SaveBeforeEmit): the framework saves its history before it  *)
-(* asks the model again, so a crash loses at most the newest response.     *)
-(* Without it the LostTwoResponses model shows the rule is not enough: a  *)
-(* crash that loses two responses makes the re-emission of the older one   *)
-(* meet the newer one, the only one the rule compares with.                *)
+(* Environment switch SaveBeforeEmit: the framework saves its history     *)
+(* before it asks the model again, so a crash loses at most the newest     *)
+(* response.  The rule does not need it: LostTwoResponses (FALSE: one      *)
+(* crash loses two responses, as pydantic-ai and LangGraph with            *)
+(* durability="exit" do) passes; its twin PlaceAgainstLatestOnly, the rule *)
+(* that compared with the latest response only, re-records the older one's *)
+(* re-emission as the newer one and fails.                                 *)
 (***************************************************************************)
 EXTENDS Naturals, Sequences, FiniteSets, TLC
 
@@ -69,13 +76,16 @@ CONSTANTS
     SeqMonotone,    \* design switch: FALSE gives a re-emission the number of the
                     \* response it supersedes
     AcceptReEmission, \* design switch: FALSE refuses a re-emission (InvalidInput)
-    BindSameCall    \* design switch: FALSE gives a re-emitted dispatched call a
+    BindSameCall,   \* design switch: FALSE gives a re-emitted dispatched call a
                     \* new identity
+    AgainstLatestOnly \* design switch: TRUE compares with the latest response only
+                    \* (the rule before LostTwoResponses was fixed)
 
 ASSUME /\ Ids # {} /\ ArgVals # {} /\ MaxSlots \in Nat \ {0}
        /\ MaxEmits \in Nat /\ MaxCrashes \in Nat /\ MaxTrims \in Nat
        /\ SaveBeforeEmit \in BOOLEAN /\ UseSeen \in BOOLEAN /\ SeqMonotone \in BOOLEAN
        /\ AcceptReEmission \in BOOLEAN /\ BindSameCall \in BOOLEAN
+       /\ AgainstLatestOnly \in BOOLEAN
        /\ KeyFrom \in {"ledger", "providerId", "listIndex"}
 
 (***************************************************************************)
@@ -101,25 +111,35 @@ ArgsOf(R) == [s \in DOMAIN R |-> R[s].args]
 (* same_call_slots() are checked against these on every input of a small  *)
 (* domain: tests/test_placement_conformance.py, model PlacementTable).     *)
 (*                                                                         *)
-(* Placement(latest, seenLatest, R): the set of answers for a response R   *)
-(* presented when the latest recorded response is latest (<<>>: none) and *)
-(* the history before R holds a result of latest (seenLatest).  Exactly    *)
-(* one answer (PlacementTotal): "new" if there is no latest or its         *)
-(* results precede R (a deliberate repeat runs again); else "rerecord" if  *)
-(* R's calls are latest's, slot by slot (a resume); else "reemission"     *)
-(* (the history lost latest before it was saved; R replaces it).  Left     *)
-(* out: the engine's refusal of a new response while an earlier call is    *)
-(* unanswered (Answers, below, adds it).                                   *)
+(* Placement(resps, R): the set of answers for a response R presented     *)
+(* when the ledger's live responses (recorded, after the marker, not       *)
+(* superseded; oldest first) are resps, each [calls, seen]: seen means the *)
+(* history before R holds a result of it.  R's place is right after the    *)
+(* latest seen response (the anchor; none seen: the session start); the    *)
+(* response after the anchor, if any, is the candidate.  Exactly one       *)
+(* answer (PlacementTotal), [kind, at] with at the candidate's index:      *)
+(* "new" (at 0) if there is no candidate (a deliberate repeat of the       *)
+(* anchor runs again); else "rerecord" if R's calls are the candidate's,   *)
+(* slot by slot (a resume); else "reemission": R replaces the candidate,   *)
+(* which the history lost, and every response after it is lost with it.    *)
+(* AgainstLatestOnly (the old rule, a twin) looks at the latest response   *)
+(* only: the anchor is never before it.  Left out: the engine's refusal   *)
+(* of a new response while an earlier call is unanswered (Answers adds it).*)
 (***************************************************************************)
-Placement(latest, seenLatest, R) ==
-    LET seenOK == IF UseSeen THEN seenLatest ELSE FALSE IN
-    IF latest = <<>> \/ seenOK THEN {"new"}
-    ELSE IF R = latest THEN {"rerecord"}
-    ELSE IF AcceptReEmission THEN {"reemission"} ELSE {}
+Anchor(resps) ==
+    LET lo == IF AgainstLatestOnly /\ resps # <<>> THEN Len(resps) - 1 ELSE 0
+        seen == {i \in DOMAIN resps : i > lo /\ UseSeen /\ resps[i].seen}
+    IN IF seen = {} THEN lo ELSE CHOOSE i \in seen : \A j \in seen : j <= i
+Placement(resps, R) ==
+    LET a == Anchor(resps) IN
+    IF a = Len(resps) THEN {[kind |-> "new", at |-> 0]}
+    ELSE IF resps[a + 1].calls = R THEN {[kind |-> "rerecord", at |-> a + 1]}
+    ELSE IF AcceptReEmission THEN {[kind |-> "reemission", at |-> a + 1]} ELSE {}
 
 (* SameCallSlots(pool, wanted): for each call of a re-emission (wanted:   *)
 (* its arguments, slot by slot), the index in pool (the arguments of the   *)
-(* lost response's dispatched calls, slot order) of the lost call it IS:   *)
+(* dispatched calls of every response it supersedes, oldest response      *)
+(* first, slot order) of the lost call it IS:                              *)
 (* the first unused one with the same arguments; 0 if none.  Each lost     *)
 (* call is bound at most once.                                             *)
 RECURSIVE SameCallFrom(_, _, _)
@@ -136,12 +156,12 @@ VARIABLES
     led, sup, lstat, bind, \* the ledger: durable
     cur,                  \* the engine's memory (lost on a crash)
     lost, nextIntent, keyIntents, dispatches, effectOf, handed,
-    numbered, placedAfterTrim,  \* ghosts
+    numbered, placedAfterTrim, placedBehind,  \* ghosts
     emits, crashes, trims \* bounds
 
 vars == <<hist, saved, led, sup, lstat, bind, cur, lost, nextIntent,
           keyIntents, dispatches, effectOf, handed, numbered, placedAfterTrim,
-          emits, crashes, trims>>
+          placedBehind, emits, crashes, trims>>
 
 (***************************************************************************)
 (* Variables.                                                              *)
@@ -156,7 +176,9 @@ vars == <<hist, saved, led, sup, lstat, bind, cur, lost, nextIntent,
 (*    (superseded before dispatch), "same" (the same call as bind[k]);     *)
 (*  - cur: the response the engine is acting on ([n, keys, ints]) or none; *)
 (*  - ghosts: lost (the lost responses' arguments and intents, oldest      *)
-(*    first, which the model re-expresses in order); keyIntents (every     *)
+(*    first; a call re-expressed already has arguments "used");            *)
+(*    placedBehind (a placement's candidate was not the latest live        *)
+(*    response); keyIntents (every                                         *)
 (*    <<key, intent>> the ledger gave a presented call); dispatches        *)
 (*    (<<intent, key>>); effectOf[k] (the intent whose request went out    *)
 (*    under k); handed (<<intent of the call answered, intent whose effect *)
@@ -189,7 +211,7 @@ Init ==
     /\ cur = NoCur
     /\ lost = <<>> /\ nextIntent = 1
     /\ keyIntents = {} /\ dispatches = {} /\ effectOf = <<>> /\ handed = {}
-    /\ numbered = {} /\ placedAfterTrim = FALSE
+    /\ numbered = {} /\ placedAfterTrim = FALSE /\ placedBehind = FALSE
     /\ emits = 0 /\ crashes = 0 /\ trims = 0
 
 (***************************************************************************)
@@ -204,44 +226,59 @@ SeenKeys == {hist[j].key : j \in {i \in 1..(Len(hist) - 1) : hist[i].t = "res"}}
 Target(k) == IF k \in DOMAIN bind THEN bind[k] ELSE k
 KeysOf(n) == {led[n].keys[s] : s \in DOMAIN led[n].keys}
              \cup {Target(led[n].keys[s]) : s \in DOMAIN led[n].keys}
-\* The latest recorded response (Python's last_durable_turn): the highest number.
-LatestN == Len(led)
-Latest == IF led = <<>> THEN <<>> ELSE led[LatestN].calls
+\* The live responses' numbers, ascending (Python: the turns from the marker on
+\* whose calls are not superseded), and the rule's input over them.
+LiveNums == SelectSeq([n \in 1..Len(led) |-> n], LAMBDA n : n \notin sup)
+Live == [i \in DOMAIN LiveNums |-> [calls |-> led[LiveNums[i]].calls,
+                                    seen |-> SeenKeys \cap KeysOf(LiveNums[i]) # {}]]
+\* The numbers a re-emission at candidate index a supersedes: a and after.
+LostFrom(a) == SubSeq(LiveNums, a, Len(LiveNums))
+Range(s) == {s[i] : i \in DOMAIN s}
 \* The response index a listIndex twin would key by: responses in the list.
 ListIndex == Cardinality({i \in 1..Len(hist) : hist[i].t = "resp"})
 \* Python's open-calls refusal: an unanswered call of an earlier response,
-\* not superseded and not one of the calls being superseded (except).
+\* not superseded and not one of the responses being superseded (except).
 OpenEarlier(except) ==
-    \E n \in DOMAIN led : n \notin sup /\ n # except /\
+    \E n \in DOMAIN led : n \notin sup /\ n \notin except /\
         \E s \in DOMAIN led[n].keys : lstat[led[n].keys[s]] \in {"none", "dispatched"}
 \* The answers the ledger gives the presented response R (Python's _record).
 Answers(R) ==
-    LET latestKeys == IF led = <<>> THEN {} ELSE KeysOf(LatestN)
-        kinds == Placement(Latest, SeenKeys \cap latestKeys # {}, R)
-    IN {a \in kinds : \/ a = "rerecord"
-                      \/ a = "new" /\ ~OpenEarlier(0)
-                      \/ a = "reemission" /\ ~OpenEarlier(LatestN)}
+    {a \in Placement(Live, R) : \/ a.kind = "rerecord"
+                                \/ a.kind = "new" /\ ~OpenEarlier({})
+                                \/ a.kind = "reemission" /\ ~OpenEarlier(Range(LostFrom(a.at)))}
 
 (***************************************************************************)
 (* ModelEmit(R): the model answers the history with response R.  The       *)
 (* engine asks only when it answered everything (no pending response, no   *)
 (* response in its hands); with SaveBeforeEmit the history is saved first. *)
-(* Intents: after a loss, the calls of R asking for the arguments of the   *)
-(* oldest lost response's call at the same slot are that call's intent.    *)
+(* Intents: after a loss, a call of R asking for the arguments of a call   *)
+(* of a lost response (the first unused one, oldest response first, each  *)
+(* at most once: SameCallSlots) is that call's intent; R re-expresses the *)
+(* oldest lost response, and the calls R used are used for good.          *)
 (***************************************************************************)
+RECURSIVE FlatLost(_)
+FlatLost(l) ==
+    IF l = <<>> THEN <<>>
+    ELSE [s \in DOMAIN Head(l).args |-> [args |-> Head(l).args[s], int |-> Head(l).ints[s]]]
+         \o FlatLost(Tail(l))
 ModelEmit(R) ==
     /\ emits < MaxEmits /\ ~Pending /\ cur = NoCur
     /\ SaveBeforeEmit => saved = Len(hist)
-    /\ LET head == IF lost = <<>> THEN [args |-> <<>>, ints |-> <<>>] ELSE Head(lost)
-           ints == [s \in DOMAIN R |->
-                      IF s \in DOMAIN head.args /\ head.args[s] = R[s].args
-                      THEN head.ints[s] ELSE nextIntent + s - 1]
+    /\ LET flat == FlatLost(lost)
+           m == SameCallSlots([i \in DOMAIN flat |-> flat[i].args], ArgsOf(R))
+           ints == [s \in DOMAIN R |-> IF m[s] # 0 THEN flat[m[s]].int ELSE nextIntent + s - 1]
+           used == {flat[m[s]].int : s \in {t \in DOMAIN R : m[t] # 0}}
+           rest == IF lost = <<>> THEN <<>> ELSE Tail(lost)
        IN /\ hist' = Append(hist, RespEntry(R, ints))
-          /\ lost' = IF lost = <<>> THEN <<>> ELSE Tail(lost)
+          /\ lost' = [i \in DOMAIN rest |->
+                        [args |-> [s \in DOMAIN rest[i].args |->
+                                     IF rest[i].ints[s] \in used THEN "used"
+                                     ELSE rest[i].args[s]],
+                         ints |-> rest[i].ints]]
     /\ nextIntent' = nextIntent + Len(R)
     /\ emits' = emits + 1
     /\ UNCHANGED <<saved, led, sup, lstat, bind, cur, keyIntents, dispatches,
-                   effectOf, handed, numbered, placedAfterTrim, crashes, trims>>
+                   effectOf, handed, numbered, placedAfterTrim, placedBehind, crashes, trims>>
 
 (* RecordAt(n, R, ints, same, poolKeys, base): the ledger records R at     *)
 (* number n (appended; with SeqMonotone = FALSE, over the number of the   *)
@@ -268,40 +305,46 @@ RecordAt(n, R, ints, same, poolKeys, base) ==
 (***************************************************************************)
 (* EnginePlace: the engine presents the history's unanswered response with *)
 (* the seen signal; the ledger answers by the rule (Answers).  A           *)
-(* re-emission supersedes the latest response L in the same step: L's      *)
-(* calls never dispatched are voided; a call of R asking for the arguments *)
-(* of a dispatched call of L (or of the call a same call of L is) IS that  *)
-(* call.  Not enabled when the rule gives no answer (PlacementTotal).     *)
-(***************************************************************************)
+(* re-emission supersedes the candidate and every live response after it  *)
+(* in the same step: their calls never dispatched are voided; a call of R  *)
+(* asking for the arguments of a dispatched call of any of them (or of the *)
+(* call a same call is), oldest response first, IS that call.  Not enabled *)
+(* when the rule gives no answer (PlacementTotal).                        *)
+\* A response's calls as the binding pool holds them: <<target key, args>>.
+CallsOf(n) == [s \in DOMAIN led[n].keys |-> <<Target(led[n].keys[s]), led[n].calls[s].args>>]
+RECURSIVE PoolOf(_)
+PoolOf(ns) == IF ns = <<>> THEN <<>> ELSE CallsOf(Head(ns)) \o PoolOf(Tail(ns))
 EnginePlace ==
     /\ Pending /\ cur = NoCur
     /\ LET e == Last(hist)
            R == e.calls
        IN \E a \in Answers(R) :
           /\ placedAfterTrim' = (placedAfterTrim \/ trims > 0)
-          /\ CASE a = "rerecord" ->
-                  /\ cur' = [n |-> LatestN, keys |-> led[LatestN].keys, ints |-> e.ints]
+          /\ placedBehind' = (placedBehind \/ a.at \notin {0, Len(LiveNums)})
+          /\ CASE a.kind = "rerecord" ->
+                  LET n == LiveNums[a.at] IN
+                  /\ cur' = [n |-> n, keys |-> led[n].keys, ints |-> e.ints]
                   /\ keyIntents' = keyIntents \cup
-                        {<<led[LatestN].keys[s], e.ints[s]>> : s \in DOMAIN R}
+                        {<<led[n].keys[s], e.ints[s]>> : s \in DOMAIN R}
                   /\ UNCHANGED <<led, sup, lstat, bind, numbered>>
-            [] a = "new" ->
+            [] a.kind = "new" ->
                   /\ RecordAt(Len(led) + 1, R, e.ints, [s \in DOMAIN R |-> 0], <<>>, lstat)
                   /\ UNCHANGED sup
-            [] a = "reemission" ->
-                  LET lk == led[LatestN].keys
-                      \* what R's calls may be: L's dispatched calls (or their targets)
-                      pool == SelectSeq([s \in DOMAIN lk |-> <<Target(lk[s]),
-                                                              led[LatestN].calls[s].args>>],
+            [] a.kind = "reemission" ->
+                  LET gone == LostFrom(a.at)
+                      lostKeys == UNION {Range(led[n].keys) : n \in Range(gone)}
+                      \* what R's calls may be: their dispatched calls (or their targets)
+                      pool == SelectSeq(PoolOf(gone),
                                         LAMBDA p : lstat[p[1]] \in {"dispatched", "done"})
                       same == IF BindSameCall
                               THEN SameCallSlots([i \in DOMAIN pool |-> pool[i][2]], ArgsOf(R))
                               ELSE [s \in DOMAIN R |-> 0]
                       voided == [k \in DOMAIN lstat |->
-                                   IF \E s \in DOMAIN lk : lk[s] = k /\ lstat[k] = "none"
+                                   IF k \in lostKeys /\ lstat[k] = "none"
                                    THEN "void" ELSE lstat[k]]
-                  IN /\ sup' = sup \cup {LatestN}
-                     /\ RecordAt(IF SeqMonotone THEN Len(led) + 1 ELSE LatestN, R, e.ints, same,
-                                 [i \in DOMAIN pool |-> pool[i][1]], voided)
+                  IN /\ sup' = sup \cup Range(gone)
+                     /\ RecordAt(IF SeqMonotone THEN Len(led) + 1 ELSE LiveNums[a.at], R, e.ints,
+                                 same, [i \in DOMAIN pool |-> pool[i][1]], voided)
     /\ UNCHANGED <<hist, saved, lost, nextIntent, dispatches, effectOf, handed,
                    emits, crashes, trims>>
 
@@ -316,7 +359,7 @@ EngineDispatch(s) ==
        /\ effectOf' = IF k \in DOMAIN effectOf THEN effectOf
                       ELSE (k :> cur.ints[s]) @@ effectOf
     /\ UNCHANGED <<hist, saved, led, sup, bind, cur, lost, nextIntent,
-                   keyIntents, handed, numbered, placedAfterTrim, emits, crashes, trims>>
+                   keyIntents, handed, numbered, placedAfterTrim, placedBehind, emits, crashes, trims>>
 
 (* ExternalResult(k): a dispatched call's outcome is recorded (the policy's *)
 (* recovery of an unknown outcome included), whatever the engine does.     *)
@@ -324,7 +367,7 @@ ExternalResult(k) ==
     /\ k \in DOMAIN lstat /\ lstat[k] = "dispatched"
     /\ lstat' = [lstat EXCEPT ![k] = "done"]
     /\ UNCHANGED <<hist, saved, led, sup, bind, cur, lost, nextIntent,
-                   keyIntents, dispatches, effectOf, handed, numbered, placedAfterTrim,
+                   keyIntents, dispatches, effectOf, handed, numbered, placedAfterTrim, placedBehind,
                    emits, crashes, trims>>
 
 (* EngineAnswer: every call of the response the engine acts on has a      *)
@@ -338,28 +381,31 @@ EngineAnswer ==
                                s \in DOMAIN cur.keys}
     /\ cur' = NoCur
     /\ UNCHANGED <<saved, led, sup, lstat, bind, lost, nextIntent, keyIntents,
-                   dispatches, effectOf, numbered, placedAfterTrim, emits, crashes, trims>>
+                   dispatches, effectOf, numbered, placedAfterTrim, placedBehind, emits, crashes, trims>>
 
 (* FrameworkSave: the framework saves its whole history. *)
 FrameworkSave ==
     /\ saved < Len(hist)
     /\ saved' = Len(hist)
     /\ UNCHANGED <<hist, led, sup, lstat, bind, cur, lost, nextIntent,
-                   keyIntents, dispatches, effectOf, handed, numbered, placedAfterTrim,
+                   keyIntents, dispatches, effectOf, handed, numbered, placedAfterTrim, placedBehind,
                    emits, crashes, trims>>
 
 (* FrameworkTrim: a history processor drops the oldest saved message, if   *)
-(* it is older than the newest answered response (summarising is the same *)
-(* for the ledger: the old messages are gone).                             *)
+(* it is older than the newest answered response of the SAVED history     *)
+(* (summarising is the same for the ledger: the old messages are gone).   *)
+(* The saved prefix, what a crash restores, is itself a trimmed history   *)
+(* that keeps its newest answered round: a trim written back is saved      *)
+(* with the messages it kept, never ahead of them.                         *)
 FrameworkTrim ==
     /\ trims < MaxTrims /\ saved >= 1
-    /\ \E j \in 2..Len(hist) :
+    /\ \E j \in 2..saved :
           /\ hist[j].t = "resp"
-          /\ \E i \in (j + 1)..Len(hist) : hist[i].t = "res"
+          /\ \E i \in (j + 1)..saved : hist[i].t = "res"
     /\ hist' = Tail(hist) /\ saved' = saved - 1
     /\ trims' = trims + 1
     /\ UNCHANGED <<led, sup, lstat, bind, cur, lost, nextIntent, keyIntents,
-                   dispatches, effectOf, handed, numbered, placedAfterTrim, emits, crashes>>
+                   dispatches, effectOf, handed, numbered, placedAfterTrim, placedBehind, emits, crashes>>
 
 (* Crash: the engine's process dies: its memory is lost, and the history   *)
 (* keeps only its saved prefix; the responses it drops are lost (the       *)
@@ -374,7 +420,7 @@ Crash ==
     /\ cur' = NoCur
     /\ crashes' = crashes + 1
     /\ UNCHANGED <<saved, led, sup, lstat, bind, nextIntent, keyIntents,
-                   dispatches, effectOf, handed, numbered, placedAfterTrim, emits, trims>>
+                   dispatches, effectOf, handed, numbered, placedAfterTrim, placedBehind, emits, trims>>
 
 Next ==
     \/ \E R \in Responses : ModelEmit(R)
@@ -449,5 +495,15 @@ Witness_RecordedResponseLost ==
 \* ExecutionIdUnique).
 Witness_PlacedAfterTrim ==
     ~placedAfterTrim
+
+\* A response was placed behind the latest live one: re-recorded or
+\* re-emitted in the place of an older response (ExecutionIdUnique, NoAlias).
+Witness_PlacedBehindLatest ==
+    ~placedBehind
+
+\* One re-emission superseded two responses at once (NoDuplicateDispatch,
+\* PlacementTotal).
+Witness_SupersededSeveral ==
+    Cardinality(sup) < 2
 
 =============================================================================

@@ -189,10 +189,14 @@ def test_every_witness_of_the_placement_spec_is_probed_on_a_must_pass_model() ->
 
 def test_execution_id_unique_is_checked_not_assumed() -> None:
     """The main spec's ASSUME ExecutionIdUnique is discharged by ResponsePlacement:
-    there it is a state invariant of the must-pass model, and two twins break it."""
+    there it is a state invariant of the must-pass models (LostTwoResponses: also
+    when one crash loses two responses), and three twins break it."""
     assert re.search(r"^ASSUME KeyByPosition => ExecutionIdUnique", SPEC, re.MULTILINE)
     must_pass = [m for m in placement_models() if m.name == "ResponsePlacement"]
     assert must_pass and must_pass[0].expect == "pass"
     assert "ExecutionIdUnique" in must_pass[0].cfg_path.read_text()
+    lost_two = [m for m in placement_models() if m.name == "LostTwoResponses"]
+    assert lost_two and lost_two[0].expect == "pass"
+    assert "ExecutionIdUnique" in lost_two[0].cfg_path.read_text()
     twins = [m.name for m in placement_models() if m.witnesses == ("ExecutionIdUnique",)]
-    assert sorted(twins) == ["KeyByListIndex", "KeyByProviderId"]
+    assert sorted(twins) == ["KeyByListIndex", "KeyByProviderId", "PlaceAgainstLatestOnly"]

@@ -4,13 +4,15 @@ Under test: ``toolledger._core.placement`` (``placement``, ``same_call_slots``),
 the pure part of ``Session.record(calls, seen=...)``
 (docs/protocol.md#placing-a-response).  Oracle: spec/ResponsePlacement.tla's
 ``Placement`` and ``SameCallSlots``, tabulated by TLC in model
-PlacementTable (model/MCPlacementTable.tla: no latest response or one of 1..2
-calls over two provider ids and two arguments, seen or not, every presented
-response of 1..2 calls; every pool and re-emission of 1..2 calls) and read
-back from the state graph.  One TLC run (about 2 s) for the whole module.
+PlacementTable (model/MCPlacementTable.tla: the live responses: none, one of
+1..2 calls, or two or three of one call, over two provider ids and two
+arguments, each seen or not; every presented response of 1..2 calls; every
+pool and re-emission of 1..2 calls) and read back from the state graph.  One
+TLC run for the whole module.
 
 Each comparison is shown to bite: a content-only placement (no ``seen``: the
-PlaceByContent twin), a re-emission refused, and a binding that takes the last
+PlaceByContent twin), a re-emission refused, the rule that looks at the
+latest response only (the PlaceAgainstLatestOnly twin), and a binding that takes the last
 equal lost call or binds one twice disagree with the table; and the Session
 really decides through ``placement``: swapping in the content-only variant
 makes a deliberate repeat of ``call_0`` alias the earlier call.
@@ -34,7 +36,8 @@ from toolledger.check.stategraph import load_dot
 from toolledger.check.tlc import Outcome, run_tlc
 
 TOOL = "send"  # the spec has one tool; the Python compares (id, name, digest)
-Place = Callable[[Sequence[pl.CallKey] | None, bool, Sequence[pl.CallKey]], pl.Placement]
+Place = Callable[[Sequence[pl.LiveResponse], Sequence[pl.CallKey]],
+                 tuple[pl.Placement, int | None]]
 Same = Callable[[Sequence[str], Sequence[str]], list[int | None]]
 
 
@@ -56,17 +59,24 @@ def keys_of(response: Any) -> list[pl.CallKey]:
     return [(c["pid"], TOOL, c["args"]) for c in response]
 
 
-def place_rows(table: Any) -> list[tuple[Any, bool, Any, set[str]]]:
-    return [(latest, seen, presented, set(answers))
-            for (latest, seen, presented), answers in table["place"].items()]
+def place_rows(table: Any) -> list[tuple[Any, Any, set[tuple[str, int]]]]:
+    """(live responses, presented, the spec's answers as (kind, 1-based index))."""
+    return [(live, presented, {(a["kind"], a["at"]) for a in answers})
+            for (live, presented), answers in table["place"].items()]
 
 
-def place_mismatches(table: Any, place: Place) -> list[tuple[Any, bool, Any, set[str], str]]:
+def python_answer(place: Place, live: Any, presented: Any) -> tuple[str, int]:
+    kind, at = place([(keys_of(r["calls"]), r["seen"]) for r in live], keys_of(presented))
+    return kind.value, 0 if at is None else at + 1  # the spec is 1-based, 0 = none
+
+
+def place_mismatches(table: Any, place: Place) -> list[tuple[Any, Any, set[tuple[str, int]],
+                                                             tuple[str, int]]]:
     out = []
-    for latest, seen, presented, answers in place_rows(table):
-        got = place(keys_of(latest) if latest else None, seen, keys_of(presented)).value
+    for live, presented, answers in place_rows(table):
+        got = python_answer(place, live, presented)
         if answers != {got}:
-            out.append((latest, seen, presented, answers, got))
+            out.append((live, presented, answers, got))
     return out
 
 
@@ -82,8 +92,13 @@ def same_mismatches(table: Any, same: Same) -> list[tuple[Any, Any, Any, list[in
 
 def test_the_table_covers_the_domain(table: Any) -> None:
     rows = place_rows(table)
-    assert len(rows) == 21 * 2 * 20  # (none + 20 responses) x seen x 20 responses
-    assert {a for *_, answers in rows for a in answers} == {"new", "rerecord", "reemission"}
+    # live: none, one of 20 responses, two or three of 4 one-call ones; each seen or not
+    assert len(rows) == (1 + 40 + 8 ** 2 + 8 ** 3) * 20
+    assert {a for *_, answers in rows for a, _ in answers} == {"new", "rerecord", "reemission"}
+    # more than one live response after the seen one: the older one's place
+    assert any(len(live) == 3 and not live[0]["seen"] and answers == {("rerecord", 1)}
+               for live, _, answers in rows)
+    assert any(len(live) == 3 and answers == {("reemission", 2)} for live, _, answers in rows)
     assert len(table["same"]) == 7 * 6
     assert any(i != 0 for slots in table["same"].values() for i in slots)
 
@@ -96,17 +111,25 @@ def test_python_same_call_binding_is_the_specs_on_every_input(table: Any) -> Non
     assert same_mismatches(table, pl.same_call_slots) == []
 
 
-def content_only(latest: Sequence[pl.CallKey] | None, seen_latest: bool,
-                 presented: Sequence[pl.CallKey]) -> pl.Placement:
+def content_only(live: Sequence[pl.LiveResponse],
+                 presented: Sequence[pl.CallKey]) -> tuple[pl.Placement, int | None]:
     """The PlaceByContent twin: ``seen`` ignored."""
-    return pl.placement(latest, False, presented)
+    return pl.placement([(calls, False) for calls, _ in live], presented)
 
 
-def refuse_reemission(latest: Sequence[pl.CallKey] | None, seen_latest: bool,
-                      presented: Sequence[pl.CallKey]) -> pl.Placement:
+def refuse_reemission(live: Sequence[pl.LiveResponse],
+                      presented: Sequence[pl.CallKey]) -> tuple[pl.Placement, int | None]:
     """A re-emission taken for a new response (the lost one never superseded)."""
-    got = pl.placement(latest, seen_latest, presented)
-    return pl.Placement.NEW if got is pl.Placement.REEMISSION else got
+    kind, at = pl.placement(live, presented)
+    return (pl.Placement.NEW, None) if kind is pl.Placement.REEMISSION else (kind, at)
+
+
+def latest_only(live: Sequence[pl.LiveResponse],
+                presented: Sequence[pl.CallKey]) -> tuple[pl.Placement, int | None]:
+    """The PlaceAgainstLatestOnly twin, the rule before LostTwoResponses was fixed:
+    only the latest live response is looked at."""
+    kind, at = pl.placement(live[-1:], presented)
+    return kind, None if at is None else at + len(live) - 1
 
 
 def last_equal(pool: Sequence[str], wanted: Sequence[str]) -> list[int | None]:
@@ -116,9 +139,15 @@ def last_equal(pool: Sequence[str], wanted: Sequence[str]) -> list[int | None]:
 def test_broken_python_variants_are_caught(table: Any) -> None:
     repeat = place_mismatches(table, content_only)
     # the deliberate repeat: seen holds the latest's result, the same calls again
-    assert any(seen and latest == presented and (answers, got) == ({"new"}, "rerecord")
-               for latest, seen, presented, answers, got in repeat)
+    assert any(len(live) == 1 and live[0]["seen"] and live[0]["calls"] == presented
+               and (answers, got) == ({("new", 0)}, ("rerecord", 1))
+               for live, presented, answers, got in repeat)
     assert place_mismatches(table, refuse_reemission)
+    # LostTwoResponses: nothing seen, two live responses, the older one presented again
+    older = place_mismatches(table, latest_only)
+    assert any(len(live) == 2 and not live[0]["seen"] and not live[1]["seen"]
+               and answers == {("rerecord", 1)} and got[1] == 2
+               for live, presented, answers, got in older)
     bound = same_mismatches(table, last_equal)  # binds the last equal one, twice
     assert any(tuple(pool) == ("x", "x") for pool, *_ in bound)
 

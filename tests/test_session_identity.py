@@ -190,11 +190,39 @@ def test_the_latest_response_is_new_only_if_its_results_precede_it() -> None:
     before = counts(store)
     [b2] = s.record([SEND], seen=[a.key])  # b presented again (a resume): a re-record
     assert (b2.key, counts(store)) == (b.key, before)
-    [b3] = s.record([SEND], seen=[])  # the history was trimmed: still b
-    assert (b3.key, counts(store)) == (b.key, before)
+    # a trim that dropped a's result AND its key (which the docs require a processor
+    # to keep): nothing seen, so the place is the session start: a re-record of a,
+    # its result back, nothing written and nothing sent (docs/protocol.md#placing-a-response)
+    [b3] = s.record([SEND], seen=[])
+    assert (b3.key, b3.next, counts(store), len(outbox.sent)) == (a.key, Next.RESULT, before, 1)
     b = run_approved(s, b, outbox)
     [c] = s.record([SEND], seen=[a.key, b.key])  # b's result seen: a third send
     assert c.key not in (a.key, b.key) and c.call.position == (2, 0)
+
+
+def test_one_crash_losing_two_responses_sends_x_once() -> None:
+    """LostTwoResponses (spec/ResponsePlacement.tla), on the real Session: the
+    history is not saved before the model is asked again (pydantic-ai,
+    LangGraph durability="exit"), so one crash loses two responses."""
+    store, outbox = MemoryStore(), Outbox()
+    s = Session.open(store, SID, TOOLS)
+    [a] = s.record([SEND], seen=[])
+    a = run_approved(s, a, outbox)  # (1) x sent under a's key
+    [b] = s.record([SEND], seen=[a.key])  # (2) a deliberate repeat: new, not yet sent
+    assert b.key != a.key and b.next is Next.AWAIT_APPROVAL
+    # (3) the crash loses both responses; (4) the re-run model re-emits send(x) for the
+    # first one, seen=[]: its place is the session start, the candidate a: a re-record
+    r = Session.open(store, SID, TOOLS)
+    before = counts(store)
+    [a2] = r.record([SEND], seen=[])
+    assert (a2.key, a2.next, counts(store)) == (a.key, Next.RESULT, before)
+    assert [eid for eid, _ in outbox.sent] == [a.key]  # x sent once (the old rule: b's key)
+    # the model sees a's result and repeats: b's place again, a re-record of b
+    # (the first re-record after the restart applies its recovery decision: one commit)
+    [b2] = r.record([SEND], seen=[a.key])
+    assert b2.key == b.key and counts(store)[1] == before[1]
+    run_approved(r, b2, outbox)
+    assert [eid for eid, _ in outbox.sent] == [a.key, b.key]  # one send per intent
 
 
 def test_a_resume_after_a_crash_before_the_results_were_saved() -> None:

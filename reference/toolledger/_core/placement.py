@@ -5,7 +5,7 @@ response by this rule (docs/protocol.md#placing-a-response); this module is
 its pure part, so that it can be checked against the spec's ``Placement`` and
 ``SameCallSlots`` (spec/ResponsePlacement.tla) on every input of a small
 domain (tests/test_placement_conformance.py).  No I/O: the Session reads the
-latest response and the seen keys, then asks here.
+live responses back to the latest one the engine has seen, then asks here.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Hashable, Sequence
 from enum import Enum
 from typing import TypeVar
 
-__all__ = ["Placement", "placement", "same_call_slots"]
+__all__ = ["LiveResponse", "Placement", "placement", "same_call_slots"]
 
 #: One call as the rule compares it: (provider id, tool name, argument digest).
 CallKey = tuple[str, str, str]
@@ -25,31 +25,41 @@ class Placement(Enum):
     """What a presented response is (the spec's ``Placement`` answers)."""
 
     NEW = "new"  # recorded at the ledger's next sequence number
-    RERECORD = "rerecord"  # the latest response again: nothing is written
-    REEMISSION = "reemission"  # replaces the latest response, which is superseded
+    RERECORD = "rerecord"  # the candidate again: nothing is written
+    REEMISSION = "reemission"  # replaces the candidate; it and every later one superseded
+
+
+#: One live recorded response as the rule reads it: its calls, and whether the
+#: engine's history before the presented response holds a result of it.
+LiveResponse = tuple[Sequence[CallKey], bool]
 
 
 def placement(
-    latest: Sequence[CallKey] | None, seen_latest: bool, presented: Sequence[CallKey]
-) -> Placement:
-    """The rule for a response ``presented`` when the latest recorded response is
-    ``latest`` (``None``: no session call yet, or a legacy one) and the engine's
-    history before the response holds a result of ``latest`` (``seen_latest``).
+    live: Sequence[LiveResponse], presented: Sequence[CallKey]
+) -> tuple[Placement, int | None]:
+    """The rule for a response ``presented`` when the ledger's live responses
+    (recorded, from the marker on, not superseded; oldest first) are ``live``.
 
-    NEW if there is no latest response or its results precede this one (a
-    deliberate repeat runs again); else RERECORD if the calls are the latest's,
-    slot by slot (a resume); else REEMISSION (the history lost the latest
-    response before it was saved)."""
-    if latest is None or seen_latest:
-        return Placement.NEW
-    if list(presented) == list(latest):
-        return Placement.RERECORD
-    return Placement.REEMISSION
+    Its place is right after the latest response whose results the history
+    holds (none: the session start); the response after it, if any, is the
+    candidate, whose index is returned.  NEW (index ``None``) if there is no
+    candidate (a deliberate repeat of a seen response runs again); else
+    RERECORD if the calls are the candidate's, slot by slot (a resume); else
+    REEMISSION: the history lost the candidate, and every live response after
+    it with it (docs/protocol.md#placing-a-response)."""
+    anchor = max((i for i, (_, seen) in enumerate(live) if seen), default=-1)
+    at = anchor + 1
+    if at == len(live):
+        return Placement.NEW, None
+    if list(presented) == list(live[at][0]):
+        return Placement.RERECORD, at
+    return Placement.REEMISSION, at
 
 
 def same_call_slots(pool: Sequence[T], wanted: Sequence[T]) -> list[int | None]:
     """For each call of a re-emission (``wanted``, slot order), the index in
-    ``pool`` (the lost response's dispatched calls, slot order, as
+    ``pool`` (the dispatched calls of every response it supersedes, oldest
+    response first, slot order, as
     (tool name, argument digest)) of the lost call it IS: the first one not
     bound yet that is equal; ``None`` if none.  Each lost call is bound at most
     once (the spec's ``SameCallSlots``, 0-based here)."""

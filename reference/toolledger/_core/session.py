@@ -870,15 +870,39 @@ class Session(LedgerGuard):
                     "(docs/protocol.md#placing-a-response)"
                 )
             # placed by the ledger (docs/protocol.md#placing-a-response)
-            latest = None if last is None or last < st.marker else self._turn(last, last)
-            kind = placement(None if latest is None else _call_keys(latest),
-                             latest is not None and bool(seen_keys & _keys_of(latest)), wanted)
-            if kind is Placement.NEW or latest is None:
+            live = self._live_back_to_seen(last, seen_keys)
+            kind, at = placement([(_call_keys(t), bool(seen_keys & _keys_of(t))) for t in live],
+                                 wanted)
+            if kind is Placement.NEW or at is None:
                 return self._record_new(self._ledger.next_turn(), parsed, profiles, dispatch, ())
             if kind is Placement.RERECORD:
-                return self._rerecorded(latest)
+                return self._rerecorded(live[at])
+            gone = live[at:]  # the candidate and every live response after it
             return self._record_new(self._ledger.next_turn(), parsed, profiles, dispatch,
-                                    latest.calls, replaced=latest)
+                                    [c for t in gone for c in t.calls], replaced=gone)
+
+    def _live_back_to_seen(self, last: int | None, seen: frozenset[str]) -> list[SessionState]:
+        """The live responses (from the marker on, not superseded), oldest first,
+        from the latest one holding a key in ``seen`` on (all of them if none
+        does): what :func:`placement` needs, the earlier ones changing nothing.
+        The latest response seen (the usual case) reads nothing from the store."""
+        st = self._ledger.state
+        if last is None or last < st.marker:
+            return []
+        latest = self._turn(last, last)
+        if seen & _keys_of(latest) and not _all_superseded(latest):
+            return [latest]
+        turns = sorted({c.position[0] for c in self._ledger.full_state().calls
+                        if c.position[0] >= st.marker}, reverse=True)
+        out: list[SessionState] = []
+        for turn in turns:
+            there = latest if turn == last else self._turn(turn, last)
+            if not there.calls or _all_superseded(there):
+                continue
+            out.append(there)
+            if seen & _keys_of(there):
+                break
+        return out[::-1]
 
     def _turn(self, turn: int, last: int | None) -> SessionState:
         """The calls of ``turn`` (none past the last durable turn: no store read then)."""
@@ -894,10 +918,10 @@ class Session(LedgerGuard):
         dispatch: str | int,
         lost: Sequence[CallState],
         *,
-        replaced: SessionState | None = None,
+        replaced: Sequence[SessionState] = (),
     ) -> list[CallStatus]:
         """Record a new response at ``seq``; supersede the ``lost`` calls of ``replaced``
-        (the latest response, which the engine's history lost) in the same transaction."""
+        (the responses the engine's history lost, oldest first) in the same transaction."""
         st = self._ledger.state
         lost_pos = {c.position for c in lost}
         open_calls = [c.position for c in st.calls if c.result is None and c.position[0] < seq
@@ -912,17 +936,21 @@ class Session(LedgerGuard):
         events: list[Event] = []
         voids: list[Void] = []
         same: dict[CallPosition, CallState] = {}  # slot of the new response -> the lost call
-        if replaced is not None:
-            note = (f"superseded: the engine's history lost message {lost[0].position[0]} "
-                    f"before it was saved; message {seq} replaces it")
-            for c in lost:
-                if _superseded(replaced, c):
-                    continue
-                if c.result is None and replaced.record(c.execution_id).status is (
-                        LedgerStatus.NONE):
-                    voids.append(Void(c.position, SUPERSEDED, note, result=_VOIDED))
-                else:
-                    voids.append(Void(c.position, SUPERSEDED, note))
+        if replaced:
+            numbers = [t.calls[0].position[0] for t in replaced]
+            note = (f"superseded: the engine's history lost message"
+                    f"{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))} "
+                    f"before it was saved; message {seq} replaces "
+                    f"{'them' if len(numbers) > 1 else 'it'}")
+            for there in replaced:
+                for c in there.calls:
+                    if _superseded(there, c):
+                        continue
+                    if c.result is None and there.record(c.execution_id).status is (
+                            LedgerStatus.NONE):
+                        voids.append(Void(c.position, SUPERSEDED, note, result=_VOIDED))
+                    else:
+                        voids.append(Void(c.position, SUPERSEDED, note))
             same = self._same_as_dispatched(replaced, positions, parsed)
             for target in same.values():  # a restart interrupted it: decided first
                 if target.stage is Stage.RESUME and st.call(target.position) is not None:
@@ -955,22 +983,24 @@ class Session(LedgerGuard):
 
     def _same_as_dispatched(
         self,
-        replaced: SessionState,
+        replaced: Sequence[SessionState],
         positions: list[CallPosition],
         parsed: list[tuple[str, str, dict[str, Any]]],
     ) -> dict[CallPosition, CallState]:
-        """The calls of the new response that ARE a dispatched call of the lost one.
+        """The calls of the new response that ARE a dispatched call of a lost one.
 
-        Same tool and argument digest, matched in slot order, each lost call
-        at most once; a lost call that is itself the same call as an earlier
-        one stands for that one."""
+        Same tool and argument digest, matched in slot order against the
+        dispatched calls of every response superseded (oldest first), each
+        lost call at most once; a lost call that is itself the same call as
+        an earlier one stands for that one."""
         pool: list[CallState] = []
-        for c in replaced.calls:
-            target = self._same_call_target(replaced, c)
-            if target is not None:
-                pool.append(target)
-            elif replaced.record(c.execution_id).status is not LedgerStatus.NONE:
-                pool.append(c)
+        for there in replaced:
+            for c in there.calls:
+                target = self._same_call_target(there, c)
+                if target is not None:
+                    pool.append(target)
+                elif there.record(c.execution_id).status is not LedgerStatus.NONE:
+                    pool.append(c)
         slots = same_call_slots([(c.tool.name, c.args_digest) for c in pool],
                                 [(name, args_digest(name, args)) for _, name, args in parsed])
         return {pos: pool[i] for pos, i in zip(positions, slots, strict=True) if i is not None}
@@ -1584,6 +1614,11 @@ def _same_calls(there: SessionState, wanted: Sequence[tuple[str, str, str]]) -> 
         c.position[1] == slot and (c.tool_call_id, c.tool.name, c.args_digest) == w
         for slot, (c, w) in enumerate(zip(there.calls, wanted, strict=True))
     )
+
+
+def _all_superseded(turn: SessionState) -> bool:
+    """Every call of one message was superseded: the message is no longer live."""
+    return bool(turn.calls) and all(_superseded(turn, c) for c in turn.calls)
 
 
 def _superseded(st: SessionState, c: CallState) -> bool:
