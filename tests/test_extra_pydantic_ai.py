@@ -858,3 +858,105 @@ def test_a_voided_approval_does_not_linger(tmp_path: Path) -> None:
                                                                  metadata=req.metadata))
     assert out.output == "done: ['sent to bob']" and OUTBOX == ["bob"]
     assert "superseded" in {row.kind for row in ts.session(CONV).audit()}
+
+
+_LOST = '''
+import os, signal, sys
+from pathlib import Path
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import FunctionModel
+from pydantic_ai.toolsets import FunctionToolset
+from toolledger import SqliteStore, Tool
+from toolledger.extra.pydantic_ai import LedgerToolset
+
+mode, policy, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+
+def send_email(to: str, idempotency_key: str | None = None) -> str:
+    with (work / "effects.log").open("a") as f:  # the mail server: one line per email
+        f.write(f"{to} {idempotency_key}\\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.kill(os.getpid(), signal.SIGKILL)  # mid-tool: the app saved no message of the run
+    return "sent"
+
+def model(messages, info):
+    return ModelResponse(parts=[ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c1")])
+
+toolset = FunctionToolset([send_email])
+if mode == "ledger":
+    toolset = LedgerToolset(toolset, store=SqliteStore(work / "ledger.sqlite3"),
+                            tools={"send_email": Tool(policy=policy, requires_approval=False)})
+Agent(FunctionModel(model), toolsets=[toolset]).run_sync("mail ada", conversation_id="conv-1")
+'''
+
+
+def _lost_then_rerun(work: Path, mode: str, policy: str, to: str
+                     ) -> tuple[Any, LedgerToolset | None, list[str]]:
+    """A child is SIGKILLed mid-tool before the app saved the model's response; the
+    app re-runs the prompt (its history holds nothing of that run) and the model
+    emits a NEW call id (``c2``) for ``to``.  Returns (run result, toolset, effects)."""
+    script = work / "lost.py"
+    script.write_text(_LOST)
+    first = subprocess.run([sys.executable, str(script), mode, policy, str(work)],
+                           capture_output=True, text=True, timeout=120)
+    assert first.returncode == -9, first.stderr  # killed, not a clean exit
+    effects = work / "effects.log"
+
+    def send_email(to: str, idempotency_key: str | None = None) -> str:
+        with effects.open("a") as f:
+            f.write(f"{to} {idempotency_key}\n")
+        return f"sent to {to}"
+
+    calls = [ToolCallPart("send_email", {"to": to}, tool_call_id="c2")]
+    ts = None if mode == "plain" else LedgerToolset(
+        FunctionToolset([send_email]), store=SqliteStore(work / "ledger.sqlite3"),
+        tools={"send_email": Tool(policy=policy, requires_approval=False)})
+    toolset = FunctionToolset([send_email]) if ts is None else ts
+    result = _agent(Script(calls), toolset).run_sync("mail ada", conversation_id=CONV)
+    return result, ts, effects.read_text().splitlines()
+
+
+@pytest.mark.parametrize("policy", ["manual", "idempotent"])
+def test_a_response_lost_mid_tool_and_re_emitted_with_a_new_id_sends_once(
+        tmp_path: Path, policy: str) -> None:
+    result, ts, lines = _lost_then_rerun(tmp_path, "ledger", policy, "ada")
+    assert ts is not None
+    if policy == "idempotent":
+        # the new c2 IS the lost call: retried under that call's key, applied once
+        assert result.output == "done: ['sent to ada']"
+        assert len(lines) == 2 and len({line.split()[1] for line in lines}) == 1
+        return
+    # manual: the new c2 IS the lost call, halted for a human; the conversation goes on
+    req = result.output
+    assert isinstance(req, DeferredToolRequests) and len(lines) == 1, lines
+    meta = req.metadata["c2"]
+    assert meta[RECOVERY] == "recovery_required"
+    ts.resolve(CONV, meta[APPROVAL_KEY], "applied")  # the human saw it in the outbox
+    out = _agent(Script([ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c2")]),
+                 ts).run_sync(message_history=result.all_messages(),
+                              deferred_tool_results=req.build_results(
+                                  approve_all=True, metadata=req.metadata)).output
+    assert isinstance(out, str) and out.startswith("done: [") and "applied" in out
+    assert lines == ["ada None"]  # sent once, by the killed process
+
+
+def test_a_response_lost_mid_tool_is_sent_again_without_the_ledger(tmp_path: Path) -> None:
+    """The control: the same kill and re-run, pydantic-ai alone: a second email."""
+    plain, _, lines = _lost_then_rerun(tmp_path, "plain", "manual", "ada")
+    assert plain.output == "done: ['sent to ada']" and lines == ["ada None", "ada None"]
+
+
+def test_a_response_lost_mid_tool_and_re_emitted_with_another_call(tmp_path: Path) -> None:
+    """The re-run model asks for another email: it runs, and the lost dispatched call
+    keeps its record, recovered by its policy (manual: halted, for a human)."""
+    result, ts, lines = _lost_then_rerun(tmp_path, "ledger", "manual", "bob")
+    assert ts is not None
+    assert result.output == "done: ['sent to bob']"
+    assert [line.split()[0] for line in lines] == ["ada", "bob"]  # each once
+    session = ts.session(CONV)
+    [halted] = session.halted()
+    assert halted.call.arguments == {"to": "ada"} and halted.call.tool_call_id == "c1"
+    assert "superseded" in {row.kind for row in session.audit()}
+    session.resolve(halted.key, "applied")
+    assert session.halted() == []
