@@ -28,12 +28,32 @@ conversation (``RunContext.conversation_id``, the session id):
   metadata=requests.metadata)``). A bare ``tool_call_approved`` (a retry that
   re-uses a provider's tool call id, pydantic-ai #5536) asks again.
 
-Execution ids come from the conversation id, the position of the model
-response in the run's message history (``RunContext.messages``: persist the
-whole history, ``result.all_messages()``, and pass it back), the call's index
-among this toolset's calls in that response, and the provider's tool call id:
-a provider that re-uses a tool call id in a later response gets a new
-execution, never the old one's result or approval.
+The ledger names each call, never the position pydantic-ai's message list
+gives it (docs/protocol.md#placing-a-response), so a new call is never
+confused with an earlier one: every tool return this toolset builds carries
+its call's ledger key (``ToolReturn(value, metadata={"toolledger_key": key})``,
+so ``ToolReturnPart.metadata``; the denied and retried returns pydantic-ai
+builds itself get it in ``get_tools``, before the next model request), and
+each model response is recorded with ``Session.record(calls, seen=keys)``,
+``seen`` being the keys on the returns before it in ``RunContext.messages``.
+Hence:
+
+- a history processor (``ProcessHistory``) that trims or summarises old
+  messages changes nothing, as long as the newest returns keep their metadata;
+- a provider that re-uses a tool call id (Gemini's ``call_0``), even with the
+  same arguments, after the model saw the earlier result gets a new execution,
+  never the old one's result or approval;
+- a response lost before the app saved it (a kill mid-tool) and re-emitted
+  with new ids supersedes the lost one: a call that is the same call (tool and
+  arguments) as a lost dispatched call is answered with that call's status
+  under its own id (its result, or its recovery: halted, retried with the
+  same key), never sent anew; another call runs; the lost dispatched call
+  keeps its record for its policy (``halted()``, ``recover()``); the lost
+  response's undispatched calls are voided (their approvals leave
+  ``pending_approvals()``).
+
+Persist the whole history (``result.all_messages()``) with the parts'
+metadata and pass it back.
 
 An approval binds the arguments the ledger recorded (the model's): a
 ``ToolApproved(override_args=...)`` that changes them is refused with a
@@ -46,9 +66,10 @@ recorded and asked for with its own arguments.
 Not covered yet: a ``reconcile`` tool has no connector here (its call
 comes back as a recovery item with ``metadata["next"] == "reconcile"``: answer
 it with ``session(conversation_id).reconcile(key, ask)``, then approve); a
-``ToolDenied`` reaches the ledger only when the conversation's next response
-calls a tool of this toolset; and the ledger's SQLite writes run on the event
-loop's thread (a few milliseconds per call).
+lost response's dispatched call that the re-run model does not emit again is
+not run by this toolset (an idempotent one's retry is the host's:
+``session(conversation_id).execute(key, fn)``); and the ledger's SQLite writes
+run on the event loop's thread (a few milliseconds per call).
 """
 
 from __future__ import annotations
