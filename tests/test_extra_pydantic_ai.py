@@ -683,3 +683,280 @@ def test_an_override_equal_to_the_recorded_arguments_is_an_approval(tmp_path: Pa
     out = agent.run_sync(message_history=first.all_messages(),
                          deferred_tool_results=answer).output
     assert out == "done: ['sent to ada']" and OUTBOX == ["ada"]
+
+
+# --------------------------------------------------------------------------
+# The ledger owns the identity (docs/protocol.md#placing-a-response): histories that
+# pydantic-ai trims, loses or re-emits with new or reused ids (issue 23)
+# --------------------------------------------------------------------------
+
+
+def _keep_last(n: int) -> Any:
+    """A history processor (``ProcessHistory``): the last ``n`` messages, starting at a
+    request (pydantic-ai writes the trimmed list back into ``ctx.messages``)."""
+    from pydantic_ai.messages import ModelRequest
+
+    def trim(messages: list[ModelMessage]) -> list[ModelMessage]:
+        kept = messages[-n:]
+        while kept and not isinstance(kept[0], ModelRequest):
+            kept = kept[1:]
+        return kept
+    return trim
+
+
+class _Remind:
+    """A FunctionModel: a user prompt ``remind <k>`` gets ONE call of ``remind``; its
+    result gets a text.  ``call_id(k)`` names the call (``call_0`` always: Gemini);
+    ``positions`` collects where each call's response sits in the list it was given."""
+
+    def __init__(self, call_id: Callable[[int], str], same_args: bool) -> None:
+        self.call_id, self.same_args = call_id, same_args
+        self.positions: list[int] = []
+
+    def __call__(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        last = messages[-1]
+        if _returns(last):
+            return ModelResponse(parts=[TextPart(f"told: {_returns(last)}")])
+        k = int(str(last.parts[-1].content).split()[-1])  # type: ignore[union-attr]
+        self.positions.append(len(messages))
+        text = "water the plants" if self.same_args else f"reminder {k}"
+        return ModelResponse(parts=[ToolCallPart("remind", {"text": text},
+                                                 tool_call_id=self.call_id(k))])
+
+
+def _talk(db: Path, model: _Remind, turns: int, sent: list[str]
+          ) -> tuple[list[str], LedgerToolset]:
+    """``turns`` user turns through a trimming processor; the app persists
+    ``all_messages()`` and passes it back each turn.  Returns what the model was told."""
+    from pydantic_ai.capabilities import ProcessHistory
+
+    def remind(text: str) -> str:
+        sent.append(text)
+        return f"sent #{len(sent)}"
+
+    ts = _ledger(db, [remind], {"remind": NO_APPROVAL})
+    agent = Agent(FunctionModel(model), toolsets=[ts], output_type=[str, DeferredToolRequests],
+                  capabilities=[ProcessHistory(_keep_last(3))])
+    history: list[ModelMessage] = []
+    told = []
+    for k in range(turns):
+        result = agent.run_sync(f"remind {k}", message_history=history, conversation_id=CONV)
+        assert isinstance(result.output, str), result.output
+        told.append(result.output)
+        history = result.all_messages()
+    return told, ts
+
+
+def _by_position(model: _Remind, db: Path) -> list[str]:
+    """The control: the same responses recorded where the framework's list put them
+    (the old drop-in's ``seq``): what the ledger would answer each one."""
+    from toolledger import Session
+
+    s = Session.open(SqliteStore(db.with_name("by-position.db")), CONV,
+                     {"remind": NO_APPROVAL})
+    out = []
+    for k, at in enumerate(model.positions):
+        text = "water the plants" if model.same_args else f"reminder {k}"
+        calls = [{"id": model.call_id(k), "name": "remind", "arguments": {"text": text}}]
+        try:
+            [st] = s.record(at, calls)
+        except Exception as exc:
+            out.append(type(exc).__name__)
+            continue
+        if st.next.value == "execute":
+            s.execute(st.key, lambda a: "sent")
+            out.append("ran")
+        else:
+            out.append(st.next.value)  # an earlier call's answer, nothing run
+    return out
+
+
+def test_a_trimming_history_processor_with_new_ids_never_dead_ends(tmp_path: Path) -> None:
+    sent: list[str] = []
+    model = _Remind(lambda k: f"c{k}", same_args=False)
+    told, ts = _talk(tmp_path / "l.db", model, 6, sent)
+    assert sent == [f"reminder {k}" for k in range(6)]  # every call ran, once
+    assert told == [f"told: ['sent #{k + 1}']" for k in range(6)]
+    assert len(set(model.positions)) < len(model.positions)  # the list was trimmed
+    assert [r.kind for r in ts.session(CONV).audit()] == ["dispatch"] * 6  # 6 executions
+    # control: keyed by the list index, the conversation dead-ends at the first trim
+    assert "InvalidInput" in _by_position(model, tmp_path / "l.db")
+
+
+def test_a_reused_call_0_with_identical_arguments_runs_each_deliberate_repeat(
+        tmp_path: Path) -> None:
+    sent: list[str] = []
+    model = _Remind(lambda k: "call_0", same_args=True)  # Gemini: call_0 on every response
+    told, ts = _talk(tmp_path / "l.db", model, 4, sent)
+    assert sent == ["water the plants"] * 4  # 4 of 4 reminders sent
+    assert told == [f"told: ['sent #{k + 1}']" for k in range(4)]  # each its own result
+    assert [r.kind for r in ts.session(CONV).audit()] == ["dispatch"] * 4  # 4 executions
+    # control: keyed by the list index, repeats get an earlier call's result, unrun
+    control = _by_position(model, tmp_path / "l.db")
+    assert control.count("ran") < 4 and "result" in control
+
+
+def test_denied_and_refused_calls_with_reused_ids_are_told_apart(tmp_path: Path) -> None:
+    """pydantic-ai builds the results of a denial and a ModelRetry itself; the drop-in
+    puts the key on them before the next model request, so the repeat that follows
+    (same call_0, same arguments) is a new call, not the denied or refused one."""
+    attempts: list[str] = []
+
+    def send_email(to: str) -> str:
+        attempts.append(to)
+        if len(attempts) == 1:
+            raise ModelRetry("the server refused: try again")
+        return "sent"
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if any(isinstance(p, ToolReturnPart) and p.outcome == "success"
+               for p in messages[-1].parts):
+            return ModelResponse(parts=[TextPart(f"done: {_returns(messages[-1])}")])
+        # a prompt, a denial or a refusal: the model insists, Gemini-style
+        return ModelResponse(parts=[ToolCallPart("send_email", {"to": "ada"},
+                                                 tool_call_id="call_0")])
+
+    ts = _ledger(tmp_path / "l.db", [send_email], {"send_email": "manual"})
+    agent = Agent(FunctionModel(model), toolsets=[ts], output_type=[str, DeferredToolRequests])
+    first = agent.run_sync("mail ada", conversation_id=CONV)
+    req = first.output
+    assert isinstance(req, DeferredToolRequests)
+    denied = agent.run_sync(message_history=first.all_messages(),
+                            deferred_tool_results=req.build_results(
+                                approvals={"call_0": ToolDenied()}))
+    again = denied.output  # the model asked for the same call again: a new approval
+    assert isinstance(again, DeferredToolRequests) and attempts == []
+    assert again.metadata["call_0"][APPROVAL_KEY] != req.metadata["call_0"][APPROVAL_KEY]
+    [pending] = ts.session(CONV).pending_approvals()  # the denial is in the ledger
+    assert pending.key == again.metadata["call_0"][APPROVAL_KEY]
+    refused = agent.run_sync(message_history=denied.all_messages(),
+                             deferred_tool_results=again.build_results(
+                                 approve_all=True, metadata=again.metadata))
+    retry = refused.output  # refused by the server; the model's retry asks again
+    assert isinstance(retry, DeferredToolRequests) and attempts == ["ada"]
+    done = agent.run_sync(message_history=refused.all_messages(),
+                          deferred_tool_results=retry.build_results(
+                              approve_all=True, metadata=retry.metadata))
+    assert done.output == "done: ['sent']" and attempts == ["ada", "ada"]
+    assert [r.kind for r in ts.session(CONV).audit()] == ["dispatch"] * 2
+
+
+def test_a_voided_approval_does_not_linger(tmp_path: Path) -> None:
+    """A deferred approval the app lost (it never saved the run): the re-run model asks
+    for another call; the lost one is voided, out of the inbox, never run."""
+    OUTBOX.clear()
+    ts = _ledger(tmp_path / "l.db", [send_email], {"send_email": "manual"})
+    lost = _agent(Script([ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c1")]), ts)
+    assert isinstance(lost.run_sync("mail", conversation_id=CONV).output, DeferredToolRequests)
+    agent = _agent(Script([ToolCallPart("send_email", {"to": "bob"}, tool_call_id="c2")]), ts)
+    first = agent.run_sync("mail", conversation_id=CONV)  # the app saved nothing: re-run
+    req = first.output
+    assert isinstance(req, DeferredToolRequests)
+    assert [c.arguments for c in ts.session(CONV).pending_approvals()] == [{"to": "bob"}]
+    out = agent.run_sync(message_history=first.all_messages(),
+                         deferred_tool_results=req.build_results(approve_all=True,
+                                                                 metadata=req.metadata))
+    assert out.output == "done: ['sent to bob']" and OUTBOX == ["bob"]
+    assert "superseded" in {row.kind for row in ts.session(CONV).audit()}
+
+
+_LOST = '''
+import os, signal, sys
+from pathlib import Path
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import FunctionModel
+from pydantic_ai.toolsets import FunctionToolset
+from toolledger import SqliteStore, Tool
+from toolledger.extra.pydantic_ai import LedgerToolset
+
+mode, policy, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+
+def send_email(to: str, idempotency_key: str | None = None) -> str:
+    with (work / "effects.log").open("a") as f:  # the mail server: one line per email
+        f.write(f"{to} {idempotency_key}\\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.kill(os.getpid(), signal.SIGKILL)  # mid-tool: the app saved no message of the run
+    return "sent"
+
+def model(messages, info):
+    return ModelResponse(parts=[ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c1")])
+
+toolset = FunctionToolset([send_email])
+if mode == "ledger":
+    toolset = LedgerToolset(toolset, store=SqliteStore(work / "ledger.sqlite3"),
+                            tools={"send_email": Tool(policy=policy, requires_approval=False)})
+Agent(FunctionModel(model), toolsets=[toolset]).run_sync("mail ada", conversation_id="conv-1")
+'''
+
+
+def _lost_then_rerun(work: Path, mode: str, policy: str, to: str
+                     ) -> tuple[Any, LedgerToolset | None, list[str]]:
+    """A child is SIGKILLed mid-tool before the app saved the model's response; the
+    app re-runs the prompt (its history holds nothing of that run) and the model
+    emits a NEW call id (``c2``) for ``to``.  Returns (run result, toolset, effects)."""
+    script = work / "lost.py"
+    script.write_text(_LOST)
+    first = subprocess.run([sys.executable, str(script), mode, policy, str(work)],
+                           capture_output=True, text=True, timeout=120)
+    assert first.returncode == -9, first.stderr  # killed, not a clean exit
+    effects = work / "effects.log"
+
+    def send_email(to: str, idempotency_key: str | None = None) -> str:
+        with effects.open("a") as f:
+            f.write(f"{to} {idempotency_key}\n")
+        return f"sent to {to}"
+
+    calls = [ToolCallPart("send_email", {"to": to}, tool_call_id="c2")]
+    ts = None if mode == "plain" else LedgerToolset(
+        FunctionToolset([send_email]), store=SqliteStore(work / "ledger.sqlite3"),
+        tools={"send_email": Tool(policy=policy, requires_approval=False)})
+    toolset = FunctionToolset([send_email]) if ts is None else ts
+    result = _agent(Script(calls), toolset).run_sync("mail ada", conversation_id=CONV)
+    return result, ts, effects.read_text().splitlines()
+
+
+@pytest.mark.parametrize("policy", ["manual", "idempotent"])
+def test_a_response_lost_mid_tool_and_re_emitted_with_a_new_id_sends_once(
+        tmp_path: Path, policy: str) -> None:
+    result, ts, lines = _lost_then_rerun(tmp_path, "ledger", policy, "ada")
+    assert ts is not None
+    if policy == "idempotent":
+        # the new c2 IS the lost call: retried under that call's key, applied once
+        assert result.output == "done: ['sent to ada']"
+        assert len(lines) == 2 and len({line.split()[1] for line in lines}) == 1
+        return
+    # manual: the new c2 IS the lost call, halted for a human; the conversation goes on
+    req = result.output
+    assert isinstance(req, DeferredToolRequests) and len(lines) == 1, lines
+    meta = req.metadata["c2"]
+    assert meta[RECOVERY] == "recovery_required"
+    ts.resolve(CONV, meta[APPROVAL_KEY], "applied")  # the human saw it in the outbox
+    out = _agent(Script([ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c2")]),
+                 ts).run_sync(message_history=result.all_messages(),
+                              deferred_tool_results=req.build_results(
+                                  approve_all=True, metadata=req.metadata)).output
+    assert isinstance(out, str) and out.startswith("done: [") and "applied" in out
+    assert lines == ["ada None"]  # sent once, by the killed process
+
+
+def test_a_response_lost_mid_tool_is_sent_again_without_the_ledger(tmp_path: Path) -> None:
+    """The control: the same kill and re-run, pydantic-ai alone: a second email."""
+    plain, _, lines = _lost_then_rerun(tmp_path, "plain", "manual", "ada")
+    assert plain.output == "done: ['sent to ada']" and lines == ["ada None", "ada None"]
+
+
+def test_a_response_lost_mid_tool_and_re_emitted_with_another_call(tmp_path: Path) -> None:
+    """The re-run model asks for another email: it runs, and the lost dispatched call
+    keeps its record, recovered by its policy (manual: halted, for a human)."""
+    result, ts, lines = _lost_then_rerun(tmp_path, "ledger", "manual", "bob")
+    assert ts is not None
+    assert result.output == "done: ['sent to bob']"
+    assert [line.split()[0] for line in lines] == ["ada", "bob"]  # each once
+    session = ts.session(CONV)
+    [halted] = session.halted()
+    assert halted.call.arguments == {"to": "ada"} and halted.call.tool_call_id == "c1"
+    assert "superseded" in {row.kind for row in session.audit()}
+    session.resolve(halted.key, "applied")
+    assert session.halted() == []

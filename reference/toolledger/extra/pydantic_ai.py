@@ -28,12 +28,32 @@ conversation (``RunContext.conversation_id``, the session id):
   metadata=requests.metadata)``). A bare ``tool_call_approved`` (a retry that
   re-uses a provider's tool call id, pydantic-ai #5536) asks again.
 
-Execution ids come from the conversation id, the position of the model
-response in the run's message history (``RunContext.messages``: persist the
-whole history, ``result.all_messages()``, and pass it back), the call's index
-among this toolset's calls in that response, and the provider's tool call id:
-a provider that re-uses a tool call id in a later response gets a new
-execution, never the old one's result or approval.
+The ledger names each call, never the position pydantic-ai's message list
+gives it (docs/protocol.md#placing-a-response), so a new call is never
+confused with an earlier one: every tool return this toolset builds carries
+its call's ledger key (``ToolReturn(value, metadata={"toolledger_key": key})``,
+so ``ToolReturnPart.metadata``; the denied and retried returns pydantic-ai
+builds itself get it in ``get_tools``, before the next model request), and
+each model response is recorded with ``Session.record(calls, seen=keys)``,
+``seen`` being the keys on the returns before it in ``RunContext.messages``.
+Hence:
+
+- a history processor (``ProcessHistory``) that trims or summarises old
+  messages changes nothing, as long as the newest returns keep their metadata;
+- a provider that re-uses a tool call id (Gemini's ``call_0``), even with the
+  same arguments, after the model saw the earlier result gets a new execution,
+  never the old one's result or approval;
+- a response lost before the app saved it (a kill mid-tool) and re-emitted
+  with new ids supersedes the lost one: a call that is the same call (tool and
+  arguments) as a lost dispatched call is answered with that call's status
+  under its own id (its result, or its recovery: halted, retried with the
+  same key), never sent anew; another call runs; the lost dispatched call
+  keeps its record for its policy (``halted()``, ``recover()``); the lost
+  response's undispatched calls are voided (their approvals leave
+  ``pending_approvals()``).
+
+Persist the whole history (``result.all_messages()``) with the parts'
+metadata and pass it back.
 
 An approval binds the arguments the ledger recorded (the model's): a
 ``ToolApproved(override_args=...)`` that changes them is refused with a
@@ -46,9 +66,10 @@ recorded and asked for with its own arguments.
 Not covered yet: a ``reconcile`` tool has no connector here (its call
 comes back as a recovery item with ``metadata["next"] == "reconcile"``: answer
 it with ``session(conversation_id).reconcile(key, ask)``, then approve); a
-``ToolDenied`` reaches the ledger only when the conversation's next response
-calls a tool of this toolset; and the ledger's SQLite writes run on the event
-loop's thread (a few milliseconds per call).
+lost response's dispatched call that the re-run model does not emit again is
+not run by this toolset (an idempotent one's retry is the host's:
+``session(conversation_id).execute(key, fn)``); and the ledger's SQLite writes
+run on the event loop's thread (a few milliseconds per call).
 """
 
 from __future__ import annotations
@@ -59,7 +80,13 @@ from typing import Any, Final
 
 from pydantic_ai import RunContext
 from pydantic_ai.exceptions import ApprovalRequired, ModelRetry, UserError
-from pydantic_ai.messages import ModelResponse, ToolCallPart, ToolReturnPart
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelResponse,
+    ToolCallPart,
+    ToolReturn,
+    ToolReturnPart,
+)
 from pydantic_ai.toolsets import WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
@@ -138,6 +165,9 @@ class LedgerToolset(WrapperToolset[Any]):
                 tool = replace(tool, tool_def=replace(tool.tool_def,
                                                       parameters_json_schema=stripped))
             out[name] = tool
+        if ctx.conversation_id and _untagged(ctx.messages, set(out)):
+            # before the next model request: the last response's results are final here
+            self._tag(self.session(ctx.conversation_id), ctx.messages, set(out))
         return out
 
     # -- a call ---------------------------------------------------------------------------
@@ -150,10 +180,14 @@ class LedgerToolset(WrapperToolset[Any]):
                             "pass conversation_id=... to agent.run, or a message history that "
                             "carries one")
         session = self.session(conversation)
-        seq, slot, calls = await self._position(ctx, name)
-        self._settle_denied(session, ctx, seq)
+        at, slot, calls = await self._position(ctx, name)
+        mine = set(self._keywords)
+        self._tag(session, ctx.messages[:at], mine, response=calls)
+        seen = self._seen(ctx.messages[:at], mine)
         try:
-            status = session.record(seq, calls)[slot]
+            # placed by the ledger (docs/protocol.md#placing-a-response): never by where
+            # the framework's list puts the response now, which history processors move
+            status = session.record(calls, seen=seen)[slot]
         except InvalidInput as exc:
             if "reserved" in str(exc):
                 # the model wrote an argument only the ledger may set: nothing was recorded
@@ -190,11 +224,14 @@ class LedgerToolset(WrapperToolset[Any]):
         if status.next is Next.RESULT:
             assert status.result is not None
             if fresh and status.outcome is Outcome.APPLIED:
-                return fresh[-1]  # the live value, as the plain toolset returns it
+                return _carry(fresh[-1], status.key)  # the live value, as the plain toolset
+
             if fresh and status.outcome is Outcome.NOT_APPLIED and isinstance(
                     fresh[-1], BaseException):
                 raise fresh[-1]  # a definite failure ends as it would without the ledger
-            return status.result.content  # reconstructed from the ledger, never re-run
+            # reconstructed from the ledger, never re-run (for a call that is the same call
+            # as a dispatched call of a lost response: that call's result, under this id)
+            return _carry(status.result.content, status.key)
         # Halted (or a reconcile, which needs a connector this wrapper has not got): a
         # human decides. It is asked as an approval because an approval is the deferred
         # request whose answer makes pydantic-ai call this toolset again: the ledger then
@@ -234,44 +271,129 @@ class LedgerToolset(WrapperToolset[Any]):
 
     async def _position(self, ctx: RunContext[Any], name: str
                         ) -> tuple[int, int, list[dict[str, Any]]]:
-        """(seq, slot, this toolset's calls of that response) of the current call.
+        """(index in ``ctx.messages``, slot, this toolset's calls) of the current call's
+        response.  The index only says where the history before it ends; the ledger
+        places the response itself.
 
         The response is the LAST one carrying the tool call id: a provider that
         re-uses an id names the newest call with it."""
         call_id = ctx.tool_call_id
         mine = set(self._keywords) or set(await self.get_tools(ctx))
-        for seq in range(len(ctx.messages) - 1, -1, -1):
-            m = ctx.messages[seq]
+        for at in range(len(ctx.messages) - 1, -1, -1):
+            m = ctx.messages[at]
             if not isinstance(m, ModelResponse):
                 continue
-            parts = [p for p in m.parts if isinstance(p, ToolCallPart) and p.tool_name in mine]
-            slots = [i for i, p in enumerate(parts) if p.tool_call_id == call_id]
+            calls = _calls_of(m, mine)
+            slots = [i for i, c in enumerate(calls) if c["id"] == call_id]
             if not slots:
                 continue
             if len(slots) > 1:
                 raise UserError(f"tool call id {call_id!r} appears {len(slots)} times in one "
                                 "model response: the ledger cannot tell those calls apart; "
                                 "nothing was executed")
-            calls = [{"id": p.tool_call_id, "name": p.tool_name,
-                      "arguments": p.args_as_dict()} for p in parts]
-            return seq, slots[0], calls
+            return at, slots[0], calls
         raise UserError(f"call {call_id!r} of tool {name!r} is in no model response of the "
                         "run's messages; nothing was executed")
 
     @staticmethod
-    def _settle_denied(session: Session, ctx: RunContext[Any], seq: int) -> None:
-        """A call of an earlier response still waiting for its approval in the ledger,
-        yet answered in the history, was denied the pydantic-ai way (``ToolDenied``
-        never reaches a toolset): record the rejection before the next response."""
-        pending = [c for c in session.pending_approvals() if c.position[0] < seq]
-        if not pending:
+    def _tag(session: Session, messages: list[ModelMessage], mine: set[str],
+             response: list[dict[str, Any]] | None = None) -> None:
+        """Put its ledger key on every result of the last response in ``messages`` that
+        pydantic-ai built itself and so carries none (``ToolDenied``: outcome
+        ``denied``; a ``ModelRetry``: ``retried``); record a denial the ledger still
+        waits an approval for (``ToolDenied`` never reaches a toolset).
+
+        The call is found by that response's calls (``Session.find(call,
+        response=...)``: the newest recorded response with those calls).  That is
+        that response while no later one was recorded, which holds when the
+        messages end with its results (``get_tools``, before the next model
+        request); from ``call_tool`` (``response``: the calls being placed) a
+        result is only tagged when that response has other calls, never where the
+        newest recorded one could be the response being placed."""
+        last = -1
+        for i, m in enumerate(messages):
+            if isinstance(m, ModelResponse) and _calls_of(m, mine):
+                last = i
+        if last < 0:
             return
-        answered = {p.tool_call_id: i for i, m in enumerate(ctx.messages)
-                    if not isinstance(m, ModelResponse)
-                    for p in m.parts if isinstance(p, ToolReturnPart)}
-        for c in pending:
-            if answered.get(c.tool_call_id, -1) > c.position[0]:
-                session.reject(c.key)
+        calls = _calls_of(messages[last], mine)  # type: ignore[arg-type]  # a response
+        if response is not None and _same(calls, response):
+            return
+        for m in messages[last + 1:]:
+            if isinstance(m, ModelResponse):
+                continue
+            for p in m.parts:
+                if (not isinstance(p, ToolReturnPart) or p.tool_name not in mine
+                        or _key_on(p) is not None
+                        or not (p.metadata is None or isinstance(p.metadata, dict))):
+                    continue
+                matched = [c for c in calls if c["id"] == p.tool_call_id]
+                if len(matched) != 1:
+                    continue
+                try:
+                    status = session.find(matched[0], response=calls)
+                except InvalidInput:  # held twice in the response, or awaiting recovery
+                    continue
+                if status is None:  # never recorded (a reserved argument was refused)
+                    continue
+                if p.outcome == "denied" and status.next is Next.AWAIT_APPROVAL:
+                    status = session.reject(status.key)
+                p.metadata = {**(p.metadata or {}), APPROVAL_KEY: status.key}
+
+    @staticmethod
+    def _seen(before: list[ModelMessage], mine: set[str]) -> list[str]:
+        """The ``seen`` of ``record``: the keys on the results the history before the
+        response holds.  This toolset puts the key on every result it returns
+        (:func:`_carry`) and on those pydantic-ai builds for its calls
+        (:meth:`_tag`), so a history processor that trims old messages keeps the
+        newest results' keys, which are the ones that count."""
+        return [key for m in before if not isinstance(m, ModelResponse) for p in m.parts
+                if isinstance(p, ToolReturnPart) and p.tool_name in mine
+                and (key := _key_on(p)) is not None]
+
+
+def _calls_of(m: ModelResponse, mine: set[str]) -> list[dict[str, Any]]:
+    """The calls of this toolset's tools in one response, as the ledger records them."""
+    return [{"id": p.tool_call_id, "name": p.tool_name, "arguments": p.args_as_dict()}
+            for p in m.parts if isinstance(p, ToolCallPart) and p.tool_name in mine]
+
+
+def _untagged(messages: list[ModelMessage], mine: set[str]) -> bool:
+    """Whether a result after the last response lacks a key (nothing to tag otherwise)."""
+    for m in reversed(messages):
+        if isinstance(m, ModelResponse):
+            return False
+        if any(isinstance(p, ToolReturnPart) and p.tool_name in mine and _key_on(p) is None
+               for p in m.parts):
+            return True
+    return False
+
+
+def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    """Two responses' calls are the same calls (ids, names, arguments, slot by slot)."""
+    return [(c["id"], c["name"], c["arguments"]) for c in a] == [
+        (c["id"], c["name"], c["arguments"]) for c in b]
+
+
+def _key_on(p: ToolReturnPart) -> str | None:
+    """The ledger key a tool return carries (None: none was put on it)."""
+    meta = p.metadata
+    key = meta.get(APPROVAL_KEY) if isinstance(meta, Mapping) else None
+    return key if isinstance(key, str) else None
+
+
+def _carry(value: Any, key: str) -> Any:
+    """``value`` as a tool return that carries the call's ledger key in its metadata
+    (the model sees only the value).  A tool that returns its own ``ToolReturn``
+    keeps its metadata, with the key added when that metadata is a dict (other
+    metadata is left alone: the result is then found by its response, as a
+    denial is)."""
+    if isinstance(value, ToolReturn):
+        meta = value.metadata
+        if meta is None or isinstance(meta, dict):
+            return replace(value, metadata={**(meta or {}), APPROVAL_KEY: key})
+        return value
+    return ToolReturn(value, metadata={APPROVAL_KEY: key})
 
 
 def _overridden(tool: ToolsetTool[Any], recorded: Mapping[str, Any],
