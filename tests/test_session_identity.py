@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from test_store_suite import Backend, store_factory  # noqa: F401  (the fixture: every store)
 
-from toolledger import Attempt, CallStatus, InvalidInput, Next, Session, Tool
+from toolledger import Attempt, CallStatus, InvalidInput, Next, Session, SqliteStore, Tool
 from toolledger._core.ledger import SAME_CALL, SUPERSEDED
 from toolledger._core.protocol import ResultKind
 from toolledger._core.session import APPLIED_NO_TEXT
@@ -223,6 +224,37 @@ def test_one_crash_losing_two_responses_sends_x_once() -> None:
     assert b2.key == b.key and counts(store)[1] == before[1]
     run_approved(r, b2, outbox)
     assert [eid for eid, _ in outbox.sent] == [a.key, b.key]  # one send per intent
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "sqlite"])
+def test_a_reemission_with_new_ids_supersedes_settled_responses_outside_the_working_set(
+    store_kind: str, tmp_path: Path
+) -> None:
+    """LostTwoResponses with new ids: both lost responses (a settled, outside the
+    ledger's working set; b recorded) are superseded in ONE commit, nothing is sent
+    again, and the conversation goes on (was: InvalidInput, a Void naming no call)."""
+    def opened() -> Store:
+        return MemoryStore() if store_kind == "memory" else SqliteStore(tmp_path / "l.db")
+    store, outbox = opened(), Outbox()
+    s = Session.open(store, SID, TOOLS)
+    [a] = s.record([SEND], seen=[])
+    a = run_approved(s, a, outbox)
+    [b] = s.record([SEND], seen=[a.key])  # a deliberate repeat, not yet approved
+    store = store if store_kind == "memory" else opened()
+    r = Session.open(store, SID, TOOLS)  # the crash lost both responses
+    before = counts(store)
+    fresh = {**SEND, "id": "toolu_7"}  # the re-run model: the same email, a new id
+    [a2] = r.record([fresh], seen=[])
+    assert counts(store) == (before[0] + 1, before[1])  # supersede both + record: ONE commit
+    # the same call as a's (dispatched, settled): a's identity and result, never re-sent
+    assert (a2.key, a2.next) == (a.key, Next.RESULT)
+    assert [eid for eid, _ in outbox.sent] == [a.key]
+    superseded = {row.execution_id for row in r.audit() if row.kind == SUPERSEDED}
+    assert superseded == {a.key, b.key}
+    assert r.pending_approvals() == []  # b, never dispatched, is voided
+    [c] = r.record([OTHER], seen=[a2.key])  # the conversation goes on
+    run_approved(r, c, outbox)
+    assert [eid for eid, _ in outbox.sent] == [a.key, c.key]
 
 
 def test_a_resume_after_a_crash_before_the_results_were_saved() -> None:

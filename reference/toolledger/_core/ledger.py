@@ -602,7 +602,12 @@ class Ledger:
                     "them with the call's ProviderEmitCall"
                 )
 
-        start = state = self._windows_passed(self._state)
+        outside = {_position(v.position, "a Void's position")[0] for v in voids or ()
+                   if isinstance(v, Void) and self._state.call(v.position) is None}
+        # a lost response settled outside the working set: its stored calls come in
+        # for this step (pruned again after it), nothing in memory changes before
+        base = self._with_turns(outside) if outside else self._state
+        start = state = self._windows_passed(base)
         rows: list[AuditRow] = []
         pending = dict(self._arguments)
         decisions = dict(self._decisions)
@@ -700,6 +705,27 @@ class Ledger:
         self._arguments = pending
         self._decisions = decisions
         return kept
+
+    def _with_turns(self, turns: set[int]) -> SessionState:
+        """The working set with the stored calls of ``turns`` in it (settled calls a
+        step must touch: a Void of a lost response outside the working set); the
+        commit after the step prunes them again (:func:`working_set`)."""
+        st = self._state
+        for turn in sorted(turns):
+            got = self.turn_state(turn)
+            have = {c.position for c in st.calls}
+            extra = tuple(c for c in got.calls if c.position not in have)
+            if not extra:
+                continue
+            st = replace(
+                st,
+                calls=tuple(sorted(st.calls + extra, key=lambda c: c.position)),
+                approvals={**got.approvals, **st.approvals},
+                approval_digests={**got.approval_digests, **st.approval_digests},
+                ledger={**got.ledger, **st.ledger},
+                audit=st.audit | got.audit,
+            )
+        return st
 
     def _void(self, state: SessionState, void: Void, rows: list[AuditRow]) -> SessionState:
         """``void`` applied to ``state`` (its audit row appended to ``rows``)."""
