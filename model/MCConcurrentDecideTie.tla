@@ -28,7 +28,7 @@ D == INSTANCE DurableToolExecution WITH
         invocations <- 0, humanApproved <- 0, humanRetries <- 0, crashes <- 0,
         sent <- 0, knownOutcome <- 0, sentAfterOutcome <- 0, decided <- 0,
         turnOf <- 0, storedId <- 0, renumbers <- 0, repairs <- 0,
-        effects <- 0, windowPassed <- 0, keyForgotten <- 0
+        effects <- 0, windowPassed <- 0, keyForgotten <- 0, droppedAnswers <- 0
 
 CR == INSTANCE ConcurrentResumers WITH
         Procs <- {"p1"}, Pol <- "manual", NeedsApproval <- TRUE,

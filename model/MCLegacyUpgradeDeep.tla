@@ -1,6 +1,6 @@
 -------------------- MODULE MCLegacyUpgradeDeep --------------------
 (***************************************************************************)
-(* LegacyUpgrade with two crashes (not in CI: about 240k states).          *)
+(* LegacyUpgrade with two crashes (not in CI: 327,753 states).            *)
 (* Every constant is a literal: the Python checkers read them from here.   *)
 (***************************************************************************)
 EXTENDS DurableToolExecution

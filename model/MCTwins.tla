@@ -17,6 +17,7 @@ PolicyManual == [c1 |-> "manual"]
 PolicyIdempotent == [c1 |-> "idempotent"]
 PolicyReconcile == [c1 |-> "reconcile"]
 Approval == [c1 |-> TRUE]
+NoApproval == [c1 |-> FALSE]
 ArgsOne == [c1 |-> {"a1"}]
 
 (* ResendAttempt: a resume path that re-sends the attempt it finds         *)
@@ -134,5 +135,22 @@ ConnectorFenceLater(c) ==
     /\ UNCHANGED durable /\ UNCHANGED inflight /\ UNCHANGED ghosts
     /\ UNCHANGED positions
     /\ UNCHANGED extVars
+(* LateReturnDropped: the old rule, an answer that arrives after the       *)
+(* engine timed out is discarded even while the record is still at that  *)
+(* attempt (RecordLateReturn = FALSE).  One manual call, no crash: the    *)
+(* answer arrives, is dropped, the human is asked to resolve, may retry,   *)
+(* and the effect is applied twice.  Breaks HumanSeesKnownOutcome         *)
+(* (AtMostOnceEffect allows it: a human retried).                         *)
+RecordLateReturnOff == FALSE
+
+(* ReconcileAbandoned: a reconcile call a human abandoned is reconciled   *)
+(* again instead of reconstructed, so the connector's "not applied" sends *)
+(* attempt 2 after the human gave up.  Breaks NoReinvokeAfterKnownOutcome *)
+(* (the abandon is a known outcome).                                       *)
+DecideReconcilesAbandoned(c) ==
+    LET i == DecisionInputs(c) IN
+    IF ~i.hasResult /\ i.policy = "reconcile" /\ i.status = "abandoned"
+    THEN "reconcile" ELSE Decide(i)
+
 QueryThenFenceSpec == Init /\ [][Next \/ \E c \in Calls : ConnectorFenceLater(c)]_vars
 =============================================================================

@@ -61,8 +61,10 @@
 (*    sentAfterOutcome (NoReinvokeAfterKnownOutcome), decided (every      *)
 (*    decision taken, AuditComplete), effects (effects[c]: how many times *)
 (*    the request of CALL c itself was applied; a request answered from   *)
-(*    another call's deduplicated key is not c's effect).  The ghosts     *)
-(*    sent, knownOutcome,                                                  *)
+(*    another call's deduplicated key is not c's effect), droppedAnswers  *)
+(*    (by execution id and attempt: an applied answer the engine dropped  *)
+(*    while it held that attempt unanswered; empty in every must-pass     *)
+(*    model, HumanSeesKnownOutcome).  The ghosts sent, knownOutcome,       *)
 (*    sentAfterOutcome, decided and effects are functions of the other   *)
 (*    variables in every must-pass model, so they add no states.          *)
 (*                                                                         *)
@@ -94,9 +96,12 @@
 (*  - a reconcile connector's "not applied" and the fence of the attempts  *)
 (*    made so far are ONE atomic step (query-and-fence): twin              *)
 (*    QueryThenFence; without the fence at all: UnfencedReconcile;         *)
-(*  - a return for an older attempt, or after a time-out or a crash, is   *)
-(*    discarded (EngineDiscardLateReturn), never taken as the current     *)
-(*    attempt's answer: probe Witness_LateReturnDiscarded;                 *)
+(*  - a return for an older attempt is discarded (EngineDiscardLateReturn),*)
+(*    never taken as the current attempt's answer: probe                   *)
+(*    Witness_LateReturnDiscarded; a return of the current attempt that    *)
+(*    arrives after a time-out is recorded while the record is still at    *)
+(*    that attempt, never dropped (HumanSeesKnownOutcome): twin            *)
+(*    LateReturnDropped, probe Witness_LateAnswerRecorded;                 *)
 (*  - the execution id is not shared by two calls (it includes the         *)
 (*    position): ASSUME ExecutionIdUnique; twins KeyByToolCallId,          *)
 (*    KeyByToolCallIdIdempotent;                                           *)
@@ -237,7 +242,7 @@ VARIABLES
     humanRetries, \* humanRetries[e]: retries a human authorized
     crashes,
     sent,         \* sent[c][n]: requests sent for attempt n of CALL c
-    knownOutcome, \* calls whose succeeded/failed outcome was ever durable
+    knownOutcome, \* calls whose succeeded/failed/abandoned outcome was ever durable
     sentAfterOutcome, \* sentAfterOutcome[c]: requests of c sent after that
     decided,      \* decided[c]: <<kind, attempt>> of every decision taken on c
     \* --- positions and the conversation's rewrites ----------------------
@@ -248,7 +253,8 @@ VARIABLES
     \* --- added for the external-system assumptions ----------------------
     effects,      \* ghost: effects[c]: times the request of CALL c was applied
     windowPassed, \* environment: executions whose key-retention window passed
-    keyForgotten  \* external: executions whose idempotency key was forgotten
+    keyForgotten, \* external: executions whose idempotency key was forgotten
+    droppedAnswers \* ghost: <<e, n>> whose applied answer the engine dropped
 
 durable  == <<msg, args, result, approval, approvalArgs, ledger, audit, marker>>
 external == <<inflight, fenced>>
@@ -258,11 +264,12 @@ vars == <<msg, args, result, approval, approvalArgs, ledger, audit, marker, stag
           inflight, fenced, applied, invocations, humanApproved,
           humanRetries, crashes, sent, knownOutcome, sentAfterOutcome, decided,
           turnOf, storedId, renumbers, repairs,
-          effects, windowPassed, keyForgotten>>
+          effects, windowPassed, keyForgotten, droppedAnswers>>
 positions == <<turnOf, storedId, renumbers, repairs>>
 \* The variables of the external-system assumptions (the clock, the key
-\* memory, the per-call effects): most steps leave all three unchanged.
-extVars == <<effects, windowPassed, keyForgotten>>
+\* memory, the per-call effects, the answers an engine dropped): most steps
+\* leave all four unchanged.
+extVars == <<effects, windowPassed, keyForgotten, droppedAnswers>>
 
 (***************************************************************************)
 (* The id the engine uses for call c: the one the ledger store keeps for   *)
@@ -318,6 +325,7 @@ TypeOK ==
     /\ effects \in [Calls -> Nat]
     /\ windowPassed \subseteq ExecIds
     /\ keyForgotten \subseteq windowPassed
+    /\ droppedAnswers \subseteq ExecIds \X (1..MaxAttempts)
 
 (***************************************************************************)
 (* Init.  Calls of the protocol's turns are not emitted yet.  A legacy     *)
@@ -365,6 +373,7 @@ Init ==
     /\ effects = [c \in Calls |-> IF IsLegacy(c) THEN applied[ExecId(c)] ELSE 0]
     /\ windowPassed = {}
     /\ keyForgotten = {}
+    /\ droppedAnswers = {}
 
 (***************************************************************************)
 (* Helpers.                                                                *)
@@ -397,7 +406,8 @@ Audited(e, kind, n) == audit' = [audit EXCEPT ![e] = @ \cup {<<kind, n, NoInputs
 HasRow(e, kind, n) == \E row \in audit[e] : row[1] = kind /\ row[2] = n
 \* A decision taken on call c (the history AuditComplete checks against).
 Decided(c, kind, n) == decided' = [decided EXCEPT ![c] = @ \cup {<<kind, n>>}]
-\* A succeeded or failed outcome of c becomes durable (NoReinvokeAfterKnownOutcome).
+\* A succeeded, failed or abandoned outcome of c becomes durable
+\* (NoReinvokeAfterKnownOutcome): a human's "give up" is as final as an answer.
 OutcomeKnown(c) == knownOutcome' = knownOutcome \cup {c}
 
 (***************************************************************************)
@@ -574,13 +584,37 @@ EngineInvokeReadonly(c) ==
 
 (***************************************************************************)
 (* The external system processes request n of execution e.  An answer     *)
-(* reaches the engine only if the engine still waits for that attempt.    *)
+(* reaches the engine if the engine still waits for that attempt, or if   *)
+(* it arrives late (after a time-out) while the call's record is still at  *)
+(* that attempt with no outcome: HoldsUnanswered.  The engine then takes   *)
+(* it as that attempt's answer and records it (got_ok, got_fail), whether  *)
+(* it was about to Recover ("resume"), had halted the call for a human     *)
+(* ("none", recovery_required), was reconciling it or held a policy retry *)
+(* of it in memory ("retry": the retry is not sent).  Dropping it would    *)
+(* leave a human to decide knowing less than the engine did               *)
+(* (HumanSeesKnownOutcome).  RecordLateReturn is the design switch: FALSE *)
+(* is the old rule, which discarded every answer after a time-out (twin    *)
+(* LateReturnDropped); it overrides the definition in its .cfg.           *)
 (***************************************************************************)
+RecordLateReturn == TRUE
 Waiting(c, e, n) == ExecId(c) = e /\ stage[c] = "waiting" /\ Rec(c).attempt = n
+\* The engine holds call c's record of e at attempt n with no outcome, and
+\* does not wait for the attempt (it timed out): a late answer of n is still
+\* this attempt's answer.  The record is c's own (its digest matches): one
+\* written for a call the conversation lost is not answered through the
+\* call now at its position.
+HoldsUnanswered(c, e, n) ==
+    /\ ExecId(c) = e /\ msg[c] = "durable" /\ result[c] = NoResult
+    /\ Rec(c).attempt = n /\ Rec(c).status \in {"dispatched", "recovery_required"}
+    /\ Rec(c).args = args[c]
+    /\ stage[c] \in {"resume", "none", "reconciling", "retry"}
+Takes(c, e, n) ==
+    Waiting(c, e, n) \/ (RecordLateReturn /\ HoldsUnanswered(c, e, n))
 Answer(e, n, s) ==
-    stage' = [c \in Calls |-> IF Waiting(c, e, n) THEN s ELSE stage[c]]
-\* Some engine still waits for attempt n of e: its answer is taken.
-Delivered(e, n) == \E c \in Calls : Waiting(c, e, n)
+    stage' = [c \in Calls |-> IF Takes(c, e, n) THEN s ELSE stage[c]]
+\* An engine waits for attempt n of e, or holds its record at n unanswered:
+\* the answer is taken.
+Delivered(e, n) == \E c \in Calls : Takes(c, e, n)
 Fenced(e, n) == n <= fenced[e]
 \* The external system's own property of the key: not what the engine reads.
 Dedups(e) == \E c \in Calls : Policy[c] = "idempotent" /\
@@ -612,6 +646,7 @@ ExternalApply(e) ==
       /\ Apply(c, e)
       /\ Answer(e, n, "got_ok")
       /\ UNCHANGED durable /\ UNCHANGED fenced /\ UNCHANGED windowPassed
+      /\ UNCHANGED droppedAnswers
       /\ UNCHANGED <<invocations, humanApproved, humanRetries, crashes>>
       /\ UNCHANGED <<sent, knownOutcome, sentAfterOutcome, decided>>
       /\ UNCHANGED positions
@@ -623,7 +658,7 @@ ExternalApplyLoseAnswer(e) ==
       /\ inflight' = [inflight EXCEPT ![e] = @ \ {n}]
       /\ Apply(c, e)
       /\ UNCHANGED durable /\ UNCHANGED stage /\ UNCHANGED fenced
-      /\ UNCHANGED windowPassed
+      /\ UNCHANGED <<windowPassed, droppedAnswers>>
       /\ UNCHANGED <<invocations, humanApproved, humanRetries, crashes>>
       /\ UNCHANGED <<sent, knownOutcome, sentAfterOutcome, decided>>
       /\ UNCHANGED positions
@@ -651,21 +686,28 @@ ExternalDropFenced(e) ==
 
 (***************************************************************************)
 (* EngineDiscardLateReturn: the external system processes attempt n of e   *)
-(* (applies it, or rejects it definitely) and returns, but no engine waits *)
-(* for that attempt any more: it belongs to an older attempt (a retry was  *)
-(* sent since), or it comes after a time-out or a crash.  The engine      *)
-(* discards it: the return never becomes the current attempt's answer, so  *)
-(* no stage changes (the effect, if applied, is what Recover and the       *)
-(* invariants must account for).  ASSUMPTION: the adapter seam delivers a  *)
-(* return only to the attempt that sent it (the core refuses any other).   *)
+(* (applies it, or rejects it definitely) and returns, but the engine      *)
+(* takes it for no call (~Delivered): it belongs to an older attempt (a    *)
+(* retry was dispatched since), or to a call the conversation no longer    *)
+(* holds.  The engine discards it: the return never becomes another        *)
+(* attempt's answer, so no stage changes (the effect, if applied, is what  *)
+(* Recover and the invariants must account for).  ASSUMPTION: the adapter *)
+(* seam delivers a return only to the attempt that sent it (the core       *)
+(* refuses any other).  The ghost droppedAnswers keeps an applied answer   *)
+(* discarded while the engine held its attempt unanswered                  *)
+(* (HoldsUnanswered): only the old rule (RecordLateReturn = FALSE) does    *)
+(* that.                                                                   *)
 (***************************************************************************)
 EngineDiscardLateReturn(e) ==
     \E n \in inflight[e], c \in Calls :
       /\ Sender(c, e, n) /\ ~Fenced(e, n) /\ ~Delivered(e, n)
       /\ inflight' = [inflight EXCEPT ![e] = @ \ {n}]
-      /\ \/ Apply(c, e)                      \* applied, the "ok" discarded
+      /\ \/ /\ Apply(c, e)                   \* applied, the "ok" discarded
+            /\ droppedAnswers' =
+                 IF \E d \in Calls : HoldsUnanswered(d, e, n)
+                 THEN droppedAnswers \cup {<<e, n>>} ELSE droppedAnswers
          \/ /\ ~KeyRemembered(e)            \* rejected, the "error" discarded
-            /\ UNCHANGED <<applied, effects, keyForgotten>>
+            /\ UNCHANGED <<applied, effects, keyForgotten, droppedAnswers>>
       /\ UNCHANGED durable /\ UNCHANGED stage /\ UNCHANGED fenced
       /\ UNCHANGED windowPassed
       /\ UNCHANGED <<invocations, humanApproved, humanRetries, crashes>>
@@ -697,7 +739,7 @@ RetentionWindowPasses(e) ==
     /\ \E c \in Calls : ExecId(c) = e /\ Policy[c] = "idempotent"
     /\ windowPassed' = windowPassed \cup {e}
     /\ UNCHANGED durable /\ UNCHANGED stage /\ UNCHANGED external
-    /\ UNCHANGED ghosts /\ UNCHANGED <<effects, keyForgotten>>
+    /\ UNCHANGED ghosts /\ UNCHANGED <<effects, keyForgotten, droppedAnswers>>
     /\ UNCHANGED positions
 
 ExternalExpireKey(e) ==
@@ -705,7 +747,7 @@ ExternalExpireKey(e) ==
     /\ \A c \in Calls : ExecId(c) = e => stage[c] \notin {"retry", "dispatched", "waiting"}
     /\ keyForgotten' = keyForgotten \cup {e}
     /\ UNCHANGED durable /\ UNCHANGED stage /\ UNCHANGED external
-    /\ UNCHANGED ghosts /\ UNCHANGED <<effects, windowPassed>>
+    /\ UNCHANGED ghosts /\ UNCHANGED <<effects, windowPassed, droppedAnswers>>
     /\ UNCHANGED positions
 
 \* succeeded(result) is made durable immediately after the adapter returns.
@@ -948,11 +990,12 @@ HumanResolveAbandon(c) ==
                                 ![e].args = args[c], ![e].call = c]
     /\ Audited(e, "human_abandon", Rec(c).attempt)
     /\ Decided(c, "human_abandon", Rec(c).attempt)
+    /\ OutcomeKnown(c)
     /\ stage' = [stage EXCEPT ![c] = "resume"]
     /\ UNCHANGED <<msg, args, result, approval, approvalArgs, marker>>
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
-                   sent, knownOutcome, sentAfterOutcome>>
+                   sent, sentAfterOutcome>>
     /\ UNCHANGED positions
     /\ UNCHANGED extVars
 
@@ -1174,10 +1217,12 @@ AtMostOnceEffect ==
     \A c \in Calls : Protected(c) =>
         effects[c] <= 1 + humanRetries[ExecId(c)]
 
-(* NoReinvokeAfterKnownOutcome: once a succeeded or failed outcome of a   *)
-(* call was durable (at any time in the past: the ghost knownOutcome), the *)
-(* adapter is never invoked again for that call, and the engine holds no   *)
-(* request of it that is about to be sent.                                 *)
+(* NoReinvokeAfterKnownOutcome: once a succeeded, failed or abandoned     *)
+(* outcome of a call was durable (at any time in the past: the ghost      *)
+(* knownOutcome), the adapter is never invoked again for that call, and   *)
+(* the engine holds no request of it that is about to be sent.  A human's  *)
+(* abandon is a known outcome: no decision may override it (twin          *)
+(* ReconcileAbandoned).                                                    *)
 NoReinvokeAfterKnownOutcome ==
     \A c \in knownOutcome :
         /\ sentAfterOutcome[c] = 0
@@ -1257,10 +1302,22 @@ ApprovalSingleUse ==
         Cardinality({i \in invocations[c] : i[3] = "approval"}) <= 1
 
 (* RecoveryRequiredHalts: while a call is in recovery_required the engine  *)
-(* holds nothing that could invoke it; only a human moves it on.          *)
+(* holds nothing that could invoke it; only a human moves it on, or the    *)
+(* attempt's own late answer, which the engine holds to record (got_ok,    *)
+(* got_fail: HoldsUnanswered).                                             *)
 RecoveryRequiredHalts ==
     \A c \in Calls : Rec(c).status = "recovery_required" =>
-        stage[c] \in {"none", "resume"}
+        stage[c] \in {"none", "resume", "got_ok", "got_fail"}
+
+(* HumanSeesKnownOutcome: the human decides knowing what the engine knew.  *)
+(* A call waits for a human (its record is recovery_required: the only     *)
+(* state a human decision starts from) only if no applied answer of the    *)
+(* attempt its record is at ever reached the engine and was dropped: an    *)
+(* answer that arrives after the time-out, while the record is still at    *)
+(* that attempt, is recorded (HoldsUnanswered), never discarded.           *)
+HumanSeesKnownOutcome ==
+    \A e \in ExecIds : ledger[e].status = "recovery_required" =>
+        <<e, ledger[e].attempt>> \notin droppedAnswers
 
 (* LegacyConservative: a call from before the protocol marker (approved,   *)
 (* no result, no record) is never executed on the strength of its old      *)
@@ -1328,6 +1385,7 @@ Witness_RecoverAfterApplied ==
                       /\ stage[c] = "resume" /\ Rec(c).status = "dispatched"
 
 \* A call whose outcome is known is resumed (NoReinvokeAfterKnownOutcome).
+\* (Its sharper case, a call a human abandoned: Witness_AbandonedResumed.)
 Witness_ResumeAfterKnownOutcome ==
     ~\E c \in knownOutcome : stage[c] = "resume"
 
@@ -1441,6 +1499,19 @@ Witness_LateReturnDiscarded ==
     ~\E e \in ExecIds : \E n \in inflight[e] :
         /\ ~Fenced(e, n) /\ ~Delivered(e, n)
         /\ \E c \in Calls : ExecId(c) = e /\ stage[c] = "waiting"
+
+\* A call a human abandoned is about to be re-decided: the moment a decision
+\* could override the human's give-up (NoReinvokeAfterKnownOutcome: the
+\* abandon is a known outcome, Decide reconstructs it).
+Witness_AbandonedResumed ==
+    ~\E c \in Calls : /\ stage[c] = "resume" /\ result[c] = NoResult
+                      /\ Rec(c).status = "abandoned"
+
+\* An answer of the attempt a call is halted at (recovery_required, for a
+\* human) arrives after the halt: the engine holds it to record it, and the
+\* human is not asked any more (HumanSeesKnownOutcome).
+Witness_LateAnswerRecorded ==
+    ~\E c \in Calls : stage[c] = "got_ok" /\ Rec(c).status = "recovery_required"
 
 \* The external system forgot the key of an applied idempotent call that
 \* waits for Recover with its attempt dispatched: the retry with the same

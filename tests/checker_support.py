@@ -274,3 +274,44 @@ def approval_by_position() -> Iterator[None]:
 
 
 BROKEN["approval_by_position"] = approval_by_position
+
+
+@contextmanager
+def drops_late_answer() -> Iterator[None]:
+    """Broken: the old rule (the LateReturnDropped twin).  An answer that
+    arrives after the engine timed out is discarded even while the call's
+    record is still at that attempt with no outcome: the human is then asked
+    to resolve a call whose applied answer the engine had."""
+    original = p._holds_unanswered
+    p._holds_unanswered = lambda state, c, attempt: False
+    try:
+        yield
+    finally:
+        p._holds_unanswered = original
+
+
+BROKEN["drops_late_answer"] = drops_late_answer
+
+
+@contextmanager
+def reconciles_abandoned() -> Iterator[None]:
+    """Broken: recovery reconciles a reconcile call a human abandoned instead
+    of reconstructing it (the ReconcileAbandoned twin): the connector's "not
+    applied" then sends attempt 2 after the human gave up."""
+    original = p.decide_recovery
+
+    def broken(inputs: p.RecoveryInputs) -> p.RecoveryDecision:
+        i = inputs
+        if i.status is p.LedgerStatus.ABANDONED and i.policy is p.RecoveryPolicy.RECONCILE \
+                and not i.has_result:
+            return p.RecoveryDecision(p.Decision.RECONCILE, i)
+        return original(i)
+
+    p.decide_recovery = broken
+    try:
+        yield
+    finally:
+        p.decide_recovery = original
+
+
+BROKEN["reconciles_abandoned"] = reconciles_abandoned

@@ -933,8 +933,8 @@ def test_conformance_tier_is_validated(tmp_path: Path) -> None:
     other = copy_repo(tmp_path / "other")
     manifest = other / "model" / "manifest.toml"
     text = manifest.read_text()
-    manifest.write_text(text.replace('distinct_states = 1192\nconformance = true',
-                                     'distinct_states = 1192\nconformance = true\n'
+    manifest.write_text(text.replace('distinct_states = 1416\nconformance = true',
+                                     'distinct_states = 1416\nconformance = true\n'
                                      'conformance_tier = "nightly"', 1))
     done = run_cli("check", "--model", "Renumbered", cwd=other)
     assert done.returncode == 2

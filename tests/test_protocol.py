@@ -204,9 +204,10 @@ def _waiting(policy: p.RecoveryPolicy) -> p.SessionState:
 
 
 def test_a_late_return_is_refused_as_an_answer_and_discarded() -> None:
-    """A return for an older attempt, or after a time-out, is discarded: the
-    core refuses to take it as the current attempt's answer, and refuses to
-    discard the answer of the attempt the call waits for."""
+    """A return for an older attempt is discarded: the core refuses to take it
+    as the current attempt's answer, and refuses to discard the answer of the
+    attempt the call waits for, or (after a time-out) of the attempt its record
+    is still at: that one is taken (docs/protocol.md#late-answers)."""
     s = _waiting(p.RecoveryPolicy.IDEMPOTENT)
     with pytest.raises(p.ProtocolError, match="deliver it instead of discarding it"):
         p.apply(s, p.Event(p.Action.EngineDiscardLateReturn, (1, 0), attempt=1))
@@ -220,13 +221,18 @@ def test_a_late_return_is_refused_as_an_answer_and_discarded() -> None:
         with pytest.raises(p.ProtocolError, match="for attempt 1, the engine waits for 2"):
             p.apply(s, p.Event(answer, (1, 0), attempt=1))
     assert p.apply(s, p.Event(p.Action.EngineDiscardLateReturn, (1, 0), attempt=1)) == s
-    # after a time-out nothing waits: any return is late
+    # after a time-out nothing waits: attempt 1's return is still late, but
+    # attempt 2's is the answer of the attempt the record is at, and is taken
     timed_out = p.apply(s, p.Event(p.Action.EngineTimeout, (1, 0)))
     with pytest.raises(p.ProtocolError, match="expected waiting"):
-        p.apply(timed_out, p.Event(p.Action.ExternalApply, (1, 0), attempt=2))
+        p.apply(timed_out, p.Event(p.Action.ExternalApply, (1, 0), attempt=1))
     assert p.apply(
-        timed_out, p.Event(p.Action.EngineDiscardLateReturn, (1, 0), attempt=2)
+        timed_out, p.Event(p.Action.EngineDiscardLateReturn, (1, 0), attempt=1)
     ) == timed_out
+    with pytest.raises(p.ProtocolError, match="its late return is the attempt's answer"):
+        p.apply(timed_out, p.Event(p.Action.EngineDiscardLateReturn, (1, 0), attempt=2))
+    taken = p.apply(timed_out, p.Event(p.Action.ExternalApply, (1, 0), attempt=2))
+    assert taken.call((1, 0)).stage is p.Stage.GOT_OK  # type: ignore[union-attr]
 
 
 def test_the_first_dispatch_time_is_kept_and_the_window_passes_once() -> None:

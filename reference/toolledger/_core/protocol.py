@@ -182,6 +182,11 @@ def _row(
 
 
 S = Stage
+# The stages an answer is taken from: the attempt's wait, and every stage a
+# time-out leaves the call in while its record is still at that attempt with
+# no outcome (the spec's HoldsUnanswered).
+_LATE_STAGES: Final = (S.RESUME, S.NONE, S.RECONCILING, S.RETRY)
+_ANSWERED_FROM: Final = (S.WAITING, *_LATE_STAGES)
 TRANSITIONS: Final[Mapping[Action, TransitionSpec]] = {
     t.action: t
     for t in (
@@ -204,12 +209,13 @@ TRANSITIONS: Final[Mapping[Action, TransitionSpec]] = {
              "the adapter is invoked with the execution id"),
         _row(Action.EngineInvokeReadonly, Actor.ENGINE, (S.LIVE,), S.GOT_OK, "-",
              "a readonly tool runs, bypassing the ledger"),
-        _row(Action.ExternalApply, Actor.EXTERNAL, (S.WAITING,), S.GOT_OK, "-",
-             "the external system applies (or deduplicates) and answers"),
+        _row(Action.ExternalApply, Actor.EXTERNAL, _ANSWERED_FROM, S.GOT_OK, "-",
+             "the external system applies (or deduplicates) and answers; a late answer "
+             "of the attempt the record is still at is taken too"),
         _row(Action.ExternalApplyLoseAnswer, Actor.EXTERNAL, (), None, "-",
              "the external system applies; the answer is lost"),
-        _row(Action.ExternalRejectDefinite, Actor.EXTERNAL, (S.WAITING,), S.GOT_FAIL, "-",
-             "a definite failure: known not applied"),
+        _row(Action.ExternalRejectDefinite, Actor.EXTERNAL, _ANSWERED_FROM, S.GOT_FAIL, "-",
+             "a definite failure: known not applied (late, as for ExternalApply)"),
         _row(Action.ExternalDropFenced, Actor.EXTERNAL, (), None, "-",
              "a late request of a fenced attempt is dropped"),
         _row(Action.EngineRecordSucceeded, Actor.ENGINE, (S.GOT_OK,), S.RECORDED,
@@ -451,8 +457,29 @@ def _invoke_readonly(state: SessionState, ev: Event) -> SessionState:
     return state._with_call(replace(c, stage=Stage.GOT_OK))
 
 
+def _holds_unanswered(state: SessionState, c: CallState, attempt: int | None) -> bool:
+    """The spec's HoldsUnanswered: the engine no longer waits for ``attempt``
+    (it timed out), but the call's record is still at that attempt with no
+    outcome.  Its late answer is then this attempt's answer, and it is taken
+    and recorded: dropping it would leave a human to decide on the call
+    knowing less than the engine did (HumanSeesKnownOutcome)."""
+    rec = state.record(c.execution_id)
+    return (
+        c.message is MessageState.DURABLE
+        and c.result is None
+        and c.stage in _LATE_STAGES
+        and rec.attempt == attempt
+        and rec.status in (LedgerStatus.DISPATCHED, LedgerStatus.RECOVERY_REQUIRED)
+        # the record is this call's own (not one of a call the conversation lost)
+        and rec.args_digest == c.args_digest
+    )
+
+
 def _answer(state: SessionState, ev: Event, to: Stage) -> SessionState:
     c = _call(state, ev)
+    if c.stage is not Stage.WAITING and _holds_unanswered(state, c, ev.attempt):
+        # late, but still the current attempt's answer (docs/protocol.md#late-answers)
+        return state._with_call(replace(c, stage=to))
     _stage(c, ev, Stage.WAITING)
     _require(
         ev.attempt == state.record(c.execution_id).attempt,
@@ -699,9 +726,10 @@ def _first_dispatch(rec: ExecutionRecord, ev: Event) -> float | None:
 
 @_handles(Action.EngineDiscardLateReturn)
 def _discard_late_return(state: SessionState, ev: Event) -> SessionState:
-    """An adapter's return for ``ev.attempt`` that no engine waits for is
+    """An adapter's return for ``ev.attempt`` that no engine takes is
     dropped: nothing changes.  The core REFUSES to discard the answer of the
-    attempt the call waits for (deliver it: ExternalApply or
+    attempt the call waits for, or of the attempt its record is still at after
+    a time-out (``_holds_unanswered``): deliver it (ExternalApply or
     ExternalRejectDefinite), so a return can never be both taken and dropped.
     A return for a call the conversation no longer holds (ConversationRepair
     removed it) is late by definition: no engine can wait for it."""
@@ -715,6 +743,12 @@ def _discard_late_return(state: SessionState, ev: Event) -> SessionState:
         ev,
         f"the engine waits for attempt {ev.attempt}: its return is the current answer, "
         "deliver it instead of discarding it",
+    )
+    _require(
+        not _holds_unanswered(state, c, ev.attempt),
+        ev,
+        f"the record is still at attempt {ev.attempt} with no outcome: its late return is "
+        "the attempt's answer, deliver it instead of discarding it",
     )
     return state
 

@@ -24,7 +24,7 @@ from .system import ModelConfig, SystemState
 __all__ = ["INVARIANTS", "PROPERTIES", "check_all", "settled"]
 
 Check = Callable[[ModelConfig, SystemState], list[str]]
-_KNOWN = frozenset({p.LedgerStatus.SUCCEEDED, p.LedgerStatus.FAILED})
+_KNOWN = frozenset({p.LedgerStatus.SUCCEEDED, p.LedgerStatus.FAILED, p.LedgerStatus.ABANDONED})
 
 
 def _present(cfg: ModelConfig, s: SystemState) -> list[tuple[str, p.CallState]]:
@@ -195,7 +195,21 @@ def RecoveryRequiredHalts(cfg: ModelConfig, s: SystemState) -> list[str]:
         f"{name}: recovery_required but the engine holds it in stage {c.stage.value}"
         for name, c in _present(cfg, s)
         if s.session.record(c.execution_id).status is p.LedgerStatus.RECOVERY_REQUIRED
-        and c.stage not in (p.Stage.NONE, p.Stage.RESUME)
+        # the attempt's own late answer, held to be recorded, invokes nothing
+        and c.stage not in (p.Stage.NONE, p.Stage.RESUME, p.Stage.GOT_OK, p.Stage.GOT_FAIL)
+    ]
+
+
+def HumanSeesKnownOutcome(cfg: ModelConfig, s: SystemState) -> list[str]:
+    """A record waits for a human (recovery_required) only if no applied
+    answer of its attempt reached the engine and was dropped: the human
+    decides knowing what the engine knew."""
+    return [
+        f"record {e} waits for a human at attempt {rec.attempt}, but the engine dropped "
+        f"that attempt's applied answer"
+        for e, rec in sorted(s.session.ledger.items())
+        if rec.status is p.LedgerStatus.RECOVERY_REQUIRED
+        and (e, rec.attempt) in s.ghosts.dropped_answers
     ]
 
 
@@ -300,6 +314,7 @@ INVARIANTS: Final[Mapping[str, Check]] = {
         ApprovalBoundToArgs,
         ApprovalSingleUse,
         RecoveryRequiredHalts,
+        HumanSeesKnownOutcome,
         LegacyConservative,
         ExecutionIdStable,
         AuditComplete,

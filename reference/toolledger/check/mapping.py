@@ -30,7 +30,7 @@ SPEC_VARIABLES: Final = (
     "inflight", "fenced", "applied", "invocations", "humanApproved",
     "humanRetries", "crashes", "sent", "knownOutcome", "sentAfterOutcome",
     "decided", "turnOf", "storedId", "renumbers", "repairs",
-    "effects", "windowPassed", "keyForgotten",
+    "effects", "windowPassed", "keyForgotten", "droppedAnswers",
 )  # fmt: skip
 
 NONE: Final = "none"
@@ -250,6 +250,7 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
         "effects": FnValue({cc.name: gh.effects.get(cc.name, 0) for cc in cfg.calls}),
         "windowPassed": frozenset(t.spec_eid[e] for e in session.retention_passed),
         "keyForgotten": frozenset(t.spec_eid[e] for e in ext.key_forgotten),
+        "droppedAnswers": frozenset((t.spec_eid[e], n) for e, n in gh.dropped_answers),
     }
 
 
@@ -414,6 +415,9 @@ def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
             sent_after_outcome=after_outcome,
             decided=decided,
             effects=effects,
+            dropped_answers=frozenset(
+                (_eid(t, _tuple(v)[0]), _int(_tuple(v)[1])) for v in _set(state["droppedAnswers"])
+            ),
         ),
         audit_inputs,
         turn_shift={

@@ -263,6 +263,11 @@ class Ghosts:
     # call -> how many times the call's OWN request was applied (a request
     # deduplicated on another call's key is not the call's effect)
     effects: Mapping[str, int] = field(default_factory=dict)
+    # (execution id, attempt) of an applied answer the engine discarded while
+    # the record was still at that attempt with no outcome (the spec's
+    # droppedAnswers; HumanSeesKnownOutcome): only a core with the old
+    # discard rule ever adds one
+    dropped_answers: frozenset[tuple[str, int]] = frozenset()
 
     def invoked(self, call: str) -> frozenset[Invocation]:
         return self.invocations.get(call, frozenset())
@@ -504,12 +509,14 @@ _DECISION_KIND: Final[Mapping[p.Action, str]] = {
     p.Action.HumanCancel: "human_cancel",
 }
 _RECOVERY_DECISIONS: Final = frozenset(d.value for d in p.Decision)
-# Per-call actions that make a succeeded or failed outcome of the call durable.
+# Per-call actions that make a succeeded, failed or abandoned outcome of the
+# call durable (a human's abandon is as final as an answer).
 _OUTCOME_KNOWN: Final = frozenset({
     p.Action.EngineRecordSucceeded,
     p.Action.EngineRecordFailed,
     p.Action.EngineReconcileApplied,
     p.Action.HumanResolveApplied,
+    p.Action.HumanResolveAbandon,
 })
 
 
@@ -536,11 +543,38 @@ def _deliver(session: p.SessionState, eid: str, n: int,
     return session if taken else None
 
 
+_LATE: Final = frozenset({p.Stage.RESUME, p.Stage.NONE, p.Stage.RECONCILING, p.Stage.RETRY})
+
+
+def holds_unanswered(session: p.SessionState, eid: str, n: int) -> bool:
+    """The spec's ``\\E c : HoldsUnanswered(c, e, n)``, written here apart
+    from the core's own guard (a core that drops such an answer must not also
+    decide what the ghost sees): a durable call of ``eid`` without a result,
+    not waiting, whose record is at attempt ``n`` with no outcome."""
+    rec = session.record(eid)
+    return (
+        rec.attempt == n
+        and rec.status in (p.LedgerStatus.DISPATCHED, p.LedgerStatus.RECOVERY_REQUIRED)
+        and any(
+            c.execution_id == eid and c.message is p.MessageState.DURABLE
+            and c.result is None and c.stage in _LATE and c.args_digest == rec.args_digest
+            for c in session.calls
+        )
+    )
+
+
 def _discard(cfg: ModelConfig, s: SystemState, sender: CallConfig, n: int,
-             after: SystemState) -> Iterator[Successor]:
-    """The engine discards a late return: the core must agree it is late."""
+             after: SystemState, applied: bool) -> Iterator[Successor]:
+    """The engine discards a late return: the core must agree it is late.  An
+    applied answer discarded while the engine held its attempt unanswered is
+    the ghost droppedAnswers."""
+    eid = cfg.exec_ids[sender.name]
     nxt = _try(s.session, _event(p.Action.EngineDiscardLateReturn, sender.position, n))
     if nxt is not None:
+        if applied and holds_unanswered(s.session, eid, n):
+            gh = after.ghosts
+            after = replace(after, ghosts=replace(
+                gh, dropped_answers=gh.dropped_answers | {(eid, n)}))
         yield p.Action.EngineDiscardLateReturn, replace(after, session=nxt)
 
 
@@ -579,7 +613,7 @@ def _external(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:
                 if delivered is not None:
                     yield p.Action.ExternalApply, replace(after, session=delivered)
                 else:
-                    yield from _discard(cfg, s, sender, n, after)
+                    yield from _discard(cfg, s, sender, n, after, applied=True)
                 yield p.Action.ExternalApplyLoseAnswer, after
                 if not remembered:
                     rejected = replace(
@@ -589,7 +623,7 @@ def _external(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:
                     if delivered is not None:
                         yield p.Action.ExternalRejectDefinite, replace(rejected, session=delivered)
                     else:
-                        yield from _discard(cfg, s, sender, n, rejected)
+                        yield from _discard(cfg, s, sender, n, rejected, applied=False)
     if cfg.keys_expire:
         yield from _key_retention(cfg, s)
 
