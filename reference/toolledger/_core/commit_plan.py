@@ -211,6 +211,11 @@ def working_set(state: SessionState) -> SessionState:
     calls = tuple(c for c in state.calls if c.result is None or c.position[0] == last)
     if len(calls) == len(state.calls):
         return state
+    return only_calls(state, calls)
+
+
+def only_calls(state: SessionState, calls: tuple[CallState, ...]) -> SessionState:
+    """``state`` with just ``calls`` and the approvals, records and audit keys they own."""
     eids = {c.execution_id for c in calls}
     return replace(
         state,

@@ -77,6 +77,7 @@ from .commit_plan import (
     check_new_session,
     durable_projection,
     last_durable_turn,
+    only_calls,
     plan_commit,
     working_set,
 )
@@ -387,16 +388,7 @@ class MemoryStore:
     def load_turn(self, session_id: str, turn: int) -> SessionState:
         """The durable calls of ``turn`` with what they own (see :meth:`Store.load_turn`)."""
         state = self.load(session_id)
-        calls = tuple(c for c in state.calls if c.position[0] == turn)
-        eids = {c.execution_id for c in calls}
-        return replace(
-            state,
-            calls=calls,
-            approvals={k: v for k, v in state.approvals.items() if k in eids},
-            approval_digests={k: v for k, v in state.approval_digests.items() if k in eids},
-            ledger={k: v for k, v in state.ledger.items() if k in eids},
-            audit=frozenset(k for k in state.audit if k[0] in eids),
-        )
+        return only_calls(state, tuple(c for c in state.calls if c.position[0] == turn))
 
     def take_session(self, session_id: str) -> int:
         """Bump the session's lease epoch and return it."""
