@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from pg_cluster import PgCluster
-from toolledger import Next, Session, SqliteStore
+from toolledger import Attempt, MemoryStore, Next, Session, SqliteStore
 from toolledger._core.commit_plan import AuditRow, attributed_note
 from toolledger._core.protocol import Authorization, InvalidInput
 from toolledger._core.stores import Store
@@ -227,3 +227,32 @@ def test_postgresql_by_url(pg_cluster: PgCluster, tmp_path: Path) -> None:
     with PostgresStore(url, schema=schema) as store:
         [human] = [r for r in store.audit("s1") if r.kind == "human_abandon"]
         assert human.by == "bob"
+
+
+def halted_then_resolved(by: str | None) -> tuple[object, list[AuditRow]]:
+    """One manual call halted live (an exception after the request went out), resolved."""
+    store = MemoryStore()
+    s = Session.open(store, "s1", {"send_email": "manual"}, clock=lambda: 1000.0)
+    [st] = s.record(0, [{"id": "call_0", "name": "send_email", "arguments": {"to": "bob"}}])
+    s.approve(st.call.key)
+
+    def lost(a: Attempt) -> object:
+        a.sending()
+        raise TimeoutError("no answer")
+
+    assert s.execute(st.call.key, lost).next is Next.HALTED
+    s.resolve(st.call.key, "applied", note="bob has it", by=by)
+    return store.load("s1"), store.audit("s1")
+
+
+def test_the_attribution_is_invisible_to_the_spec_mapping() -> None:
+    """``by`` changes only the resolution row's note: the state the mapping reads
+    (``to_spec`` of the stored state) and every row's key and inputs are the same."""
+    named, named_rows = halted_then_resolved("alice")
+    plain, plain_rows = halted_then_resolved(None)
+    assert named == plain
+    assert [(r.key, r.inputs) for r in named_rows] == [(r.key, r.inputs) for r in plain_rows]
+    assert [r.by for r in named_rows if r.kind == "human_applied"] == ["alice"]
+    assert [r.note for r in plain_rows if r.kind == "human_applied"] == ["bob has it"]
+    differs = [r.kind for r, q in zip(named_rows, plain_rows, strict=True) if r != q]
+    assert differs == ["human_applied"]  # the control: the rows do differ, in the note
