@@ -157,9 +157,9 @@ def test_the_public_surface_is_made_of_the_private_core() -> None:
 
 def test_no_module_is_left_at_a_flat_pre_layout_path() -> None:
     top = {p.name for p in PACKAGE.glob("*.py")}
-    # Beside the public surface only the `toolledger` command: cli.py and its
-    # store operator's subcommand (storecmd.py).
-    assert top == {"__init__.py", "cli.py", "storecmd.py"}
+    # Beside the public surface only the `toolledger` command: cli.py, its
+    # store operator's subcommand (storecmd.py) and the on-call ones (opscmd.py).
+    assert top == {"__init__.py", "cli.py", "storecmd.py", "opscmd.py"}
     parts = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     assert parts == {"_core", "check", "notebook", "kit", "extra"}
 

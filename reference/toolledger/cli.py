@@ -63,6 +63,14 @@ from .check.tlc import (
     parse_modules,
     run_tlc,
 )
+from .opscmd import (
+    cmd_halted,
+    cmd_resolve,
+    cmd_status,
+    configure_halted,
+    configure_resolve,
+    configure_status,
+)
 from .storecmd import cmd_verify_store, configure_verify_store
 
 __all__ = [
@@ -1285,6 +1293,25 @@ SUBCOMMANDS: list[Subcommand] = [
         "session) without writing any of its files",
         configure_verify_store,
         cmd_verify_store,
+    ),
+    Subcommand(
+        "halted",
+        "list what waits for a human in a store (halted calls, pending approvals); "
+        "exit 3 if anything does",
+        configure_halted,
+        cmd_halted,
+    ),
+    Subcommand(
+        "status",
+        "where every session of a store (or every call of one session) stands; writes nothing",
+        configure_status,
+        cmd_status,
+    ),
+    Subcommand(
+        "resolve",
+        "a human's answer to a halted call: applied, retry or abandon, --by NAME",
+        configure_resolve,
+        cmd_resolve,
     ),
 ]
 

@@ -169,6 +169,50 @@ class AuditRow:
         """``inputs`` as the compact JSON text a store keeps."""
         return _frozen_json(self.inputs, "audit row inputs")
 
+    @property
+    def by(self) -> str | None:
+        """Who gave the human answer this row records (``resolve(..., by=...)``), if named.
+
+        Kept in the ``note`` column as a structured note (:func:`attributed_note`):
+        the stores' schema is unchanged, and the audit's mapping to the spec
+        (``toolledger.check.mapping``) reads only its key and inputs."""
+        return _parse_note(self.note)[0]
+
+    @property
+    def human_note(self) -> str:
+        """``note`` without the attribution :attr:`by` (the text a human gave, or the default)."""
+        return _parse_note(self.note)[1]
+
+
+def attributed_note(note: str, by: str | None) -> str:
+    """The ``note`` of a human's audit row naming who gave it (``by``; None: nobody named).
+
+    With ``by``, the JSON object ``{"by": ..., "note": ...}``.  A plain note that
+    could be read as one (it starts with ``{``) is wrapped the same way with
+    ``"by": null``, so a note can never pass itself off as an attribution."""
+    if by is not None and (not isinstance(by, str) or not by.strip() or not by.isprintable()):
+        raise InvalidInput(f"by must name who answered (a non-empty printable string), "
+                           f"got {by!r}; nothing was written")
+    if not isinstance(note, str):
+        raise InvalidInput(f"note must be a string, got {type(note).__name__}")
+    if by is None and not note.lstrip().startswith("{"):
+        return note
+    return json.dumps({"by": by, "note": note}, ensure_ascii=False, sort_keys=True)
+
+
+def _parse_note(note: str) -> tuple[str | None, str]:
+    if not note.lstrip().startswith("{"):
+        return None, note
+    try:
+        value = json.loads(note)
+    except ValueError:
+        return None, note
+    if (not isinstance(value, dict) or set(value) != {"by", "note"}
+            or not isinstance(value["note"], str)
+            or not (value["by"] is None or isinstance(value["by"], str))):
+        return None, note
+    return value["by"], value["note"]
+
 
 # --------------------------------------------------------------------------
 # Shared by every store: the durable projection and the commit plan

@@ -149,6 +149,7 @@ from .calls import (
     _error_text,
     _result_text,
 )
+from .commit_plan import attributed_note
 from .ledger import RESOLUTIONS, SAME_CALL, SUPERSEDED, Ledger, Void
 from .legacy import legacy_calls, write_legacy
 from .next_step import (
@@ -1464,7 +1465,8 @@ class Session(LedgerGuard):
             return [status for status in self.recover() if status.next is Next.HALTED]
 
     def resolve(
-        self, key: str, resolution: str, *, result: str | None = None, note: str = ""
+        self, key: str, resolution: str, *, result: str | None = None, note: str = "",
+        by: str | None = None,
     ) -> CallStatus:
         """A human resolves a halted call: ``"applied"`` (``result``: what the
         external system answered), ``"retry"`` (next: run it with
@@ -1476,11 +1478,17 @@ class Session(LedgerGuard):
         (docs/protocol.md#placing-a-response).
 
         The resolution and what follows it are recorded; the call's result
-        (applied, abandoned) is there when this returns.
+        (applied, abandoned) is there when this returns.  ``by`` names who
+        answered: it goes into the resolution's audit row with ``note``
+        (:attr:`AuditRow.by <toolledger._core.commit_plan.AuditRow.by>`).
         """
         if not isinstance(resolution, str) or resolution not in RESOLUTIONS:
             raise InvalidInput(f"unknown resolution {resolution!r}: answer one of "
                                f"{', '.join(repr(r) for r in RESOLUTIONS)}")
+        if by is not None:
+            note = attributed_note(note or f"resolved by a human: {resolution}", by)
+        else:
+            note = attributed_note(note, None)
         with self._usable():
             c = self._find(key)
             if c not in self._ledger.recovery_required():
