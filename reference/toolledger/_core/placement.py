@@ -6,6 +6,7 @@ its pure part, so that it can be checked against the spec's ``Placement`` and
 ``SameCallSlots`` (spec/ResponsePlacement.tla) on every input of a small
 domain (tests/test_placement_conformance.py).  No I/O: the Session reads the
 live responses back to the latest one the engine has seen, then asks here.
+Private module of :mod:`toolledger`: an engine imports ``Session`` from ``toolledger``.
 """
 
 from __future__ import annotations
