@@ -422,11 +422,21 @@ Crash(p) ==
 (***************************************************************************)
 Fenced(r) == r[1] <= fenced
 StaleEpoch(r) == EpochAware /\ r[2] < extEpoch
-Answer(r, s) ==
-    pc' = [p \in Procs |->
-             IF p = r[3] /\ pc[p] = "waiting" /\ view[p].rec.attempt = r[1]
-                /\ held[p] = r[2]
-             THEN s ELSE pc[p]]
+\* The answer of request r reaches its sender while it waits for that
+\* attempt, or late (after a time-out) while it still holds the record at
+\* that attempt with no outcome (the main spec's HoldsUnanswered): about to
+\* re-decide, halted for a human, reconciling, or holding a policy retry in
+\* memory; it then records that attempt's answer (its commit is checked as
+\* any other) instead of leaving a human to decide knowing less.
+HoldsUnanswered(p, n) ==
+    /\ pc[p] \in {"resume", "halted", "reconciling", "retry"}
+    /\ view[p].rec.attempt = n
+    /\ view[p].rec.status \in {"dispatched", "recovery_required"}
+Takes(p, r) ==
+    /\ p = r[3] /\ held[p] = r[2]
+    /\ \/ pc[p] = "waiting" /\ view[p].rec.attempt = r[1]
+       \/ HoldsUnanswered(p, r[1])
+Answer(r, s) == pc' = [p \in Procs |-> IF Takes(p, r) THEN s ELSE pc[p]]
 See(r) == extEpoch' = IF EpochAware /\ r[2] > extEpoch THEN r[2] ELSE extEpoch
 Apply == applied' = IF Pol = "idempotent" /\ applied >= 1 THEN applied ELSE applied + 1
 
