@@ -682,8 +682,13 @@ class Session(LedgerGuard):
             if pending:
                 self._step_many(pending)
             self._defer_keys.update(keys)  # every outcome waits for its commit, below
+        # each worker's first call is its own from the start: a worker whose thread
+        # starts late must not find a dispatched call taken and start an undispatched
+        # one (one commit more than n + 1)
+        firsts = [run.queue.popleft() for _ in range(workers)]
         threads = [threading.Thread(target=contextvars.copy_context().run,
-                                    args=(self._concurrent_worker, run, fn, together),
+                                    args=(self._concurrent_worker, run, fn, together,
+                                          firsts[i]),
                                     name=f"toolledger-{self.session_id}-{i}", daemon=True)
                    for i in range(workers)]
         try:
@@ -717,15 +722,20 @@ class Session(LedgerGuard):
                     for k, st in ((k, run.out[k]) for k in keys)]
 
     def _concurrent_worker(self, run: _Run, fn: Callable[[Attempt], object],
-                           together: bool) -> None:
-        """One worker thread of :meth:`_execute_concurrently`: calls from the queue until
-        it is empty or the run stops (a session error, a crash)."""
+                           together: bool, first: str | None) -> None:
+        """One worker thread of :meth:`_execute_concurrently`: its ``first`` call, then
+        calls from the queue until it is empty or the run stops (a session error, a
+        crash)."""
         claimed: str | None = None  # dispatched in this worker's last outcome commit
         while True:
             with self._lock:
                 if claimed is not None and run.crash is None:
                     key, claimed = claimed, None  # durable as dispatched: it runs now
-                elif run.stopped or not run.queue:
+                elif run.stopped:
+                    return
+                elif first is not None:
+                    key, first = first, None
+                elif not run.queue:
                     return
                 else:
                     key = run.queue.popleft()
