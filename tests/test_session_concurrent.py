@@ -267,41 +267,6 @@ def test_a_message_of_n_protected_calls_costs_what_it_did(together: bool, n: int
         assert got == (2 if together else n + 1), (w, got)
 
 
-def test_a_worker_whose_thread_starts_late_costs_no_extra_commit(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The last worker's thread starts only after the first call's outcome is
-    committed (a loaded machine): the calls dispatched in the record commit are
-    still run first, so n + 1 commits (a shared queue let the early worker take
-    the late one's dispatched call, and the late one start an undispatched call
-    with a commit of its own: n + 2)."""
-    import toolledger._core.session as session_module
-
-    n, w = 5, 3
-    committed = threading.Event()
-    real_commit = Session._commit_outcome
-
-    def commit_then_signal(self: Session, *args: Any) -> Any:
-        got = real_commit(self, *args)
-        committed.set()
-        return got
-
-    class LateThread(threading.Thread):
-        def start(self) -> None:
-            if self.name.endswith(f"-{w - 1}"):  # the last worker
-                threading.Thread(target=lambda: (committed.wait(30), super(
-                    LateThread, self).start()), daemon=True).start()
-            else:
-                super().start()
-
-    monkeypatch.setattr(Session, "_commit_outcome", commit_then_signal)
-    monkeypatch.setattr(session_module.threading, "Thread", LateThread)
-    got, out = commits(False, w, n, External().apply)
-    assert committed.is_set()
-    assert [o.next for o in out] == [Next.RESULT] * n
-    assert got == n + 1
-
-
 def outcome_body(fails: dict[int, str]) -> Callable[[Attempt], object]:
     ext = External()
 
