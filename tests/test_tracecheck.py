@@ -62,7 +62,9 @@ def test_reference_runs_are_spec_behaviours() -> None:
     walks = [tc.random_walk(big, seed, 60) for seed in range(20)]
     result = tc.validate_traces(ROOT, big, walks)
     assert result.ok, result.describe() + "\n" + result.tlc.output[-2000:]
-    assert result.traces == 20 and result.steps > 20 * 30
+    # the walks end where the model does: since a late answer of the current
+    # attempt is recorded, calls settle sooner (594 steps over the 20, was > 600)
+    assert result.traces == 20 and result.steps > 20 * 25
 
     two = model_config("TwoCalls")
     seeds = _seed_matrix_runs(two)
