@@ -1,4 +1,4 @@
-"""Crash-safe tool calls for the OpenAI Agents SDK: ``FunctionTool``s through ``toolledger.Session``.
+"""Crash-safe tool calls for the OpenAI Agents SDK: its ``FunctionTool``s through the ledger.
 
 ``LedgerAgents(store, tools).protect(agent, session_id)`` returns a clone of
 ``agent`` whose ``FunctionTool``s go through the ledger of one conversation
@@ -14,8 +14,10 @@
   pending in the ledger (or that waits for a human after a crash) interrupts
   the run; a recorded approval is not asked again.  ``RunState.approve(item)``
   is the ledger's ``Session.approve`` of that execution (the tool, run on that
-  approval, approves it by its key first); a ``RunState.reject`` is recorded as
-  the call's denial before the next model request;
+  approval, approves it by its key first); a ``RunState.reject`` leaves the
+  ledger's approval pending (``session(id).reject(key)`` records it: the SDK
+  answers a reused call id within one run with the earlier output, which the
+  ledger cannot tell from a rejection);
 - a tool that declares ``execution_id`` / ``idempotency_key`` parameters gets
   the ledger's values there; they are removed from the schema the model sees;
 - resume the SDK's way (``RunState.from_string(agent, saved)``, approve,
@@ -50,6 +52,7 @@ from agents import Agent, AgentHooks, FunctionTool, RunContextWrapper
 from agents.exceptions import UserError
 from agents.items import ModelResponse, TResponseInputItem
 from agents.tool_context import ToolContext
+from openai.types.responses import ResponseFunctionToolCall
 
 from .._core.protocol import InvalidInput
 from .._core.session import CallStatus, Next, Outcome, Session, Tool
@@ -92,10 +95,11 @@ class LedgerAgents:
         self._sessions: dict[str, Session] = {}
 
     def session(self, session_id: str) -> Session:
-        """The ledger session of one conversation (opened on first use)."""
+        """The ledger session of one conversation (opened, and recovered, on first use)."""
         s = self._sessions.get(session_id)
         if s is None:
             s = Session.open(self.store, session_id, self.tools, max_attempts=self.max_attempts)
+            s.recover()  # as a restarted engine does: every interrupted call gets its decision
             self._sessions[session_id] = s
         return s
 
@@ -179,11 +183,12 @@ class _Protected:
             value = await self.inner.on_invoke_tool(ctx, json.dumps(args))
             fresh.append(value)
             a.done(value if isinstance(value, str) else str(value))
-        assert a.status is not None
-        return a.status
+        status = a.status
+        assert isinstance(status, CallStatus)
+        return status
 
 
-class _dispatch:  # noqa: N801  (used as a context manager, like Session.dispatch)
+class _dispatch:
     """``Session.dispatch`` around an awaited body (the session is synchronous)."""
 
     def __init__(self, s: Session, key: str) -> None:
@@ -215,7 +220,7 @@ class _Hooks(AgentHooks[Any]):
                          response: ModelResponse) -> None:
         calls = [{"id": o.call_id, "name": o.name, "arguments": o.arguments}
                  for o in response.output
-                 if getattr(o, "type", None) == "function_call" and o.name in self.names]
+                 if isinstance(o, ResponseFunctionToolCall) and o.name in self.names]
         if calls:
             # placed by the ledger (docs/protocol.md#placing-a-response)
             self.ledger.session(self.session_id).record(calls, seen=self.seen)
@@ -233,8 +238,7 @@ def _field(item: object, name: str) -> Any:
 
 
 def _seen(s: Session, items: Sequence[TResponseInputItem], names: frozenset[str]) -> list[str]:
-    """The keys of the ledger calls whose outputs ``items`` hold (``seen`` of ``record``);
-    an output for a call still awaiting approval is a ``RunState.reject``: recorded."""
+    """The keys of the ledger calls whose outputs ``items`` hold (``seen`` of ``record``)."""
     groups: list[list[dict[str, Any]]] = []
     prev = None
     for it in items:
@@ -259,7 +263,5 @@ def _seen(s: Session, items: Sequence[TResponseInputItem], names: frozenset[str]
                 continue
             if st is None:
                 continue
-            if st.next is Next.AWAIT_APPROVAL:  # the SDK answered it: a rejection
-                st = s.reject(st.key)
             keys.append(st.key)
     return keys
