@@ -38,6 +38,7 @@ RUN_ELSEWHERE = {
     ("docs/connectors.md", 0): ("tests/test_extra_pytest.py", "a pytest plugin: run by pytester"),
     ("docs/frameworks.md", 0): ("tests/test_extra_pydantic_ai.py", "needs an agent model"),
     ("docs/frameworks.md", 1): ("tests/test_extra_langgraph.py", "needs a graph builder"),
+    ("docs/frameworks.md", 2): ("tests/test_extra_mcp.py", "needs an MCP server"),
 }
 
 
