@@ -315,3 +315,16 @@ def reconciles_abandoned() -> Iterator[None]:
 
 
 BROKEN["reconciles_abandoned"] = reconciles_abandoned
+
+
+class MailApi:
+    """The frameworks docs blocks' ``mail_api``: one entry per email it really sends, deduplicated
+    on the idempotency key as a real mail API that takes one would."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, tuple[str, str]] = {}
+
+    def send(self, to: str, body: str, key: str | None) -> str:
+        assert key is not None and key.startswith("tlx"), key  # the ledger filled it in
+        self.sent.setdefault(key, (to, body))
+        return f"sent to {to}"

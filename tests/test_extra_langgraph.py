@@ -33,6 +33,7 @@ from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import Command
 
+from checker_support import MailApi
 from toolledger import InvalidInput, NotApplied, NotAppliedFenced, Tool, WasApplied
 from toolledger.extra.langgraph import (
     INTERRUPT_KEY,
@@ -389,19 +390,6 @@ def test_a_sigkilled_graph_resumes_without_sending_twice(
         assert r.mail[0]["key"] == r.mail[1]["key"] and r.mail[0]["key"].startswith("tlx")
 
 
-class _MailApi:
-    """The docs block's ``mail_api``: one entry per email it really sends, deduplicated
-    on the idempotency key as a real mail API that takes one would."""
-
-    def __init__(self) -> None:
-        self.sent: dict[str, tuple[str, str]] = {}
-
-    def send(self, to: str, body: str, key: str | None) -> str:
-        assert key is not None and key.startswith("tlx"), key  # the ledger filled it in
-        self.sent.setdefault(key, (to, body))
-        return f"sent to {to}"
-
-
 def test_the_docs_section_runs_as_printed(tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/frameworks.md's LangGraph block runs (the README links it) in a graph of
@@ -424,7 +412,7 @@ def test_the_docs_section_runs_as_printed(tmp_path: Path,
     builder.add_conditional_edges("agent", tools_condition)
     builder.add_edge("tools", "agent")
     asked: list[dict[str, Any]] = []
-    mail = _MailApi()
+    mail = MailApi()
 
     def ask_a_human(item: dict[str, Any]) -> str:
         asked.append(item)

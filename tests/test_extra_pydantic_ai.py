@@ -34,6 +34,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, ToolDenied
 from pydantic_ai.toolsets import FunctionToolset
 
+from checker_support import MailApi
 from toolledger import NotAppliedFenced, SqliteStore, Tool, WasApplied
 from toolledger.extra.pydantic_ai import APPROVAL_KEY, RECOVERY, LedgerToolset
 
@@ -382,19 +383,6 @@ def test_the_core_imports_with_no_third_party_package(tmp_path: Path) -> None:
         assert bad.returncode != 0 and "blocked by the test" in bad.stderr, extra
 
 
-class _MailApi:
-    """The docs block's ``mail_api``: one entry per email it really sends, deduplicated
-    on the idempotency key as a real mail API that takes one would."""
-
-    def __init__(self) -> None:
-        self.sent: dict[str, tuple[str, str]] = {}
-
-    def send(self, to: str, body: str, key: str | None) -> str:
-        assert key is not None and key.startswith("tlx"), key  # the ledger filled it in
-        self.sent.setdefault(key, (to, body))
-        return f"sent to {to}"
-
-
 def test_the_docs_section_runs_as_printed(tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/frameworks.md's pydantic-ai block runs (the README links it): an approval
@@ -409,7 +397,7 @@ def test_the_docs_section_runs_as_printed(tmp_path: Path,
     assert 10 <= len(code.strip().splitlines()) <= 20
     script = Script([ToolCallPart("send_email", {"to": "ada", "body": "the report"},
                                   tool_call_id="c1")])
-    mail = _MailApi()
+    mail = MailApi()
     monkeypatch.chdir(tmp_path)  # the block opens ledger.sqlite3 in the current directory
     scope: dict[str, Any] = {"model": FunctionModel(script), "mail_api": mail}
     exec(compile(code, "docs/frameworks.md", "exec"), scope)
