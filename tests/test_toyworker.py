@@ -178,7 +178,8 @@ def test_the_adopted_engine_sends_once_at_every_crash_point(
     tmp_path: Path, crash_at: str | None, approval: bool
 ) -> None:
     world = World(crash_at)
-    tools = None if approval else {"send_email": Tool(requires_approval=False)}
+    tools: dict[str, Tool | str] | None = (
+        None if approval else {"send_email": Tool(requires_approval=False)})
     e = drive(factory(LedgerWorker, tmp_path, world, tools=tools, approval=approval), world)
     assert world.outbox == ["ada"]
     assert crash_at is None or world.crashes or (crash_at == "after_permission_saved"
@@ -201,7 +202,11 @@ def test_a_lost_response_is_replaced_without_a_dead_end(tmp_path: Path) -> None:
     # model emits the call under a new id; the ledger knows it is the same call
     for kind, emails in ((ToyWorker, 2), (LedgerWorker, 1)):
         world = World("after_effect")
-        world.script = lambda turn: [call("send_email", f"call_{world.crashes}", to="ada")]
+
+        def reemitted(turn: int, w: World = world) -> list[dict[str, Any]]:
+            return [call("send_email", f"call_{w.crashes}", to="ada")]  # a new id after it
+
+        world.script = reemitted
         base = tmp_path / kind.__name__
         base.mkdir()
         drive(factory(kind, base, world, approval=False,
@@ -387,7 +392,7 @@ def test_a_session_begun_before_the_ledger_is_adopted_without_a_replay(tmp_path:
     with pytest.raises(Crash):
         e.resolve_inbox(next(iter(e.inbox.pending())), "allow")
     assert world.outbox == ["ada"]
-    assert not (tmp_path / f"{SID}.ledger.sqlite3").exists()
+    assert not (tmp_path / "ledger.sqlite3").exists()
     new = factory(LedgerWorker, tmp_path, world)
     e = new()
     assert e.resume() == "waiting"  # halted for a human, never replayed

@@ -53,11 +53,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-__all__ = ["CHECKPOINTS", "CRASH_POINTS", "INTERACTIVE", "Inbox", "PermissionEngine",
+__all__ = ["ALLOWING", "CHECKPOINTS", "CRASH_POINTS", "INTERACTIVE", "Inbox", "PermissionEngine",
            "PermissionRequest", "ToolCall", "ToyWorker"]
 
 CHECKPOINTS: Final = frozenset({"turn_start", "permission_required", "iteration_end"})
 """The events on which the manager saves the conversation (openworker's ``_CHECKPOINTS``)."""
+
+ALLOWING: Final = frozenset({"allow", "once", "always"})
+"""The approver's answers that allow the call (``always`` also grants the tool)."""
 
 INTERACTIVE: Final = frozenset({"ask_user", "propose_plan"})
 """Tools whose callback does the work inline in phase A, with no permission check."""
@@ -330,7 +333,7 @@ class ToyWorker:
             return "wait"
         if outcome == "always":
             self.permissions.grants.add(call.name)
-        return "allow" if outcome in ("allow", "once", "always") else "deny"
+        return "allow" if outcome in ALLOWING else "deny"
 
     def execute_sync(self, call: ToolCall) -> dict[str, Any] | None:
         """``registry[name](**arguments)`` as a result dict (None: no tool message)."""

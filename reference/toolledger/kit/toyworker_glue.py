@@ -12,72 +12,59 @@ The seam table is in docs/adopting.md#an-engine-with-openworkers-seams.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any
 
 from .. import CallStatus, Next, Session, SqliteStore, Tool
-from .toyworker import PermissionRequest, ToolCall, ToyWorker
+from .toyworker import ALLOWING, PermissionRequest, ToolCall, ToyWorker
 
-__all__ = ["LEGACY", "LedgerWorker"]
-
-LEGACY = {"allow": "approved", "once": "approved", "always": "approved", None: "pending"}
-"""An old inbox resolution as ``Session.open(legacy_approvals=...)`` takes it
-(anything else: ``"rejected"``)."""
+__all__ = ["LedgerWorker"]
 
 
 # glue:begin
 class LedgerWorker(ToyWorker):
-    """ToyWorker whose tool calls are protected by toolledger."""
-
     def __init__(self, *args: Any, tools: Mapping[str, Tool | str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.tools, self.status, self.asking = dict(tools), dict[int, CallStatus](), ""
-        old = {i["tool_call_id"]: LEGACY.get(i["resolution"], "rejected")  # a session begun
-               for i in reversed(self.inbox.items) if i["session_id"] == self.session_id}
-        self.session = Session.open(  # before the ledger: its unanswered calls, ours only
-            SqliteStore(self.base / f"{self.session_id}.ledger.sqlite3"), self.session_id,
-            self.tools, legacy_messages=[{**m, "tool_calls": self.ours(m)} for m in self.messages],
-            legacy_approvals=old)
+        old = {i["tool_call_id"]: ("approved" if i["resolution"] in ALLOWING else "rejected")
+               if i["resolution"] else "pending" for i in reversed(self.inbox.items)
+               if i["session_id"] == self.session_id}  # the old engine's inbox: legacy
+        self.session = Session.open(SqliteStore(self.base / "ledger.sqlite3"), self.session_id,
+                                    self.tools, legacy_approvals=old, legacy_messages=[  # ours
+                                        {**m, "tool_calls": self.ours(m)} for m in self.messages])
 
-    def ours(self, message: Mapping[str, Any]) -> list[Any]:
-        """The calls the ledger protects: declared tools, arguments that parse."""
-        return [tc for tc, c in zip(message.get("tool_calls") or [], self.parse(message),
-                                    strict=True) if c.name in self.tools and c.arguments is not None]
+    def ours(self, message: Mapping[str, Any]) -> list[dict[str, Any]]:  # what the ledger
+        return [asdict(c) for c in self.parse(message)  # protects: declared, parsed calls
+                if c.name in self.tools and c.arguments is not None]
 
     def handle_tool_calls(self, calls: list[ToolCall]) -> str:
         at, message = self.trailing() or (0, {})  # the response these calls came in
-        every = self.parse({"tool_calls": self.ours(message)})
-        seen = [k for m in self.messages[:at] for k in m.get("ledger_seen", [])]
         statuses = self.session.record(  # placed by the ledger; again: nothing is written
-            [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in every], seen=seen,
-            requires_approval=[self.permissions.evaluate(c.name) != "allow" for c in every])
+            every := self.ours(message),
+            seen=[k for m in self.messages[:at] for k in m.get("ledger_seen", [])],
+            requires_approval=[self.permissions.evaluate(c["name"]) != "allow" for c in every])
         pool, self.status = list(zip(every, statuses, strict=True)), {}
         for call in calls:  # per call, in slot order (equal calls too): the call's own status
-            j = next((j for j, (c, _) in enumerate(pool) if c == call), None)
-            if j is not None:
+            for j in [j for j, (c, _) in enumerate(pool) if c == asdict(call)][:1]:
                 self.status[id(call)] = pool.pop(j)[1]
         return super().handle_tool_calls(calls)
 
     def inbox_key(self, request: PermissionRequest) -> tuple[str, str]:
         return request.session_id, self.asking  # the execution id, never a reused call id
 
-    def authorize(self, call: ToolCall) -> str:
-        status = self.status.get(id(call))
+    def authorize(self, call: ToolCall, status: CallStatus | None = None) -> str:
+        status = status or self.status.get(id(call))
         if status is None:
             return super().authorize(call)
         if status.next is Next.AWAIT_APPROVAL:  # the permission engine (grants, mode), else
-            self.asking = status.key  # the approver's inbox item keyed by this call's key
+            self.asking = status.key  # the approver, its inbox item keyed by this call's key
             verdict = super().authorize(call)
             if verdict == "wait":
                 return "wait"
             status = (self.session.approve if verdict == "allow" else self.session.reject)(
                 status.key)
-        return self.settle(call, status)
-
-    def settle(self, call: ToolCall, status: CallStatus) -> str:
-        """A halted call waits on a recovery item (key and attempt); its answer resolves it."""
-        while status.next is Next.HALTED:
+        while status.next is Next.HALTED:  # a recovery item per attempt; its answer resolves
             item = self.inbox.add((self.session_id, f"{status.key}#{status.attempt}"),
                                   "recovery", {"tool": call.name, "arguments": call.arguments})
             if item["state"] == "pending":
@@ -95,43 +82,35 @@ class LedgerWorker(ToyWorker):
             status = self.session.execute(status.key, lambda a: self.registry[call.name](
                 **a.arguments, **({"idempotency_key": a.idempotency_key}
                                   if a.idempotency_key else {})))
-        if status.next is Next.HALTED:  # no "halted" turn: park it and Stop the turn
+        if status.next is Next.HALTED:  # no "halted" turn: Stop it, park the call
             self.stop()
-            self.settle(call, status)
-        return None if status.result is None else self.result(status)
+            self.authorize(call, status)
+        return self.result(status)
 
-    @staticmethod
-    def result(status: CallStatus) -> dict[str, Any]:
-        assert status.result is not None
-        try:
-            value = json.loads(status.result.content)
-        except ValueError:
-            value = status.result.content  # a human's "applied" text
-        return value if isinstance(value, dict) else {"result": value}
+    def result(self, status: CallStatus) -> dict[str, Any] | None:  # as the engine's dict
+        value = None if status.result is None else status.result_value()
+        return value if status.result is None or isinstance(value, dict) else {"result": value}
 
     def record_result(self, call: ToolCall, result: Mapping[str, Any] | None) -> None:
         super().record_result(call, result)
-        status = self.status.get(id(call))
-        if result is not None and status is not None:  # the next response's `seen`
-            self.messages[-1]["ledger_seen"] = [status.key]
+        if result is not None and id(call) in self.status:  # the next response's `seen`
+            self.messages[-1]["ledger_seen"] = [self.status[id(call)].key]
 
     def skip(self, call: ToolCall) -> None:
         status = self.status.get(id(call))
         if status is None:
             return super().skip(call)
-        if status.next is Next.EXECUTE:  # the user's Stop, approved and never dispatched
-            status = self.session.cancel(status.key, note="stopped by the user")
-        self.status[id(call)] = status
-        self.record_result(call, None if status.result is None else self.result(status))
+        cancel = status.next is Next.EXECUTE  # the user's Stop: approved, never dispatched
+        self.record_result(call, self.result(self.session.cancel(status.key) if cancel else status))
 
     def summarise(self, dropped: list[dict[str, Any]]) -> dict[str, Any]:
         return {**super().summarise(dropped),  # compaction keeps the keys it drops
                 "ledger_seen": [k for m in dropped for k in m.get("ledger_seen", [])]}
 
     def unanswered(self) -> list[ToolCall]:
-        found = self.trailing()  # only results AFTER the trailing message answer it
-        if found is None or any(m["role"] == "user" for m in self.messages[found[0]:]):
-            return []
-        answered = {m["tool_call_id"] for m in self.messages[found[0]:] if m["role"] == "tool"}
-        return [c for c in self.parse(found[1]) if c.id not in answered]
+        at, message = self.trailing() or (0, {})  # only results AFTER it answer its calls
+        after = self.messages[at + 1:]
+        answered = {m.get("tool_call_id") for m in after}
+        stale = not message or any(m["role"] == "user" for m in after)  # a later turn
+        return [] if stale else [c for c in self.parse(message) if c.id not in answered]
 # glue:end
