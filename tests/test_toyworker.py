@@ -77,11 +77,14 @@ class World:
             lambda turn: [call("send_email", to="ada")])
         self.engine: ToyWorker | None = None
         self.stop_once = False
+        self.lock = threading.Lock()
 
     def crash(self, point: str) -> None:
-        if point == self.crash_at and not self.crashes and self.turn() == self.crash_turn:
+        with self.lock:  # tools run in the engine's thread pool too: one crash only
+            if point != self.crash_at or self.crashes or self.turn() != self.crash_turn:
+                return
             self.crashes += 1
-            raise Crash(point)
+        raise Crash(point)
 
     def turn(self) -> int:
         return 0 if self.engine is None else sum(
@@ -123,7 +126,7 @@ def factory(kind: type[ToyWorker], base: Path, world: World, *,
     def engine() -> ToyWorker:
         e = kind(base, SID, {"send_email": world.send_email, "lookup": world.lookup},
                  world.provider, approval={"send_email": approval, "lookup": False},
-                 risk={"lookup": "low"}, crash=world.crash, **extra)
+                 crash=world.crash, **{"risk": {"lookup": "low"}, **extra})
         world.engine = e
         return e
 
@@ -317,6 +320,25 @@ def test_concurrent_low_risk_calls_run_in_threads_and_crash_safely(tmp_path: Pat
     assert world.outbox == ["ada"]
     assert any(t != threading.main_thread().name for t in world.threads)
     assert sorted(m["tool_call_id"] for m in tool_messages(e)) == ["a", "b", "c"]
+
+
+def test_concurrent_protected_calls_crash_and_each_email_goes_once(tmp_path: Path) -> None:
+    # two low-risk sends that need no approval run in the thread pool; the process
+    # dies after one of them sent, while the other completes
+    for kind, emails in ((ToyWorker, 4), (LedgerWorker, 2)):
+        world = World("after_effect")
+        world.script = lambda turn: [call("send_email", "call_0", to="ada"),
+                                     call("send_email", "call_1", to="bob")]
+        base = tmp_path / kind.__name__
+        base.mkdir()
+        e = drive(factory(kind, base, world, approval=False, risk={"send_email": "low"},
+                          tools={"send_email": Tool(policy="idempotent",
+                                                    requires_approval=False)}), world)
+        assert world.crashes == 1 and len(world.outbox) == emails, kind
+        assert threading.main_thread().name not in world.threads  # both ran in the pool
+        if kind is LedgerWorker:
+            assert sorted(world.outbox) == ["ada", "bob"] and len(world.keys) == 2
+            assert sorted(m["tool_call_id"] for m in tool_messages(e)) == ["call_0", "call_1"]
 
 
 def test_interactive_malformed_and_unknown_calls_bypass_approval(tmp_path: Path) -> None:

@@ -905,7 +905,7 @@ class Session(LedgerGuard):
         if last < st.marker:
             # only legacy calls so far (Session.adopt): the latest legacy message is the
             # candidate, so that re-recording the engine's trailing message finds its
-            # calls (docs/adopting.md#legacy-adoption); only as a re-record (_record)
+            # calls (docs/protocol.md#placing-a-response); only as a re-record (_record)
             legacy = self._turn(last, last)
             return [legacy] if _legacy_candidate(legacy) else []
         latest = self._turn(last, last)

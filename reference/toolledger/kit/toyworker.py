@@ -303,8 +303,9 @@ class ToyWorker:
         safe = [c for c in cleared if self.parallel_safe(c)] if len(cleared) > 1 else []
         done: dict[int, dict[str, Any] | None] = {}
         if safe:
-            with ThreadPoolExecutor(max_workers=4) as pool:
-                done = dict(zip(map(id, safe), pool.map(self.execute_sync, safe), strict=True))
+            with ThreadPoolExecutor(max_workers=4) as pool:  # gather(to_thread(...)): every
+                futures = [pool.submit(self.execute_sync, c) for c in safe]  # call runs
+                done = {id(c): f.result() for c, f in zip(safe, futures, strict=True)}
         for call in cleared:
             if id(call) in done:
                 self.record_result(call, done[id(call)])
