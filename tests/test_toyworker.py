@@ -367,7 +367,8 @@ def test_interactive_malformed_and_unknown_calls_bypass_approval(tmp_path: Path)
     world.script = lambda turn: [call("ask_user", "q", question="who?"), bad,
                                  call("delete_repo", "u", repo="x"),
                                  call("send_email", "s", to="ada")]
-    e = drive(factory(LedgerWorker, tmp_path, world), world)
+    # delete_repo is declared to the ledger but no tool of the registry: unknown
+    e = drive(factory(LedgerWorker, tmp_path, world, tools={"delete_repo": "manual"}), world)
     assert world.outbox == ["ada"]
     assert [i["kind"] for i in e.inbox.items] == ["approval"]  # only the real call asked
     assert [m["status"] for m in tool_messages(e)] == ["ok", "error", "error", "ok"]

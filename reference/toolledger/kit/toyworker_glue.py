@@ -36,7 +36,7 @@ class LedgerWorker(ToyWorker):
 
     def ours(self, message: Mapping[str, Any]) -> list[dict[str, Any]]:  # what the ledger
         return [asdict(c) for c in self.parse(message)  # protects: declared, parsed calls
-                if c.name in self.tools and c.arguments is not None]
+                if c.name in self.tools and c.name in self.registry and c.arguments is not None]
 
     def handle_tool_calls(self, calls: list[ToolCall]) -> str:
         at, message = self.trailing() or (0, {})  # the response these calls came in
