@@ -23,7 +23,7 @@ __all__ = ["LedgerWorker"]
 
 
 # glue:begin
-class LedgerWorker(ToyWorker):
+class LedgerWorker(ToyWorker):  # ToyWorker, its tool calls protected by toolledger
     def __init__(self, *args: Any, tools: Mapping[str, Tool | str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.tools, self.status, self.asking = dict(tools), dict[int, CallStatus](), ""
