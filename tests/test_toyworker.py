@@ -27,7 +27,7 @@ import pytest
 import toolledger._core.protocol
 from checker_support import ROOT
 from toolledger import NotApplied, Outcome, Tool
-from toolledger.kit.toyworker import CRASH_POINTS, ToyWorker
+from toolledger.kit.toyworker import CRASH_POINTS, PermissionRequest, ToyWorker
 from toolledger.kit.toyworker_glue import LedgerWorker
 
 GLUE = ROOT / "reference" / "toolledger" / "kit" / "toyworker_glue.py"
@@ -193,6 +193,31 @@ def test_the_adopted_engine_sends_once_at_every_crash_point(
     assert "_display" not in tool["content"]  # display-only: never in the conversation
     recovery = [i for i in e.inbox.items if i["kind"] == "recovery"]
     assert len(recovery) == (crash_at in TOOL_POINTS)  # a human was asked only when unknown
+
+
+@pytest.mark.parametrize("crash_at", POINTS)
+def test_the_live_approval_path_sends_once_at_every_crash_point(
+    tmp_path: Path, crash_at: str | None
+) -> None:
+    # a human answers while the turn waits (openworker's live WebSocket path): no
+    # inbox item for the approval; after a crash only the recovery item shows
+    asked: list[str] = []
+
+    def live(request: PermissionRequest) -> str:
+        asked.append(request.tool_call_id)
+        return "allow"
+
+    lost = crash_at in ("after_effect", "after_result", "before_iteration_saved")
+    for kind, emails in ((ToyWorker, 2 if lost else 1),  # #443 on the live path too
+                         (LedgerWorker, 1)):
+        world = World(crash_at)
+        base = tmp_path / kind.__name__
+        base.mkdir()
+        e = drive(factory(kind, base, world, approver=live), world)
+        assert len(world.outbox) == emails, kind
+        if kind is LedgerWorker:
+            assert [i["kind"] for i in e.inbox.items] == ["recovery"] * (crash_at in TOOL_POINTS)
+            assert asked[-1] == "call_0"
 
 
 @pytest.mark.parametrize("crash_at", ["after_effect", "after_result", "before_iteration_saved"])

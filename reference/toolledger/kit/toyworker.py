@@ -21,8 +21,9 @@ adoption hard:
   call goes through :class:`PermissionEngine` (modes ``ask`` / ``auto``,
   session grants, re-evaluated on resume: a grant allows without the
   inbox) and, if it needs the user, the approver, which gets a
-  :class:`PermissionRequest` with no position and keys the inbox item by
-  :meth:`ToyWorker.inbox_key` ``(session_id, tool_call_id)``; the
+  :class:`PermissionRequest` with no position (``approver=``: a live one
+  answering at once; by default the inbox's, which keys its item by
+  :meth:`ToyWorker.inbox_key` ``(session_id, tool_call_id)``); the
   :class:`Inbox` returns the first item with that key, resolved or not;
 - **phase B**: low-risk calls that need no approval run concurrently in a
   thread pool when more than one call was cleared, the others one by one,
@@ -150,7 +151,8 @@ class ToyWorker:
                  provider: Provider, *, approval: Mapping[str, bool],
                  risk: Mapping[str, str] | None = None, mode: str = "ask",
                  crash: Callable[[str], None] = lambda point: None,
-                 compact_after: int | None = None, keep: int = 3) -> None:
+                 compact_after: int | None = None, keep: int = 3,
+                 approver: Approver | None = None) -> None:
         self.base, self.session_id, self.registry = base, session_id, registry
         self.provider, self.risk, self.crash = provider, dict(risk or {}), crash
         self.compact_after, self.keep = compact_after, keep
@@ -162,7 +164,8 @@ class ToyWorker:
         self.permissions = PermissionEngine(approval, saved.get("mode", mode),
                                             set(saved.get("grants", [])))
         self.inbox = Inbox(base / "inbox.json")
-        self.approver: Approver = self.inbox_approver
+        # the live path (a human answering while the turn waits) or the inbox
+        self.approver: Approver = approver or self.inbox_approver
         self.cancelled, self.resuming, self.shrunk = False, False, False
 
     # -- the manager -------------------------------------------------------------
