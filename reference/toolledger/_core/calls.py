@@ -213,6 +213,18 @@ class CallStatus:
     def key(self) -> str:
         return self.call.key
 
+    def result_value(self) -> Any:
+        """The result as a value: its content decoded from JSON (a dict the tool
+        returned, the ledger's own ``{"error", ...}`` objects), else the text
+        itself (a tool's plain string, a human's ``applied`` answer).  For an
+        engine whose results are values, not text (openworker's dicts).  A call
+        with no result yet raises :class:`InvalidInput`, as :meth:`tool_message`."""
+        content = self.tool_message()["content"]
+        try:
+            return json.loads(content)
+        except ValueError:
+            return content
+
     def tool_message(self) -> dict[str, Any]:
         """The ``role="tool"`` message of a call with a result, openworker-shaped."""
         if self.result is None:

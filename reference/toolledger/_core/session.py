@@ -884,6 +884,8 @@ class Session(LedgerGuard):
             live = self._live_back_to_seen(last, seen_keys)
             kind, at = placement([(_call_keys(t), bool(seen_keys & _keys_of(t))) for t in live],
                                  wanted)
+            if kind is Placement.REEMISSION and last is not None and last < st.marker:
+                kind = Placement.NEW  # a legacy message is re-recorded, never superseded
             if kind is Placement.NEW or at is None:
                 return self._record_new(self._ledger.next_turn(), parsed, profiles, dispatch, ())
             if kind is Placement.RERECORD:
@@ -898,8 +900,14 @@ class Session(LedgerGuard):
         does): what :func:`placement` needs, the earlier ones changing nothing.
         The latest response seen (the usual case) reads nothing from the store."""
         st = self._ledger.state
-        if last is None or last < st.marker:
+        if last is None:
             return []
+        if last < st.marker:
+            # only legacy calls so far (Session.adopt): the latest legacy message is the
+            # candidate, so that re-recording the engine's trailing message finds its
+            # calls (docs/protocol.md#placing-a-response); only as a re-record (_record)
+            legacy = self._turn(last, last)
+            return [legacy] if _legacy_candidate(legacy) else []
         latest = self._turn(last, last)
         if seen & _keys_of(latest) and not _all_superseded(latest):
             return [latest]
@@ -1632,6 +1640,14 @@ def _same_calls(there: SessionState, wanted: Sequence[tuple[str, str, str]]) -> 
         c.position[1] == slot and (c.tool_call_id, c.tool.name, c.args_digest) == w
         for slot, (c, w) in enumerate(zip(there.calls, wanted, strict=True))
     )
+
+
+def _legacy_candidate(turn: SessionState) -> bool:
+    """A legacy message (before the marker) a re-record may find: it has calls, in
+    slots 0..n-1 (a partly answered one has gaps: its calls are found one by one,
+    :meth:`Session.find`), none superseded."""
+    return bool(turn.calls) and not any(_superseded(turn, c) for c in turn.calls) and [
+        c.position[1] for c in turn.calls] == list(range(len(turn.calls)))
 
 
 def _all_superseded(turn: SessionState) -> bool:

@@ -1,87 +1,116 @@
 """toolledger adopted into :class:`~toolledger.kit.toyworker.ToyWorker`: the whole glue.
 
-Each of the engine's seams is overridden once, with :class:`toolledger.Session`
-calls only (no protocol event, no stage); ``tests/test_toyworker.py`` counts
-these lines and crashes the adopted engine at every point of the matrix.
-
-Each seam and the API call it becomes:
-
-- the engine is built (``get_engine``): ``Session.open(SqliteStore(path), sid, tools)``;
-- phase A, after the assistant message is saved: ``record(seq, calls,
-  requires_approval=...)`` (a standing grant: ``False`` for that call);
-- the inbox key: ``status.key``, the execution id; a halted call: key + attempt;
-- the approver's answer: ``approve(key)`` / ``reject(key)``;
-- a halted call (``recovery_required``): an inbox item; its answer:
-  ``resolve(key, "applied" | "retry" | "abandon")``;
-- ``_execute_sync`` around ``registry[name](**args)``: ``execute(key, fn)``; a
-  result the ledger holds is returned, never re-run; an ``idempotent`` tool
-  gets the key as the keyword ``idempotency_key`` (a name the model's
-  arguments can never use: ``record()`` refuses it at any depth);
-- durable resume: ``record()`` of the trailing message again (a no-op write) gives
-  each interrupted call its recovery decision.
+Each seam of the engine is overridden with :class:`toolledger.Session` calls
+only (no protocol event, no stage); ``tests/test_toyworker.py`` counts these
+lines and crashes the adopted engine at every point of the matrix.  The
+ledger owns each call's identity: the engine has no sequence number, its list
+positions move (compaction) and its provider ids repeat, so a response is
+recorded with ``record(calls, seen=keys)``, ``keys`` being the ledger keys
+this glue stashes on the tool messages (and summaries) before the response.
+The seam table is in docs/adopting.md#an-engine-with-openworkers-seams.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any
 
 from .. import CallStatus, Next, Session, SqliteStore, Tool
-from .toyworker import ToyCall, ToyWorker
+from .toyworker import ALLOWING, PermissionRequest, ToolCall, ToyWorker
 
 __all__ = ["LedgerWorker"]
 
 
 # glue:begin
-class LedgerWorker(ToyWorker):
-    """ToyWorker whose tool calls are protected by toolledger."""
-
+class LedgerWorker(ToyWorker):  # ToyWorker, its tool calls protected by toolledger
     def __init__(self, *args: Any, tools: Mapping[str, Tool | str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        store = SqliteStore(self.base / f"{self.session_id}.ledger.sqlite3")
-        self.session = Session.open(store, self.session_id, tools)
-        self.status: dict[tuple[int, int], CallStatus] = {}
+        self.tools, self.status, self.asking = dict(tools), dict[int, CallStatus](), ""
+        old = {i["tool_call_id"]: ("approved" if i["resolution"] in ALLOWING else "rejected")
+               if i["resolution"] else "pending" for i in reversed(self.inbox.items)
+               if i["session_id"] == self.session_id}  # the old engine's inbox: legacy
+        self.session = Session.open(SqliteStore(self.base / "ledger.sqlite3"), self.session_id,
+                                    self.tools, legacy_approvals=old, legacy_messages=[  # ours
+                                        {**m, "tool_calls": self.ours(m)} for m in self.messages])
 
-    def inbox_key(self, call: ToyCall) -> str:
-        status = self.status[call.seq, call.index]
-        if status.next is Next.AWAIT_APPROVAL:
-            return status.key  # the approval of this execution, never a reused tool_call_id's
-        return f"{status.key}#{status.attempt}"  # a halted attempt: one recovery item each
+    def ours(self, message: Mapping[str, Any]) -> list[dict[str, Any]]:  # what the ledger
+        return [asdict(c) for c in self.parse(message)  # protects: declared, parsed calls
+                if c.name in self.tools and c.name in self.registry and c.arguments is not None]
 
-    def authorize(self, calls: list[ToyCall]) -> list[str]:
-        seq = calls[0].seq  # the message is saved: record all of its calls (again: a no-op)
-        every = self.calls(next(m for m in self.messages if m.get("seq") == seq))
-        statuses = self.session.record(
-            seq, [{"id": c.id, "name": c.name, "arguments": dict(c.arguments)} for c in every],
-            requires_approval=[False if c.name in self.grants else None for c in every])
-        return [self.verdict(call, statuses[call.index]) for call in calls]
+    def handle_tool_calls(self, calls: list[ToolCall]) -> str:
+        at, message = self.trailing() or (0, {})  # the response these calls came in
+        statuses = self.session.record(  # placed by the ledger; again: nothing is written
+            every := self.ours(message),
+            seen=[k for m in self.messages[:at] for k in m.get("ledger_seen", [])],
+            requires_approval=[self.permissions.evaluate(c["name"]) != "allow" for c in every])
+        pool, self.status = list(zip(every, statuses, strict=True)), {}
+        for call in calls:  # per call, in slot order (equal calls too): the call's own status
+            for j in [j for j, (c, _) in enumerate(pool) if c == asdict(call)][:1]:
+                self.status[id(call)] = pool.pop(j)[1]
+        return super().handle_tool_calls(calls)
 
-    def verdict(self, call: ToyCall, status: CallStatus) -> str:
-        """"wait" for an inbox item, else "allow": execute_sync runs it or returns its result."""
-        while status.next in (Next.AWAIT_APPROVAL, Next.HALTED):
-            self.status[call.seq, call.index] = status
-            item = self.inbox.add(self.inbox_key(call), {
-                "kind": status.next.value, "tool": call.name, "arguments": dict(call.arguments)})
+    def inbox_key(self, request: PermissionRequest) -> tuple[str, str]:
+        return request.session_id, self.asking  # the execution id, never a reused call id
+
+    def authorize(self, call: ToolCall, status: CallStatus | None = None) -> str:
+        status = status or self.status.get(id(call))
+        if status is None:
+            return super().authorize(call)
+        if status.next is Next.AWAIT_APPROVAL:  # the permission engine (grants, mode), else
+            self.asking = status.key  # the approver, its inbox item keyed by this call's key
+            verdict = super().authorize(call)
+            if verdict == "wait":
+                return "wait"
+            status = (self.session.approve if verdict == "allow" else self.session.reject)(
+                status.key)
+        while status.next is Next.HALTED:  # a recovery item per attempt; its answer resolves
+            item = self.inbox.add((self.session_id, f"{status.key}#{status.attempt}"),
+                                  "recovery", {"tool": call.name, "arguments": call.arguments})
             if item["state"] == "pending":
                 return "wait"
-            if status.next is Next.AWAIT_APPROVAL:
-                allow = item["answer"] == "allow"
-                status = (self.session.approve if allow else self.session.reject)(status.key)
-            else:  # "applied" (with the human's result), "retry" or "abandon"
-                status = self.session.resolve(status.key, item["answer"],
-                                              result=item.get("result"))
-        self.status[call.seq, call.index] = status
-        return "allow"
+            status = self.session.resolve(status.key, item["resolution"],
+                                          result=item.get("result"))
+        self.status[id(call)] = status
+        return "allow"  # execute_sync runs it, or gives the result the ledger holds
 
-    def execute_sync(self, call: ToyCall) -> dict[str, Any] | None:
-        status = self.status[call.seq, call.index]
-        if status.next in (Next.EXECUTE, Next.RETRY):  # an idempotent tool gets the key
+    def execute_sync(self, call: ToolCall) -> dict[str, Any] | None:
+        status = self.status.get(id(call))
+        if status is None:
+            return super().execute_sync(call)
+        if status.next in (Next.EXECUTE, Next.RETRY):  # an idempotent tool gets its key
             status = self.session.execute(status.key, lambda a: self.registry[call.name](
                 **a.arguments, **({"idempotency_key": a.idempotency_key}
                                   if a.idempotency_key else {})))
-        if status.next is Next.HALTED:  # an unknown outcome: a human decides
-            self.verdict(call, status)
-        if status.result is None:
-            return None  # no tool message: the turn stops until the inbox item is answered
-        return {"content": status.result.content, "status": status.result.kind.value}
+        if status.next is Next.HALTED:  # no "halted" turn: Stop it, park the call
+            self.stop()
+            self.authorize(call, status)
+        return self.result(status)
+
+    def result(self, status: CallStatus) -> dict[str, Any] | None:  # as the engine's dict
+        value = None if status.result is None else status.result_value()
+        return value if status.result is None or isinstance(value, dict) else {"result": value}
+
+    def record_result(self, call: ToolCall, result: Mapping[str, Any] | None) -> None:
+        super().record_result(call, result)
+        if result is not None and id(call) in self.status:  # the next response's `seen`
+            self.messages[-1]["ledger_seen"] = [self.status[id(call)].key]
+
+    def skip(self, call: ToolCall) -> None:
+        status = self.status.get(id(call))
+        if status is None:
+            return super().skip(call)
+        cancel = status.next is Next.EXECUTE  # the user's Stop: approved, never dispatched
+        self.record_result(call, self.result(self.session.cancel(status.key) if cancel else status))
+
+    def summarise(self, dropped: list[dict[str, Any]]) -> dict[str, Any]:
+        return {**super().summarise(dropped),  # compaction keeps the keys it drops
+                "ledger_seen": [k for m in dropped for k in m.get("ledger_seen", [])]}
+
+    def unanswered(self) -> list[ToolCall]:
+        at, message = self.trailing() or (0, {})  # only results AFTER it answer its calls
+        after = self.messages[at + 1:]
+        answered = {m.get("tool_call_id") for m in after}
+        stale = not message or any(m["role"] == "user" for m in after)  # a later turn
+        return [] if stale else [c for c in self.parse(message) if c.id not in answered]
 # glue:end

@@ -1,0 +1,106 @@
+"""A legacy session's trailing message is found by ``record(calls, seen=...)``.
+
+``Session.open(legacy_messages=...)`` writes a session's unanswered calls at
+legacy positions (message index, slot), before the protocol marker; an engine
+that places its responses by the ledger (``record(calls, seen=keys)``) then
+re-records its trailing message on resume.  That must find the legacy calls
+(their recovery decision: an approved, unanswered call halts for a human, it
+is never replayed), and a later response must be new, in the same identity
+scheme.  Also ``CallStatus.result_value``, for engines whose results are dicts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import toolledger._core.session
+from toolledger import InvalidInput, MemoryStore, Next, NotApplied, Session
+
+SEND = {"id": "call_0", "name": "send_email", "arguments": {"to": "ada"}}
+BOB = {"id": "call_1", "name": "send_email", "arguments": {"to": "bob"}}
+
+
+def adopted(*calls: dict[str, Any], answered: tuple[str, ...] = ()) -> Session:
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "email ada"},
+        {"role": "assistant", "tool_calls": list(calls)},
+        *({"role": "tool", "tool_call_id": cid, "content": "ok"} for cid in answered)]
+    return Session.open(MemoryStore(), "s1", {"send_email": "manual"},
+                        legacy_messages=messages, legacy_approvals={"call_0": "approved"})
+
+
+def test_rerecording_the_trailing_legacy_message_finds_its_calls() -> None:
+    s = adopted(SEND)
+    [legacy] = s.ledger.state.calls
+    [status] = s.record([SEND], seen=[])  # the engine resumes its trailing message
+    assert status.key == legacy.execution_id and status.call.position == (1, 0)
+    assert status.next is Next.HALTED and status.recovered  # approved, unanswered: a human
+    assert len(s.ledger.state.calls) == 1  # nothing new was recorded
+    assert s.record([SEND], seen=[])[0].key == legacy.execution_id  # again: the same
+    done = s.resolve(status.key, "applied", result="ada has it")
+    assert done.next is Next.RESULT
+    # the history now holds its result (the key on the tool message): a new response,
+    # even with the same call_0, gets a new key at the marker, and asks again
+    [new] = s.record([SEND], seen=[status.key])
+    assert new.key != status.key and new.call.position == (s.marker, 0)
+    assert new.next is Next.AWAIT_APPROVAL
+
+
+def test_without_the_legacy_candidate_the_resume_is_a_dead_end(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # broken on purpose (the placement before this change): the trailing legacy
+    # message is no candidate, so re-recording it is refused for good
+    monkeypatch.setattr(toolledger._core.session, "_legacy_candidate", lambda turn: False)
+    s = adopted(SEND)
+    with pytest.raises(InvalidInput, match="unanswered"):
+        s.record([SEND], seen=[])
+
+
+def test_the_tool_message_lost_after_the_resolution_is_a_rerecord_not_a_new_call() -> None:
+    s = adopted(SEND)
+    [status] = s.record([SEND], seen=[])
+    s.resolve(status.key, "applied")
+    [again] = s.record([SEND], seen=[])  # crash before the engine saved the result
+    assert again.key == status.key and again.next is Next.RESULT
+
+
+def test_another_response_never_supersedes_an_open_legacy_call() -> None:
+    s = adopted(SEND)
+    with pytest.raises(InvalidInput, match="unanswered"):
+        s.record([BOB], seen=[])
+    [legacy] = s.ledger.state.calls
+    assert legacy.result is None  # not voided: still halted for a human after recover
+    assert [st.next for st in s.recover()] == [Next.HALTED]
+
+
+def test_a_partly_answered_legacy_message_is_found_call_by_call() -> None:
+    # slot 0 was answered before the ledger: only slot 1 is written, and the
+    # message is no re-record candidate (its slots have a gap)
+    s = adopted(BOB, {**SEND, "id": "call_2"}, answered=("call_1",))
+    with pytest.raises(InvalidInput, match="unanswered"):
+        s.record([BOB, {**SEND, "id": "call_2"}], seen=[])
+    s.recover()
+    found = s.find({**SEND, "id": "call_2"})
+    assert found is not None and found.call.position == (1, 1)
+    assert found.next is Next.AWAIT_APPROVAL  # its approval was not in the old inbox
+
+
+def test_result_value_decodes_json_and_keeps_text() -> None:
+    s = Session.open(MemoryStore(), "s1", {"t": "idempotent"})
+    calls = [{"id": str(i), "name": "t", "arguments": {"i": i}} for i in range(3)]
+    statuses = s.record(calls, seen=[])
+    assert all(st.next is Next.AWAIT_APPROVAL for st in statuses)
+    with pytest.raises(InvalidInput, match="no result"):
+        statuses[0].result_value()
+    keys = [s.approve(st.key).key for st in statuses]
+    assert s.execute(keys[0], lambda a: {"sent": True}).result_value() == {"sent": True}
+    assert s.execute(keys[1], lambda a: "plain text").result_value() == "plain text"
+
+    def refused(a: object) -> None:
+        raise NotApplied("the server said no")
+
+    failed = s.execute(keys[2], refused).result_value()
+    assert failed["error_type"] == "NotApplied" and "said no" in failed["error"]
