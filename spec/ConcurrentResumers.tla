@@ -706,7 +706,7 @@ Witness_HaltedBesideSender ==
 \* The call's result is an error although its effect was applied (the
 \* idempotent exception of ResultFidelity: the attempt still in flight
 \* when its policy retry was rejected).
-Witness_ErrorBesideEffect ==
+Witness_ErrorResultBesideEffect ==
     ~(res = "error" /\ applied >= 1)
 
 =============================================================================
