@@ -130,7 +130,7 @@ TypeOK ==
     /\ staleCommits \in Nat /\ refusals \subseteq {"cas", "epoch"}
     /\ staleDropped \in BOOLEAN
     /\ knownOutcome \in BOOLEAN /\ sentAfterOutcome \in Nat
-    /\ droppedAfterOutcome \in BOOLEAN /\ staleViewCommits \in Nat
+    /\ droppedAfterOutcome \in BOOLEAN /\ staleViewCommits \in BOOLEAN
 
 FirstAuth == IF NeedsApproval THEN "approval" ELSE "auto"
 
@@ -162,7 +162,7 @@ Init ==
     /\ humanRetries = 0 /\ crashes = 0
     /\ staleCommits = 0 /\ refusals = {} /\ staleDropped = FALSE
     /\ knownOutcome = FALSE /\ sentAfterOutcome = 0
-    /\ droppedAfterOutcome = FALSE /\ staleViewCommits = 0
+    /\ droppedAfterOutcome = FALSE /\ staleViewCommits = FALSE
 
 (***************************************************************************)
 (* The recovery decision, restated from DurableToolExecution (the call is  *)
@@ -225,8 +225,7 @@ Commit(p, r, s, rows) ==
     /\ view' = [view EXCEPT ![p] = [ver |-> ver + 1, rec |-> r, res |-> s,
                                     audit |-> view[p].audit \cup rows]]
     /\ staleCommits' = IF Current(p) THEN staleCommits ELSE staleCommits + 1
-    /\ staleViewCommits' = IF ViewIsCurrent(p) THEN staleViewCommits
-                           ELSE staleViewCommits + 1
+    /\ staleViewCommits' = (staleViewCommits \/ ~ViewIsCurrent(p))
     /\ knownOutcome' = (knownOutcome \/ r.status \in Outcomes)
     /\ UNCHANGED <<epoch, held>>
 
@@ -660,7 +659,7 @@ AuditComplete ==
 (* that missed the first.  The compare-and-set on the session's version    *)
 (* keeps it; one on the call's record does not (twin CASOnRecord).         *)
 NoCommitOnStaleView ==
-    staleViewCommits = 0
+    ~staleViewCommits
 
 (***************************************************************************)
 (* WITNESSES: negated antecedents; each must be violated on a must-pass    *)
