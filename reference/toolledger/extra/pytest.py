@@ -50,6 +50,7 @@ explicitly with ``pytest -p toolledger.extra.pytest``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import threading
@@ -97,6 +98,7 @@ MARKER: Final = "connector_contract"
 """``@pytest.mark.connector_contract(tool, *, retention_window=None)``."""
 
 _SPEC: Final = "spec/DurableToolExecution.tla"
+_CONCURRENT_SPEC: Final = "spec/ConcurrentResumers.tla"  # the stale-epoch drop
 _DOCS: Final = "docs/protocol.md#assumptions"
 
 # --------------------------------------------------------------------------
@@ -299,7 +301,8 @@ class _Run:
         ob = self.ob
         raise ObligationViolated(
             f"connector broke obligation {ob.id}\n"
-            f"  promise ({ob.action}, {_SPEC}): {ob.promise}\n"
+            f"  promise ({ob.action}, {_CONCURRENT_SPEC if ob.epoch_aware else _SPEC}): "
+            f"{ob.promise}\n"
             f"  observed: {what}\n"
             f"  depends on it: {ob.invariant} (see {_DOCS})"
         )
@@ -657,6 +660,7 @@ def _older_epoch_refused(r: _Run) -> None:
     tools = {r.c.name: r.tool}
     key = r.record(r.session(store, sid))
     stale = Session.open(store, sid, tools, take_session=True, clock=r.now)
+    stale.recover()  # a resumed session decides first: execute (nothing dispatched yet)
     owner_epoch: int | None = None
     n: int | None = None
     try:
@@ -665,10 +669,8 @@ def _older_epoch_refused(r: _Run) -> None:
             owner = Session.open(store, sid, tools, take_session=True, clock=r.now,
                                  announce_epoch=announce)
             owner_epoch = owner.epoch
-            try:  # the stale worker's request leaves only now
+            with contextlib.suppress(Exception):  # the stale worker's request leaves only now
                 r.c.call(attempt)
-            except Exception:  # noqa: BLE001 - any refusal will do; the effect is what counts
-                pass
             n = r.effects(key)
             attempt.done(None)
     except StaleState:
@@ -682,7 +684,7 @@ def _older_epoch_refused(r: _Run) -> None:
     fresh = r.attempt(key, attempt.attempt + 1, owner_epoch)
     try:
         r.c.call(fresh)
-    except Exception as exc:  # noqa: BLE001 - reported below
+    except Exception as exc:
         r.fail(f"the new owner's own request (epoch {owner_epoch}) raised "
                f"{type(exc).__name__}: {exc}; only OLDER epochs are refused")
     n = r.effects(key)
