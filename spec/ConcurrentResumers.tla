@@ -275,7 +275,7 @@ Refusable(e) == EpochAware /\ e < extEpoch
 
 \* The process that took the session makes its epoch known to the external
 \* side before it decides anything (docs/protocol.md#concurrent-resumers):
-\* the connector's announcement (Tool.take_epoch in the Python seam), a
+\* the connector's announcement (Session.open's announce_epoch hook), a
 \* request of its own, not a durable write.  From then on an epoch-aware
 \* connector refuses every request of an older epoch, so a worker declared
 \* dead between its dispatched commit and its send can no longer reach the
