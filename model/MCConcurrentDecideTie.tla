@@ -37,7 +37,8 @@ CR == INSTANCE ConcurrentResumers WITH
         rec <- 0, res <- 0, ver <- 0, epoch <- 0, audit <- 0, pc <- 0, view <- 0, held <- 0,
         inflight <- 0, fenced <- 0, extEpoch <- 0, applied <- 0, sent <- 0,
         invocations <- 0, humanRetries <- 0, crashes <- 0, staleCommits <- 0,
-        refusals <- 0, staleDropped <- 0
+        refusals <- 0, staleDropped <- 0, knownOutcome <- 0, sentAfterOutcome <- 0,
+        droppedAfterOutcome <- 0, staleViewCommits <- 0
 
 \* The restated decision (the twin's cfg overrides this name).
 CRDecide(i) == CR!Decide(i)

@@ -15,4 +15,8 @@ MCMaxEpoch == 2
 (* the counterexample is the race on the recovery decision, not the       *)
 (* simpler double first dispatch (which ResumeWithoutCASApproval shows).  *)
 DispatchedSpec == Init /\ rec.status = "dispatched" /\ [][Next]_vars
+
+(* EpochOnQueryOnly twin: the old rule, the epoch reaches the external     *)
+(* side only with a request or a reconcile query (EpochOnTake = FALSE).    *)
+MCEpochOnTakeOff == FALSE
 =============================================================================

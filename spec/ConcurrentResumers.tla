@@ -81,7 +81,7 @@ NoView == [ver |-> 0, rec |-> NoRecord, res |-> "none", audit |-> {}]
 \* Process locations (the main spec's stages, plus the connector's answer
 \* held in memory before it is committed, and "halted": the process holds
 \* a call in recovery_required, which only a human moves on).
-PCs == {"idle", "resume", "live", "retry", "dispatched", "waiting", "got_ok",
+PCs == {"idle", "taken", "resume", "live", "retry", "dispatched", "waiting", "got_ok",
         "got_fail", "recorded", "rec_applied", "rec_not_applied",
         "rec_unknown", "reconciling", "halted"}
 
@@ -90,16 +90,20 @@ VARIABLES
     pc, view, held,              \* volatile, per process
     inflight, fenced, extEpoch,  \* external
     applied, sent, invocations, humanRetries, crashes,
-    staleCommits, refusals, staleDropped   \* ghosts
+    staleCommits, refusals, staleDropped,
+    knownOutcome, sentAfterOutcome, droppedAfterOutcome,
+    staleViewCommits                       \* ghosts
 
 durable == <<rec, res, ver, epoch, audit>>
 volatile == <<pc, view, held>>
 external == <<inflight, fenced, extEpoch>>
 ghosts == <<applied, sent, invocations, humanRetries, crashes,
-            staleCommits, refusals, staleDropped>>
+            staleCommits, refusals, staleDropped, knownOutcome, sentAfterOutcome,
+                   droppedAfterOutcome, staleViewCommits>>
 vars == <<rec, res, ver, epoch, audit, pc, view, held, inflight, fenced, extEpoch,
           applied, sent, invocations, humanRetries, crashes, staleCommits,
-          refusals, staleDropped>>
+          refusals, staleDropped, knownOutcome, sentAfterOutcome,
+                   droppedAfterOutcome, staleViewCommits>>
 
 Records == [status : Statuses, attempt : 0..MaxAttempts, auth : Auths,
             result : ResKinds]
@@ -125,6 +129,8 @@ TypeOK ==
     /\ humanRetries \in 0..MaxAttempts /\ crashes \in 0..MaxCrashes
     /\ staleCommits \in Nat /\ refusals \subseteq {"cas", "epoch"}
     /\ staleDropped \in BOOLEAN
+    /\ knownOutcome \in BOOLEAN /\ sentAfterOutcome \in Nat
+    /\ droppedAfterOutcome \in BOOLEAN /\ staleViewCommits \in BOOLEAN
 
 FirstAuth == IF NeedsApproval THEN "approval" ELSE "auto"
 
@@ -155,6 +161,8 @@ Init ==
     /\ fenced = 0 /\ extEpoch = 0
     /\ humanRetries = 0 /\ crashes = 0
     /\ staleCommits = 0 /\ refusals = {} /\ staleDropped = FALSE
+    /\ knownOutcome = FALSE /\ sentAfterOutcome = 0
+    /\ droppedAfterOutcome = FALSE /\ staleViewCommits = FALSE
 
 (***************************************************************************)
 (* The recovery decision, restated from DurableToolExecution (the call is  *)
@@ -193,14 +201,32 @@ DecisionFor(p) == Decide(InputsOf(view[p]))
 (* write of what the process computed from its (possibly stale) view.      *)
 (***************************************************************************)
 Current(p) == held[p] = epoch
-CanCommit(p) == (UseCAS => view[p].ver = ver) /\ (UseLease => Current(p))
+\* What the compare-and-set compares: the session's version, which EVERY
+\* commit bumps, an audit-only one included (the stores compare the call's
+\* whole CallView: result, record, approval and audit keys).  The twin
+\* CASOnRecord compares the call's record and result only, so a commit
+\* that only added audit rows since the process read goes unnoticed.
+CASHolds(p) == view[p].ver = ver
+CASOnRecordHolds(p) == view[p].rec = rec /\ view[p].res = res
+CAS(p) == CASHolds(p)   \* the twin's cfg overrides this name
+CanCommit(p) == (UseCAS => CAS(p)) /\ (UseLease => Current(p))
+\* The process decided on exactly what the store holds (NoCommitOnStaleView).
+ViewIsCurrent(p) ==
+    view[p].rec = rec /\ view[p].res = res /\ view[p].audit = audit
+
+Outcomes == {"succeeded", "failed", "abandoned"}
+\* A commit step that writes nothing (an empty CommitPlan, below).
+NoCommit == UNCHANGED <<rec, res, ver, epoch, audit, view, held, staleCommits,
+                        knownOutcome, staleViewCommits>>
 
 Commit(p, r, s, rows) ==
     /\ CanCommit(p)
     /\ rec' = r /\ res' = s /\ ver' = ver + 1 /\ audit' = audit \cup rows
     /\ view' = [view EXCEPT ![p] = [ver |-> ver + 1, rec |-> r, res |-> s,
-                                    audit |-> audit \cup rows]]
+                                    audit |-> view[p].audit \cup rows]]
     /\ staleCommits' = IF Current(p) THEN staleCommits ELSE staleCommits + 1
+    /\ staleViewCommits' = (staleViewCommits \/ ~ViewIsCurrent(p))
+    /\ knownOutcome' = (knownOutcome \/ r.status \in Outcomes)
     /\ UNCHANGED <<epoch, held>>
 
 \* A commit that would change nothing the process knows of (the record as
@@ -230,15 +256,38 @@ Refused(p) ==
     /\ held' = [held EXCEPT ![p] = 0]
     /\ refusals' = refusals \cup
                      {r \in {"cas", "epoch"} :
-                        IF r = "cas" THEN UseCAS /\ view[p].ver # ver
+                        IF r = "cas" THEN UseCAS /\ ~CAS(p)
                                      ELSE UseLease /\ ~Current(p)}
     /\ UNCHANGED durable /\ UNCHANGED external
     /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
-                   staleCommits, staleDropped>>
+                   staleCommits, staleDropped, knownOutcome, sentAfterOutcome,
+                   droppedAfterOutcome, staleViewCommits>>
 
 (***************************************************************************)
 (* Actions of process p.                                                   *)
 (***************************************************************************)
+\* The external side learns process p's epoch (an epoch-aware connector
+\* keeps the newest it has seen).
+SeeEpoch(p) == extEpoch' = IF EpochAware /\ held[p] > extEpoch THEN held[p] ELSE extEpoch
+\* A request of epoch e can no longer reach the tool: the connector has
+\* seen a newer epoch (extEpoch only grows) and will refuse it.
+Refusable(e) == EpochAware /\ e < extEpoch
+
+\* The process that took the session makes its epoch known to the external
+\* side before it decides anything (docs/protocol.md#concurrent-resumers):
+\* the connector's announcement (Session.open's announce_epoch hook), a
+\* request of its own, not a durable write.  From then on an epoch-aware
+\* connector refuses every request of an older epoch, so a worker declared
+\* dead between its dispatched commit and its send can no longer reach the
+\* tool once this process or its human resolved the call.  Every later
+\* request (InvokeAdapter, ReconcileQuery) carries the epoch too.  The twin
+\* EpochOnQueryOnly is the old rule (EpochOnTake = FALSE): the epoch reaches
+\* the external side only with a request or a reconcile query, and a human
+\* resolving a halted call sends neither.
+EpochOnTake == TRUE
+\* A connector without epochs has nothing to announce to: no step.
+Announces == EpochAware /\ EpochOnTake
+
 \* Take the session and read it: bump the lease epoch (the takeover is not
 \* conditioned on anything: the previous holder may be declared dead while
 \* it still runs, and a resume path may fire when nothing is left to do)
@@ -248,8 +297,16 @@ TakeSession(p) ==
     /\ epoch' = epoch + 1
     /\ held' = [held EXCEPT ![p] = epoch + 1]
     /\ view' = [view EXCEPT ![p] = [ver |-> ver, rec |-> rec, res |-> res, audit |-> audit]]
-    /\ pc' = [pc EXCEPT ![p] = "resume"]
+    /\ pc' = [pc EXCEPT ![p] = IF Announces THEN "taken" ELSE "resume"]
     /\ UNCHANGED <<rec, res, ver, audit>> /\ UNCHANGED external /\ UNCHANGED ghosts
+
+\* The process that took the session announces its epoch (above).
+AnnounceEpoch(p) ==
+    /\ pc[p] = "taken"
+    /\ SeeEpoch(p)
+    /\ pc' = [pc EXCEPT ![p] = "resume"]
+    /\ UNCHANGED durable /\ UNCHANGED <<view, held, inflight, fenced>>
+    /\ UNCHANGED ghosts
 
 StageAfter(d) ==
     CASE d = "skip" -> "idle"
@@ -268,11 +325,12 @@ Recover(p) ==
     /\ pc[p] = "resume"
     /\ pc' = [pc EXCEPT ![p] = StageAfter(d)]
     /\ IF d = "skip" \/ Empty(p, RecoverRecord(p), RecoverRows(p))
-       THEN UNCHANGED <<rec, res, ver, epoch, audit, view, held, staleCommits>>
+       THEN NoCommit
        ELSE Commit(p, RecoverRecord(p), view[p].res, RecoverRows(p))
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
-                   refusals, staleDropped>>
+                   refusals, staleDropped, sentAfterOutcome,
+                   droppedAfterOutcome>>
 
 \* dispatched(attempt n) is made durable before the adapter is invoked.
 PersistDispatched(p) ==
@@ -284,7 +342,8 @@ PersistDispatched(p) ==
     /\ pc' = [pc EXCEPT ![p] = "dispatched"]
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
-                   refusals, staleDropped>>
+                   refusals, staleDropped, sentAfterOutcome,
+                   droppedAfterOutcome>>
 
 \* The adapter is invoked with the execution id, the attempt and the epoch
 \* the process holds.  Sending is not a durable write: a process that lost
@@ -295,10 +354,12 @@ InvokeAdapter(p) ==
     /\ inflight' = inflight \cup {<<n, held[p], p>>}
     /\ sent' = [sent EXCEPT ![n] = @ + 1]
     /\ invocations' = invocations \cup {<<n, view[p].rec.auth, p, held[p]>>}
+    /\ sentAfterOutcome' = IF knownOutcome /\ ~Refusable(held[p])
+                          THEN sentAfterOutcome + 1 ELSE sentAfterOutcome
     /\ pc' = [pc EXCEPT ![p] = "waiting"]
     /\ UNCHANGED durable /\ UNCHANGED <<view, held, fenced, extEpoch>>
     /\ UNCHANGED <<applied, humanRetries, crashes, staleCommits, refusals,
-                   staleDropped>>
+                   staleDropped, knownOutcome, droppedAfterOutcome, staleViewCommits>>
 
 RecordSucceeded(p) ==
     /\ pc[p] = "got_ok"
@@ -307,7 +368,8 @@ RecordSucceeded(p) ==
     /\ pc' = [pc EXCEPT ![p] = "recorded"]
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
-                   refusals, staleDropped>>
+                   refusals, staleDropped, sentAfterOutcome,
+                   droppedAfterOutcome>>
 
 RecordFailed(p) ==
     /\ pc[p] = "got_fail"
@@ -316,7 +378,8 @@ RecordFailed(p) ==
     /\ pc' = [pc EXCEPT ![p] = "recorded"]
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
-                   refusals, staleDropped>>
+                   refusals, staleDropped, sentAfterOutcome,
+                   droppedAfterOutcome>>
 
 \* The result is appended to the conversation (the same store, so the same
 \* check) and the process is done with the call.
@@ -326,7 +389,8 @@ AppendResult(p) ==
     /\ pc' = [pc EXCEPT ![p] = "idle"]
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
-                   refusals, staleDropped>>
+                   refusals, staleDropped, sentAfterOutcome,
+                   droppedAfterOutcome>>
 
 \* The live process gives up waiting and re-decides on what it knows.
 Timeout(p) ==
@@ -338,7 +402,6 @@ Timeout(p) ==
 \* The connector's query: one atomic step at the external system, which
 \* fences the attempts so far when it answers "not applied".  It carries
 \* the process's epoch too.
-SeeEpoch(p) == extEpoch' = IF EpochAware /\ held[p] > extEpoch THEN held[p] ELSE extEpoch
 
 ReconcileQuery(p) ==
     LET n == view[p].rec.attempt IN
@@ -361,7 +424,7 @@ ReconcileCommit(p) ==
           /\ pc' = [pc EXCEPT ![p] = "recorded"]
        \/ /\ pc[p] = "rec_not_applied"
           /\ IF Empty(p, view[p].rec, NotAppliedRows(p))
-             THEN UNCHANGED <<rec, res, ver, epoch, audit, view, held, staleCommits>>
+             THEN NoCommit
              ELSE Commit(p, view[p].rec, view[p].res, NotAppliedRows(p))
           /\ pc' = [pc EXCEPT ![p] = "retry"]
        \/ /\ pc[p] = "rec_unknown"
@@ -370,7 +433,8 @@ ReconcileCommit(p) ==
           /\ pc' = [pc EXCEPT ![p] = "halted"]
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
-                   refusals, staleDropped>>
+                   refusals, staleDropped, sentAfterOutcome,
+                   droppedAfterOutcome>>
 
 \* A human resolves the halted call through the process that shows it
 \* (an inbox resolution is one of the resume paths).
@@ -381,7 +445,8 @@ HumanResolveApplied(p) ==
     /\ pc' = [pc EXCEPT ![p] = "recorded"]
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
-                   refusals, staleDropped>>
+                   refusals, staleDropped, sentAfterOutcome,
+                   droppedAfterOutcome>>
 
 HumanResolveRetry(p) ==
     LET n == view[p].rec.attempt + 1 IN
@@ -392,7 +457,8 @@ HumanResolveRetry(p) ==
     /\ humanRetries' = humanRetries + 1
     /\ pc' = [pc EXCEPT ![p] = "dispatched"]
     /\ UNCHANGED external
-    /\ UNCHANGED <<applied, sent, invocations, crashes, refusals, staleDropped>>
+    /\ UNCHANGED <<applied, sent, invocations, crashes, refusals, staleDropped,
+                   sentAfterOutcome, droppedAfterOutcome>>
 
 HumanResolveAbandon(p) ==
     /\ pc[p] = "halted" /\ view[p].rec.status = "recovery_required"
@@ -401,7 +467,8 @@ HumanResolveAbandon(p) ==
     /\ pc' = [pc EXCEPT ![p] = "recorded"]
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
-                   refusals, staleDropped>>
+                   refusals, staleDropped, sentAfterOutcome,
+                   droppedAfterOutcome>>
 
 \* Process p dies: its volatile state is lost; its requests stay in flight.
 \* It may start again (TakeSession).  A process declared dead while it
@@ -414,14 +481,15 @@ Crash(p) ==
     /\ held' = [held EXCEPT ![p] = 0]
     /\ UNCHANGED durable /\ UNCHANGED external
     /\ UNCHANGED <<applied, sent, invocations, humanRetries, staleCommits,
-                   refusals, staleDropped>>
+                   refusals, staleDropped, knownOutcome, sentAfterOutcome,
+                   droppedAfterOutcome, staleViewCommits>>
 
 (***************************************************************************)
 (* The external system processes request r = <<attempt, epoch, sender>>.  *)
 (* An answer reaches the sender only if it still waits for that attempt.  *)
 (***************************************************************************)
 Fenced(r) == r[1] <= fenced
-StaleEpoch(r) == EpochAware /\ r[2] < extEpoch
+StaleEpoch(r) == Refusable(r[2])
 \* The answer of request r reaches its sender while it waits for that
 \* attempt, or late (after a time-out) while it still holds the record at
 \* that attempt with no outcome (the main spec's HoldsUnanswered): about to
@@ -446,14 +514,16 @@ ExternalApply(r) ==
     /\ Answer(r, "got_ok")
     /\ UNCHANGED durable /\ UNCHANGED <<view, held, fenced>>
     /\ UNCHANGED <<sent, invocations, humanRetries, crashes, staleCommits,
-                   refusals, staleDropped>>
+                   refusals, staleDropped, knownOutcome, sentAfterOutcome,
+                   droppedAfterOutcome, staleViewCommits>>
 
 ExternalApplyLoseAnswer(r) ==
     /\ r \in inflight /\ ~Fenced(r) /\ ~StaleEpoch(r)
     /\ inflight' = inflight \ {r} /\ Apply /\ See(r)
     /\ UNCHANGED durable /\ UNCHANGED volatile /\ UNCHANGED fenced
     /\ UNCHANGED <<sent, invocations, humanRetries, crashes, staleCommits,
-                   refusals, staleDropped>>
+                   refusals, staleDropped, knownOutcome, sentAfterOutcome,
+                   droppedAfterOutcome, staleViewCommits>>
 
 \* A definite failure, known not applied (an idempotent system that already
 \* applied the execution answers with that result instead).
@@ -471,13 +541,17 @@ ExternalDrop(r) ==
     /\ r \in inflight /\ (Fenced(r) \/ StaleEpoch(r))
     /\ inflight' = inflight \ {r}
     /\ staleDropped' = (staleDropped \/ (StaleEpoch(r) /\ ~Fenced(r)))
+    /\ droppedAfterOutcome' = (droppedAfterOutcome \/
+                                (StaleEpoch(r) /\ ~Fenced(r) /\ knownOutcome))
     /\ UNCHANGED durable /\ UNCHANGED volatile /\ UNCHANGED <<fenced, extEpoch>>
     /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
-                   staleCommits, refusals>>
+                   staleCommits, refusals, knownOutcome, sentAfterOutcome,
+                   staleViewCommits>>
 
 \* Each action is its own disjunct, so that TLC labels trace steps with it.
 Next ==
     \/ \E p \in Procs : TakeSession(p)
+    \/ \E p \in Procs : AnnounceEpoch(p)
     \/ \E p \in Procs : Recover(p)
     \/ \E p \in Procs : PersistDispatched(p)
     \/ \E p \in Procs : InvokeAdapter(p)
@@ -532,6 +606,61 @@ ApprovalSingleUse ==
 StaleWorkerNeverCommits ==
     staleCommits = 0
 
+(* NoReinvokeAfterKnownOutcome: once a succeeded, failed or abandoned     *)
+(* outcome was durable (the ghost knownOutcome), no request of the call    *)
+(* that can still reach the tool is sent, and no process holds one that is *)
+(* about to be sent.  With several processes, "reach the tool" is the only *)
+(* reading that a protocol can keep: a worker declared dead between its    *)
+(* dispatched commit and its send cannot be stopped from sending; what     *)
+(* makes it harmless is that its request can no longer be applied (an     *)
+(* epoch-aware connector has seen a newer epoch: Refusable), or that it    *)
+(* cannot commit the dispatch of a retry (CanCommit, which never becomes   *)
+(* TRUE again once FALSE).  With one process this is the main spec's       *)
+(* invariant word for word.                                                *)
+CanStillInvoke(p) ==
+    \/ pc[p] = "dispatched" /\ ~Refusable(held[p])
+    \/ pc[p] = "retry" /\ CanCommit(p)
+NoReinvokeAfterKnownOutcome ==
+    /\ sentAfterOutcome = 0
+    /\ knownOutcome => \A p \in Procs : ~CanStillInvoke(p)
+
+(* ResultFidelity: the result in the conversation says what happened: ok *)
+(* only if the effect was applied; error (the last attempt definitely     *)
+(* failed) beside an effect only from an attempt a human chose to retry,   *)
+(* or, for an idempotent tool, the one attempt still in flight when its    *)
+(* policy retry was rejected; human and abandoned are a human's word.      *)
+(* (The main spec's clauses on the execution id and the arguments have    *)
+(* nothing to say of one call with one id and fixed arguments.)           *)
+ResultFidelity ==
+    /\ res = "ok" => applied >= 1
+    /\ res = "error" =>
+          applied <= humanRetries + (IF Pol = "idempotent" THEN 1 ELSE 0)
+
+(* RecoveryRequiredHalts: while the call is in recovery_required no        *)
+(* process holds anything that could invoke it: a process about to commit  *)
+(* a dispatch cannot (CanCommit), and a request about to be sent cannot   *)
+(* reach the tool (CanStillInvoke); only a human, or the attempt's own    *)
+(* late answer, moves the call on.                                         *)
+RecoveryRequiredHalts ==
+    rec.status = "recovery_required" =>
+        \A p \in Procs : ~CanStillInvoke(p) /\ (pc[p] = "live" => ~CanCommit(p))
+
+(* AuditComplete: every invocation has its dispatch row.  (Every decision *)
+(* and connector answer is committed with its row, so the main spec's     *)
+(* second clause holds by construction here.)                              *)
+AuditComplete ==
+    \A i \in invocations : <<"dispatch", i[1]>> \in audit
+
+(* NoCommitOnStaleView: every commit was decided on exactly what the store *)
+(* held when it committed: the record, the result and the audit keys (the  *)
+(* stores' CallView).  A commit that only adds an audit row (a recovery    *)
+(* decision, a connector's "not applied") is no exception, or two          *)
+(* processes each record a decision for one attempt, the second on a view  *)
+(* that missed the first.  The compare-and-set on the session's version    *)
+(* keeps it; one on the call's record does not (twin CASOnRecord).         *)
+NoCommitOnStaleView ==
+    ~staleViewCommits
+
 (***************************************************************************)
 (* WITNESSES: negated antecedents; each must be violated on a must-pass    *)
 (* model (model/manifest.toml, antecedent_of).                             *)
@@ -558,5 +687,25 @@ Witness_StaleWorkerRefused ==
 \* epoch and was dropped (the epoch travels with the request).
 Witness_StaleRequestDropped ==
     ~staleDropped
+
+\* A stale worker's request, sent after the call's outcome was durable, was
+\* refused by the epoch-aware connector because the process that took the
+\* session made its epoch known (NoReinvokeAfterKnownOutcome: the refusal
+\* is what keeps it, AnnounceEpoch).
+Witness_StaleRequestRefusedAfterOutcome ==
+    ~droppedAfterOutcome
+
+\* The call waits for a human while another process is about to commit a
+\* dispatch or to send (RecoveryRequiredHalts: what the compare-and-set,
+\* the lease and the announced epoch make harmless).
+Witness_HaltedBesideSender ==
+    ~(rec.status = "recovery_required" /\
+      \E p \in Procs : pc[p] \in {"live", "retry", "dispatched"})
+
+\* The call's result is an error although its effect was applied (the
+\* idempotent exception of ResultFidelity: the attempt still in flight
+\* when its policy retry was rejected).
+Witness_ErrorResultBesideEffect ==
+    ~(res = "error" /\ applied >= 1)
 
 =============================================================================

@@ -82,6 +82,12 @@ class Recorder:
             Ledger(handle, SID, take_session=True) if self.lease else Ledger(handle, SID)
         )
         self.record("TakeSession", i)
+        # the engine's epoch-aware connector is told the new epoch before the
+        # engine decides anything (Session.open's announce_epoch; the spec's
+        # AnnounceEpoch): nothing durable changes.  Without the lease there is
+        # no epoch (Attempt.epoch is None): the replay's connector knows none.
+        if self.lease:
+            self.record("AnnounceEpoch", i)
 
     def attempt(self, ledger: Ledger) -> int:
         call = ledger.state.call(POS)
@@ -154,6 +160,7 @@ class Recorder:
 _ACTIONS = """
 Do(s) ==
     CASE s.act = "TakeSession" -> TakeSession(s.p)
+      [] s.act = "AnnounceEpoch" -> AnnounceEpoch(s.p)
       [] s.act = "Recover" -> Recover(s.p)
       [] s.act = "PersistDispatched" -> PersistDispatched(s.p)
       [] s.act = "InvokeAdapter" -> InvokeAdapter(s.p)
@@ -203,7 +210,7 @@ def replay(traces: list[list[Step]], tmp: Path, *, lease: bool) -> Outcome:
         '    Procs = {"p1", "p2"}\n    Pol = "idempotent"\n    NeedsApproval = FALSE\n'
         "    MaxAttempts = 3\n    MaxCrashes = 0\n    MaxEpoch = 20\n"
         f"    UseCAS = TRUE\n    UseLease = {'TRUE' if lease else 'FALSE'}\n"
-        "    EpochAware = TRUE\n"
+        f"    EpochAware = {'TRUE' if lease else 'FALSE'}\n"
         "SPECIFICATION TSpec\nINVARIANTS\n    TypeOK\n"
     )
     result = run_tlc(

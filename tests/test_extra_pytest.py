@@ -9,7 +9,9 @@ connector developer writes theirs (``CONTRACT``): the reference connectors of
 - dedup without retention (a payments system that forgets keys long before the
   declared window);
 - query-then-fence (a reconcile connector that reads the status, then fences);
-- unknown answered as not applied (time-outs and resets raised as NotApplied).
+- unknown answered as not applied (time-outs and resets raised as NotApplied);
+- epoch-blind (a payments client that never sends the session owner's lease
+  epoch, so a stale worker's request lands after a new owner announced its own).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ import pytest
 from toolledger import Tool
 from toolledger.extra.pytest import Connector
 from toolledger.kit.connectors import (
-    EmailClient, EmailServer, PaymentsClient, PaymentsFake,
+    EmailClient, EmailServer, EpochBlindPaymentsClient, PaymentsClient, PaymentsFake,
     QueryThenFencePaymentsClient, UnknownAsNotAppliedEmailClient,
 )
 
@@ -90,7 +92,8 @@ def email_unknown_as_not_applied():
 def payments_connector(tmp_path, client_type=PaymentsClient, retention_window=None):
     fake = PaymentsFake(tmp_path / "payments.sqlite3", retention_window=retention_window)
     client = client_type(fake)
-    return Connector(call=client.charge, reconcile=client.reconcile, sandbox=fake)
+    return Connector(call=client.charge, reconcile=client.reconcile, sandbox=fake,
+                     announce_epoch=client.announce_epoch)
 
 
 @pytest.fixture
@@ -106,6 +109,16 @@ def payments_short_retention(tmp_path):
 @pytest.fixture
 def payments_query_then_fence(tmp_path):
     return payments_connector(tmp_path, QueryThenFencePaymentsClient)
+
+
+@pytest.fixture
+def payments_epochs(tmp_path):
+    return payments_connector(tmp_path)
+
+
+@pytest.fixture
+def payments_epoch_blind(tmp_path):
+    return payments_connector(tmp_path, EpochBlindPaymentsClient)
 
 
 @pytest.mark.connector_contract(EMAIL)
@@ -146,6 +159,16 @@ def test_payments_reconcile(obligation, payments):
 @pytest.mark.connector_contract(Tool(policy="reconcile"))
 def test_payments_query_then_fence(obligation, payments_query_then_fence):
     obligation.check(payments_query_then_fence)
+
+
+@pytest.mark.connector_contract(Tool(policy="manual"), epoch_aware=True)
+def test_payments_epochs(obligation, payments_epochs):
+    obligation.check(payments_epochs)
+
+
+@pytest.mark.connector_contract(Tool(policy="manual"), epoch_aware=True)
+def test_payments_epoch_blind(obligation, payments_epoch_blind):
+    obligation.check(payments_epoch_blind)
 '''
 
 # Which obligations each connector must fail (the rest of its suite passes).
@@ -154,6 +177,10 @@ EXPECTED_FAILURES: dict[str, set[str]] = {
     "test_email_manual": set(),
     "test_payments": set(),
     "test_payments_reconcile": set(),
+    "test_payments_epochs": set(),
+    "test_payments_epoch_blind": {
+        "ExternalDrop-older_epoch_refused-NoReinvokeAfterKnownOutcome",
+    },
     "test_email_no_dedup": {
         "ExternalApply-duplicate_applies_once-AtMostOnceEffect",
         "ExternalApplyLoseAnswer-retry_applies_once-AtMostOnceEffect",
@@ -178,6 +205,7 @@ MANUAL = {ob.id for ob in obligations_for(Tool(policy="manual"))}
 IDEMPOTENT = {ob.id for ob in obligations_for(Tool(policy="idempotent"))}
 WINDOWED = {ob.id for ob in obligations_for(Tool(policy="idempotent"), 0.25)}
 RECONCILE = {ob.id for ob in obligations_for(Tool(policy="reconcile"))}
+EPOCHS = {ob.id for ob in obligations_for(Tool(policy="manual"), epoch_aware=True)}
 SUITE = {
     "test_email": IDEMPOTENT,
     "test_email_manual": MANUAL,
@@ -187,6 +215,8 @@ SUITE = {
     "test_payments_short_retention": WINDOWED,
     "test_payments_reconcile": RECONCILE,
     "test_payments_query_then_fence": RECONCILE,
+    "test_payments_epochs": EPOCHS,
+    "test_payments_epoch_blind": EPOCHS,
 }
 
 
@@ -270,17 +300,23 @@ def test_collect_only_lists_obligation_named_tests(pytester: pytest.Pytester) ->
     assert "test_email[ExternalExpireKey" not in out  # no window declared: no expiry
     assert "test_payments_reconcile[ExternalDropFenced-query_and_fence_atomic" in out
     assert "test_email[ExternalDropFenced" not in out  # idempotent: no fence obligations
+    assert "test_payments_epochs[ExternalDrop-older_epoch_refused" in out
+    assert "test_email[ExternalDrop-older_epoch" not in out  # not declared epoch_aware
     assert f"{sum(len(s) for s in SUITE.values())} tests collected" in out
 
 
 def test_every_spec_external_action_has_obligations() -> None:
     actions = {ob.action for ob in OBLIGATIONS}
     assert actions == {"ExternalApply", "ExternalApplyLoseAnswer", "ExternalRejectDefinite",
-                       "ExternalDropFenced", "ExternalExpireKey"}
+                       "ExternalDropFenced", "ExternalExpireKey", "ExternalDrop"}
     with open(os.path.join(os.path.dirname(__file__), "..", "spec",
                            "DurableToolExecution.tla"), encoding="utf-8") as f:
         spec = f.read()
-    for action in actions:  # every action named is the spec's
+    with open(os.path.join(os.path.dirname(__file__), "..", "spec",
+                           "ConcurrentResumers.tla"), encoding="utf-8") as f:
+        concurrent = f.read()  # the stale-epoch drop is the concurrent spec's
+    assert "ExternalDrop(r) ==" in concurrent
+    for action in actions - {"ExternalDrop"}:  # every action named is the spec's
         assert f"{action}(e) ==" in spec, action
     for invariant in {ob.invariant for ob in OBLIGATIONS}:
         assert f"\n{invariant} ==" in spec, invariant

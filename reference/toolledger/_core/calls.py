@@ -172,6 +172,12 @@ class CallRef:
 
     ``key`` is the execution id: stable across restarts, the key of the
     call's inbox item, and (for ``idempotent`` tools) the idempotency key.
+    ``epoch`` is the lease epoch of the session's owner (``None`` without a
+    lease), so that the reconcile query (``ask(call, attempt)``) and the
+    epoch announcement (``Session.open(..., announce_epoch=...)``) carry it
+    as ``Attempt.epoch`` does for the tool body: an epoch-aware connector
+    refuses a request of an older epoch than one it has seen
+    (docs/protocol.md#concurrent-resumers).
     """
 
     key: str
@@ -181,6 +187,7 @@ class CallRef:
     arguments: Mapping[str, Any]
     policy: RecoveryPolicy
     requires_approval: bool
+    epoch: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -189,6 +189,9 @@ from .tools import (
     WasApplied,
 )
 
+# A record a stale worker may still hold a request of (Session.open's announce_epoch).
+_UNANSWERED: Final = frozenset({LedgerStatus.DISPATCHED, LedgerStatus.RECOVERY_REQUIRED})
+
 __all__ = [
     "Attempt",
     "CallBusy",
@@ -274,6 +277,7 @@ class Session(LedgerGuard):
         take_session: bool = False,
         clock: Callable[[], float] = time.time,
         lazy_create: bool = False,
+        announce_epoch: Callable[[CallRef, int], object] | None = None,
     ) -> Session:
         """The session ``session_id`` of ``store``, created if it does not exist.
 
@@ -292,7 +296,25 @@ class Session(LedgerGuard):
         ``clock`` (seconds since the epoch) is what the ledger records as a
         call's first dispatch and compares with a tool's ``retention_window``:
         a test moves it instead of waiting the window out.
+
+        ``announce_epoch(call, epoch)`` (with ``take_session=True``): the
+        worker that took the session makes its epoch known to the external
+        side BEFORE it decides anything (the spec's ``AnnounceEpoch``): it is
+        called once for every protected call of the session without a result
+        whose record is dispatched or halted for a human, so that an
+        epoch-aware connector refuses the request of a worker declared dead
+        between its dispatched commit and its send, even when this worker
+        (or its human) resolves the call without sending anything
+        (docs/protocol.md#concurrent-resumers).  An exception from it
+        propagates: the session is not returned, nothing but the lease was
+        written, and opening again announces again.
         """
+        if announce_epoch is not None and not (take_session and callable(announce_epoch)):
+            raise InvalidInput(
+                "announce_epoch(call, epoch) needs take_session=True (there is no epoch to "
+                f"announce without the lease) and must be callable, got {announce_epoch!r}; "
+                "nothing was written"
+            )
         declared = declared_tools(tools)
         try:
             ledger = Ledger(store, session_id, take_session=take_session, clock=clock)
@@ -313,7 +335,23 @@ class Session(LedgerGuard):
                 if legacy:
                     write_legacy(ledger, legacy)
                     ledger = Ledger(store, session_id, clock=clock)
-        return cls(ledger, declared)
+        session = cls(ledger, declared)
+        if announce_epoch is not None and ledger.epoch is not None:
+            session._announce_epoch(announce_epoch, ledger.epoch)
+        return session
+
+    @property
+    def epoch(self) -> int | None:
+        """The lease epoch this session's ledger took (``None``: ``take_session=False``)."""
+        return self._ledger.epoch
+
+    def _announce_epoch(self, announce: Callable[[CallRef, int], object], epoch: int) -> None:
+        """``announce(call, epoch)`` for every call a stale worker may still send (open)."""
+        state = self._ledger.state
+        for c in state.calls:
+            if (c.tool.protected and c.result is None
+                    and state.record(c.execution_id).status in _UNANSWERED):
+                announce(self._ref(c), epoch)
 
     @classmethod
     def adopt(
@@ -1548,7 +1586,8 @@ class Session(LedgerGuard):
         if args is None:
             raise InvalidInput(f"the arguments of call {c.execution_id} are not stored")
         return CallRef(c.execution_id, c.tool_call_id, c.tool.name, c.position,
-                       MappingProxyType(args), c.tool.policy, c.tool.requires_approval)
+                       MappingProxyType(args), c.tool.policy, c.tool.requires_approval,
+                       self._ledger.epoch)
 
     def _status_now(self, c: CallState) -> CallStatus:
         st = self._ledger.state

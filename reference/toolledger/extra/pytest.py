@@ -50,6 +50,7 @@ explicitly with ``pytest -p toolledger.extra.pytest``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import threading
@@ -75,6 +76,7 @@ from toolledger import (
     Outcome,
     RecoveryPolicy,
     Session,
+    StaleState,
     Tool,
     WasApplied,
 )
@@ -96,6 +98,7 @@ MARKER: Final = "connector_contract"
 """``@pytest.mark.connector_contract(tool, *, retention_window=None)``."""
 
 _SPEC: Final = "spec/DurableToolExecution.tla"
+_CONCURRENT_SPEC: Final = "spec/ConcurrentResumers.tla"  # the stale-epoch drop
 _DOCS: Final = "docs/protocol.md#assumptions"
 
 # --------------------------------------------------------------------------
@@ -152,6 +155,9 @@ class Connector:
     call: Callable[[Attempt], object]
     sandbox: Sandbox
     reconcile: Callable[[CallRef, int], object] | None = None
+    announce_epoch: Callable[[CallRef, int], object] | None = None
+    """``Session.open(..., announce_epoch=...)``'s hook: the new owner of a session
+    makes its lease epoch known (an epoch-aware connector, ``epoch_aware=True``)."""
     arguments: Mapping[str, Any] = field(default_factory=lambda: {"amount": 1})
     name: str = "connector"
 
@@ -159,6 +165,9 @@ class Connector:
         if not callable(self.call):
             raise InvalidInput(f"Connector(call=...) must be the tool body, a callable taking "
                                f"a toolledger.Attempt; got {self.call!r}")
+        if self.announce_epoch is not None and not callable(self.announce_epoch):
+            raise InvalidInput(f"Connector(announce_epoch=...) must be announce(call, epoch) "
+                               f"or None; got {self.announce_epoch!r}")
         if self.reconcile is not None and not callable(self.reconcile):
             raise InvalidInput(f"Connector(reconcile=...) must be ask(call, attempt) or None; "
                                f"got {self.reconcile!r}")
@@ -220,6 +229,8 @@ class Obligation:
     policies: frozenset[RecoveryPolicy]
     run: Callable[[_Run], None] = field(repr=False, compare=False)
     windowed: bool = False
+    epoch_aware: bool = False
+    """Generated only when the connector declares it knows lease epochs."""
     tool: Tool | None = field(default=None, compare=False)
     """The tool's declaration, from the marker (generated tests) or :meth:`bind`."""
     retention_window: float | None = field(default=None, compare=False)
@@ -290,7 +301,8 @@ class _Run:
         ob = self.ob
         raise ObligationViolated(
             f"connector broke obligation {ob.id}\n"
-            f"  promise ({ob.action}, {_SPEC}): {ob.promise}\n"
+            f"  promise ({ob.action}, {_CONCURRENT_SPEC if ob.epoch_aware else _SPEC}): "
+            f"{ob.promise}\n"
             f"  observed: {what}\n"
             f"  depends on it: {ob.invariant} (see {_DOCS})"
         )
@@ -315,11 +327,12 @@ class _Run:
         [st] = s.record(1, [call])
         return st.key
 
-    def attempt(self, key: str, n: int) -> Attempt:
+    def attempt(self, key: str, n: int, epoch: int | None = None) -> Attempt:
         """Attempt n of execution ``key`` as the Session would hand it to the tool."""
         ref = CallRef(key, "call_0", self.c.name, (1, 0),
-                      MappingProxyType(dict(self.c.arguments)), self.policy, False)
-        return Attempt(ref, n, key if self.policy is RecoveryPolicy.IDEMPOTENT else None)
+                      MappingProxyType(dict(self.c.arguments)), self.policy, False, epoch)
+        return Attempt(ref, n, key if self.policy is RecoveryPolicy.IDEMPOTENT else None,
+                       epoch)
 
     def effects(self, key: str) -> int:
         return int(self.c.sandbox.effects(key))
@@ -636,13 +649,56 @@ def _query_and_fence_atomic(r: _Run) -> None:
                  "request, one transaction) so that the retry cannot apply it twice")
 
 
+def _older_epoch_refused(r: _Run) -> None:
+    announce = r.c.announce_epoch
+    if announce is None:
+        raise InvalidInput(
+            f"obligation {r.ob.id} needs Connector(announce_epoch=...): the hook "
+            "Session.open(..., take_session=True, announce_epoch=...) calls with the new "
+            "owner's epoch (see docs/protocol.md#concurrent-resumers)")
+    store, sid = MemoryStore(), f"contract-{next(_sessions)}"
+    tools = {r.c.name: r.tool}
+    key = r.record(r.session(store, sid))
+    stale = Session.open(store, sid, tools, take_session=True, clock=r.now)
+    stale.recover()  # a resumed session decides first: execute (nothing dispatched yet)
+    owner_epoch: int | None = None
+    n: int | None = None
+    try:
+        with stale.dispatch(key) as attempt:  # dispatched is durable under the stale epoch
+            # the worker is declared dead here; the new owner takes the session
+            owner = Session.open(store, sid, tools, take_session=True, clock=r.now,
+                                 announce_epoch=announce)
+            owner_epoch = owner.epoch
+            with contextlib.suppress(Exception):  # the stale worker's request leaves only now
+                r.c.call(attempt)
+            n = r.effects(key)
+            attempt.done(None)
+    except StaleState:
+        pass  # the stale worker's record of its outcome is refused: the lease
+    r.expect(n == 0,
+             f"a request of epoch {attempt.epoch}, sent after the session's new owner "
+             f"announced epoch {owner_epoch}, was applied: {n} effect(s). An epoch-aware "
+             "connector must refuse a request of an older epoch than one it has seen: this "
+             "one may land after a human resolved the call")
+    assert owner_epoch is not None
+    fresh = r.attempt(key, attempt.attempt + 1, owner_epoch)
+    try:
+        r.c.call(fresh)
+    except Exception as exc:
+        r.fail(f"the new owner's own request (epoch {owner_epoch}) raised "
+               f"{type(exc).__name__}: {exc}; only OLDER epochs are refused")
+    n = r.effects(key)
+    r.expect(n == 1, f"{n} effect(s) after the new owner's request of epoch {owner_epoch}, "
+                     "expected 1: only older epochs are refused")
+
+
 # -- the catalogue --------------------------------------------------------------------
 
 
 def _ob(action: str, name: str, invariant: str, promise: str,
         policies: frozenset[RecoveryPolicy], run: Callable[[_Run], None],
-        windowed: bool = False) -> Obligation:
-    return Obligation(action, name, invariant, promise, policies, run, windowed)
+        windowed: bool = False, epoch_aware: bool = False) -> Obligation:
+    return Obligation(action, name, invariant, promise, policies, run, windowed, epoch_aware)
 
 
 OBLIGATIONS: Final[tuple[Obligation, ...]] = (
@@ -695,14 +751,22 @@ OBLIGATIONS: Final[tuple[Obligation, ...]] = (
         "the status query and the fence are one atomic step: a late original cannot "
         "land between them",
         _RECONCILE, _query_and_fence_atomic),
+    _ob("ExternalDrop", "older_epoch_refused", "NoReinvokeAfterKnownOutcome",
+        "once the session's new owner announced its lease epoch, a request of an older "
+        "epoch (a worker declared dead that still sends) is refused, nothing applied; the "
+        "owner's own request applies",
+        _PROTECTED, _older_epoch_refused, epoch_aware=True),
 )
 
 
-def obligations_for(tool: Tool, retention_window: float | None = None) -> list[Obligation]:
-    """The obligations of a tool declared ``tool`` (with its key-retention window)."""
+def obligations_for(tool: Tool, retention_window: float | None = None, *,
+                    epoch_aware: bool = False) -> list[Obligation]:
+    """The obligations of a tool declared ``tool`` (with its key-retention window,
+    and with a connector that knows the session owner's lease epoch)."""
     policy = RecoveryPolicy(tool.policy)
     return [ob for ob in OBLIGATIONS
-            if policy in ob.policies and (retention_window is not None or not ob.windowed)]
+            if policy in ob.policies and (retention_window is not None or not ob.windowed)
+            and (epoch_aware or not ob.epoch_aware)]
 
 
 def obligations_table() -> str:
@@ -713,6 +777,8 @@ def obligations_table() -> str:
         policies = ", ".join(p.value for p in RecoveryPolicy if p in ob.policies)
         if ob.windowed:
             policies += " with a `retention_window`"
+        if ob.epoch_aware:
+            policies += " with `epoch_aware=True`"
         rows.append(f"| `{ob.id}` | {policies} | {ob.promise} |")
     return "\n".join(rows)
 
@@ -733,17 +799,22 @@ def _err(error: str | None) -> str:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MARKER}(tool, *, retention_window=None): generate one test per connector "
+        f"{MARKER}(tool, *, retention_window=None, epoch_aware=False): generate one "
+        "test per connector "
         "obligation of the tool's policy (parametrizes 'obligation'; "
         "toolledger.extra.pytest)",
     )
 
 
-def _declaration(marker: pytest.Mark, where: str) -> tuple[Tool, float | None]:
+def _declaration(marker: pytest.Mark, where: str) -> tuple[Tool, float | None, bool]:
     args: Sequence[Any] = marker.args
     kwargs = dict(marker.kwargs)
     tool = args[0] if args else kwargs.pop("tool", None)
     window = kwargs.pop("retention_window", None)
+    epoch_aware = kwargs.pop("epoch_aware", False)
+    if not isinstance(epoch_aware, bool):
+        raise pytest.UsageError(f"{where}: epoch_aware must be True or False (the connector "
+                                f"refuses requests of an older lease epoch), got {epoch_aware!r}")
     usage = (f"@pytest.mark.{MARKER}(Tool(policy='idempotent'), retention_window=None) on "
              f"{where}")
     if isinstance(tool, str):
@@ -763,7 +834,7 @@ def _declaration(marker: pytest.Mark, where: str) -> tuple[Tool, float | None]:
     if window is not None and RecoveryPolicy(tool.policy) is not RecoveryPolicy.IDEMPOTENT:
         raise pytest.UsageError(f"{where}: retention_window is the idempotency key's; the "
                                 f"tool's policy is {RecoveryPolicy(tool.policy).value!r}")
-    return tool, None if window is None else float(window)
+    return tool, None if window is None else float(window), epoch_aware
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -775,8 +846,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         raise pytest.UsageError(f"{where} is marked {MARKER} but takes no 'obligation' "
                                 "argument: def test_x(obligation, connector): "
                                 "obligation.check(connector)")
-    tool, window = _declaration(marker, where)
-    obs = [ob.bind(tool, window) for ob in obligations_for(tool, window)]
+    tool, window, epoch_aware = _declaration(marker, where)
+    obs = [ob.bind(tool, window) for ob in obligations_for(tool, window, epoch_aware=epoch_aware)]
     metafunc.parametrize("obligation", obs, ids=[ob.id for ob in obs])
 
 

@@ -16,7 +16,8 @@ failing exactly the obligations it breaks):
   ``idempotent`` or a ``reconcile`` tool.  Broken: a fake whose real retention
   is shorter than the declared window (dedup without retention), and
   :class:`QueryThenFencePaymentsClient` (reads the status, then fences: a late
-  original can land between the two).
+  original can land between the two), and :class:`EpochBlindPaymentsClient`
+  (never sends the session owner's epoch: a stale worker's request lands).
 
 Both sandboxes implement :class:`toolledger.extra.pytest.Sandbox`; the payments
 fake also has the optional ``deliver_late_on_next_query`` and ``advance``.
@@ -41,6 +42,7 @@ from toolledger.extra.pytest import Fault, ManualClock
 __all__ = [
     "EmailClient",
     "EmailServer",
+    "EpochBlindPaymentsClient",
     "PaymentDeclined",
     "PaymentsClient",
     "PaymentsFake",
@@ -244,6 +246,8 @@ CREATE TABLE IF NOT EXISTS keys (
     key TEXT PRIMARY KEY, result TEXT NOT NULL, stored_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS fences (
     execution_id TEXT PRIMARY KEY, up_to INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS epochs (
+    execution_id TEXT PRIMARY KEY, newest INTEGER NOT NULL);
 """
 
 
@@ -253,6 +257,7 @@ class _Charge:
     attempt: int
     key: str | None
     amount: int
+    epoch: int | None = None
 
 
 class PaymentsFake:
@@ -266,6 +271,11 @@ class PaymentsFake:
     - ``reconcile`` is the atomic status-and-fence query (one transaction);
       ``status`` and ``fence`` are the two halves, for a connector that does not
       have the atomic one.
+    - Epochs (the session owner's lease epoch, ``Attempt.epoch``): every
+      request may carry one, and ``see_epoch`` announces one; the fake keeps
+      the newest it has seen per execution and refuses (a typed refusal,
+      nothing applied) a charge of an older epoch, a held one landing late
+      included (the spec's ``ExternalDrop`` of a stale epoch).
     - The clock is injectable (:class:`~toolledger.extra.pytest.ManualClock`).
     """
 
@@ -300,11 +310,12 @@ class PaymentsFake:
 
     # -- the wire -------------------------------------------------------------
 
-    def charge(self, execution_id: str, attempt: int, key: str | None, amount: int) -> str:
+    def charge(self, execution_id: str, attempt: int, key: str | None, amount: int,
+               epoch: int | None = None) -> str:
         """One charge request; raises like a network client would."""
         with self._lock:
             fault = self._faults.pop(0) if self._faults else None
-        req = _Charge(execution_id, attempt, key, amount)
+        req = _Charge(execution_id, attempt, key, amount, epoch)
         if fault is Fault.REJECT:
             raise PaymentDeclined("card declined")
         if fault is Fault.HOLD:
@@ -313,7 +324,8 @@ class PaymentsFake:
             raise TimeoutError("the payments API did not answer in time")
         result = self._apply(req)
         if result is None:
-            raise PaymentDeclined(f"attempt {attempt} of {execution_id} is fenced")
+            raise PaymentDeclined(f"attempt {attempt} of {execution_id} (epoch {epoch}) is "
+                                  "fenced or of an older epoch than one seen")
         if fault is Fault.RESET_AFTER_APPLY:
             raise ConnectionResetError("connection reset by peer")
         if fault is Fault.TIMEOUT_AFTER_APPLY:
@@ -330,6 +342,8 @@ class PaymentsFake:
                              (r.execution_id,)).fetchone()
             if row is not None and r.attempt <= row[0]:
                 return None  # ExternalDropFenced
+            if r.epoch is not None and not self._see(db, r.execution_id, r.epoch):
+                return None  # ExternalDrop: a stale worker's request
             if r.key is not None:
                 row = db.execute("SELECT result FROM keys WHERE key = ?", (r.key,)).fetchone()
                 if row is not None:
@@ -342,10 +356,29 @@ class PaymentsFake:
                 db.execute("INSERT INTO keys VALUES (?, ?, ?)", (r.key, result, now))
             return result
 
-    def reconcile(self, execution_id: str, attempt: int) -> str | None:
-        """Atomically: the result of ``execution_id`` if applied, else fence attempts
-        ``<= attempt`` and answer None (one transaction)."""
+    @staticmethod
+    def _see(db: sqlite3.Connection, execution_id: str, epoch: int) -> bool:
+        """Keep the newest epoch of ``execution_id``; False: ``epoch`` is older."""
+        row = db.execute("SELECT newest FROM epochs WHERE execution_id = ?",
+                         (execution_id,)).fetchone()
+        if row is not None and epoch < row[0]:
+            return False
+        db.execute("INSERT INTO epochs VALUES (?, ?) ON CONFLICT(execution_id) DO "
+                   "UPDATE SET newest = MAX(newest, excluded.newest)", (execution_id, epoch))
+        return True
+
+    def see_epoch(self, execution_id: str, epoch: int) -> None:
+        """The session's new owner announces its epoch for ``execution_id``."""
         with self._tx() as db:
+            self._see(db, execution_id, epoch)
+
+    def reconcile(self, execution_id: str, attempt: int, epoch: int | None = None) -> str | None:
+        """Atomically: the result of ``execution_id`` if applied, else fence attempts
+        ``<= attempt`` and answer None (one transaction).  ``epoch``: the asker's,
+        kept if newer (the query carries it as every request does)."""
+        with self._tx() as db:
+            if epoch is not None:
+                self._see(db, execution_id, epoch)
             row = db.execute("SELECT result FROM payments WHERE execution_id = ? ORDER BY n",
                              (execution_id,)).fetchone()
             if row is None:
@@ -405,23 +438,40 @@ class PaymentsClient:
     """The adapter of :class:`PaymentsFake`: ``charge`` (the tool body) and ``reconcile``.
 
     ``idempotent``: sends the attempt's idempotency key; ``reconcile``: asks the
-    fake's atomic status-and-fence query.  A declined charge is
+    fake's atomic status-and-fence query.  Every request carries the session
+    owner's epoch (``Attempt.epoch``, ``CallRef.epoch``), and
+    ``announce_epoch`` is ``Session.open``'s hook.  A declined charge is
     :class:`~toolledger.NotApplied`; time-outs and resets propagate (unknown).
     """
 
     fake: PaymentsFake
 
+    def _epoch(self, epoch: int | None) -> int | None:
+        return epoch
+
     def charge(self, a: Attempt) -> str:
         a.sending()
         try:
             return self.fake.charge(a.execution_id, a.attempt, a.idempotency_key,
-                                    int(a.arguments.get("amount", 1)))
+                                    int(a.arguments.get("amount", 1)), self._epoch(a.epoch))
         except PaymentDeclined as exc:
             raise NotApplied(str(exc)) from exc
 
     def reconcile(self, call: CallRef, attempt: int) -> WasApplied | NotAppliedFenced:
-        result = self.fake.reconcile(call.key, attempt)
+        result = self.fake.reconcile(call.key, attempt, self._epoch(call.epoch))
         return NotAppliedFenced() if result is None else WasApplied(result)
+
+    def announce_epoch(self, call: CallRef, epoch: int) -> None:
+        """``Session.open(..., announce_epoch=client.announce_epoch)``."""
+        if self._epoch(epoch) is not None:
+            self.fake.see_epoch(call.key, epoch)
+
+
+class EpochBlindPaymentsClient(PaymentsClient):
+    """BROKEN: never sends the epoch, so a stale worker's request is applied."""
+
+    def _epoch(self, epoch: int | None) -> int | None:
+        return None
 
 
 class QueryThenFencePaymentsClient(PaymentsClient):
