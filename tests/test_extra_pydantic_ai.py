@@ -826,7 +826,9 @@ def test_denied_and_refused_calls_with_reused_ids_are_told_apart(tmp_path: Path)
                           deferred_tool_results=retry.build_results(
                               approve_all=True, metadata=retry.metadata))
     assert done.output == "done: ['sent']" and attempts == ["ada", "ada"]
-    assert [r.kind for r in ts.session(CONV).audit()] == ["dispatch"] * 2
+    # the denial, then two approvals, each before its dispatch
+    assert [r.kind for r in ts.session(CONV).audit()] == [
+        "rejected", "approved", "dispatch", "approved", "dispatch"]
 
 
 def test_a_voided_approval_does_not_linger(tmp_path: Path) -> None:
