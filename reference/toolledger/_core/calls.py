@@ -13,9 +13,8 @@ every name here.
 
 from __future__ import annotations
 
-import math
-
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum

@@ -148,8 +148,8 @@ from .calls import (
     Tool,
     _error_text,
     _result_text,
+    check_ttl,
 )
-from .calls import check_ttl
 from .commit_plan import attributed_note, check_expiry
 from .ledger import (
     APPROVAL_EXPIRED,
@@ -1118,7 +1118,10 @@ class Session(LedgerGuard):
     def _answer(self, key: str, *, approve: bool, by: str | None, note: str,
                 expires_at: float | None) -> CallStatus:
         verb = "approved" if approve else "rejected"
-        text = attributed_note(note or f"{verb} by a human", by)  # checks by and note
+        if not isinstance(note, str):
+            raise InvalidInput(f"note must be a string, got {type(note).__name__}; nothing "
+                               "was written")
+        text = attributed_note(note or f"{verb} by a human", by)  # checks by
         if expires_at is not None:
             expires_at = check_expiry(expires_at)
         with self._usable():
