@@ -78,6 +78,7 @@ def test_who_approved_and_who_rejected_are_durable_rows(tmp_path: Path) -> None:
         s.reject(b.key, by="carol")
         s.execute(a.key, mailer(sent))
     with SqliteStore(db) as store:  # reopened: what a later process reads
+        store.verify()  # the full check (verify-store) accepts the approval rows
         got = {(r.execution_id, r.kind): r for r in store.audit("s1")}
         approved, rejected = got[(a.key, "approved")], got[(b.key, "rejected")]
         assert (approved.by, approved.human_note, approved.authorization) == (
