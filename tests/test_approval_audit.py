@@ -177,6 +177,11 @@ def test_expiry_survives_a_restart_and_is_decided_by_the_process_that_dispatches
     with pytest.raises(InvalidInput, match="approval expired"):
         late.execute(st.key, mailer(sent))
     assert sent == [] and opened(store, clock).recover()[0].next is Next.AWAIT_APPROVAL
+    # approved again right after a restart (the call not recovered yet): its recovery
+    # decision and the new approval are one commit, and the call runs on the new one
+    again = opened(store, clock)
+    assert again.approve(st.key, by="carol").next is Next.EXECUTE
+    assert again.execute(st.key, mailer(sent)).next is Next.RESULT and sent == ["ada"]
 
 
 def test_rejecting_an_expired_approval_cancels_the_call() -> None:

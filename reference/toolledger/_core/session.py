@@ -264,9 +264,9 @@ class Session(LedgerGuard):
         super().__init__(ledger, observe)  # the ledger, the lock, the guarded steps
         self._tools = declared_tools(tools)
         self._approval_ttl = check_ttl(approval_ttl, "approval_ttl")
-        # execution id -> when its latest approval expires (None: never), read from
-        # its "approved" audit row once (approve() fills it; a restart reads the audit)
-        self._expiry: dict[str, float | None] = {}
+        # (execution id, approval round) -> when that approval expires (None: never),
+        # from its "approved" audit row (approve() fills it; a restart reads the audit)
+        self._expiry: dict[tuple[str, int], float | None] = {}
         self._running: set[str] = set()  # keys whose tool body runs now
         # execute_many: (key, next key) while key runs; its success commit may
         # carry next key's dispatched (see execute_many)
@@ -1155,7 +1155,7 @@ class Session(LedgerGuard):
                     content = {c.position: _DENIED}
             self._step_many(events, result_content=content, voids=[row])
             if approve:
-                self._expiry[c.execution_id] = expires_at
+                self._expiry[(c.execution_id, n)] = expires_at
             return self._status_now(self._find(key))
 
     def _expired(self, c: CallState) -> bool:
@@ -1170,11 +1170,11 @@ class Session(LedgerGuard):
         n = approval_round(st, c.execution_id)
         if n == 0:  # approved without a row (a legacy approval, an older store): no expiry
             return False
-        if c.execution_id not in self._expiry:  # given by another process, or before a restart
-            for row in self._ledger.audit():
+        if (c.execution_id, n) not in self._expiry:  # given by another process, or before
+            for row in self._ledger.audit():            # a restart: read once
                 if row.kind == APPROVED:
-                    self._expiry[row.execution_id] = row.expires_at
-        at = self._expiry.get(c.execution_id)
+                    self._expiry[(row.execution_id, row.attempt)] = row.expires_at
+        at = self._expiry.get((c.execution_id, n))
         now = self._ledger.now()
         if at is None or now < at:
             return False
