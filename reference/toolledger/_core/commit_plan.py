@@ -99,8 +99,11 @@ class AuditRow:
     a recovery decision (``"reconstruct"``, ``"retry_same_id"``,
     ``"reconcile"``, ``"recovery_required"``, ``"execute"``), a reconcile
     outcome (``"reconcile_applied"``, ``"reconcile_not_applied"``,
-    ``"reconcile_unknown"``) or a human resolution (``"human_applied"``,
-    ``"human_retry"``, ``"human_abandon"``); ``recovery_decision`` is the
+    ``"reconcile_unknown"``), a human resolution (``"human_applied"``,
+    ``"human_retry"``, ``"human_abandon"``), or one of the facade's rows with no
+    spec action: ``"superseded"``, ``"same_call"``, an approval's ``"approved"``,
+    ``"rejected"``, ``"approval_expired"`` (``attempt``: the approval's round;
+    docs/protocol.md#approvals-that-expire); ``recovery_decision`` is the
     recovery decision the row belongs to (``None`` for a first, live
     attempt); ``inputs`` is a JSON object, for decisions
     :meth:`~toolledger._core.protocol.RecoveryInputs.as_dict`.
