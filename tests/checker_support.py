@@ -9,13 +9,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, cast
 
 from toolledger._core import protocol as p
+from toolledger._core.stores import Store
 from toolledger.check.system import CallConfig, ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -328,3 +331,31 @@ class MailApi:
         assert key is not None and key.startswith("tlx"), key  # the ledger filled it in
         self.sent.setdefault(key, (to, body))
         return f"sent to {to}"
+
+
+class Watched:
+    """A store that notes the thread of every call, and may hold a call in it: the
+    async tests' probe that no store I/O runs on the event loop's thread."""
+
+    def __init__(self, store: Store) -> None:
+        self.inner = store
+        self.threads: list[tuple[str, int]] = []
+        self.hold: Callable[[str, tuple[Any, ...]], None] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.threads.append((name, threading.get_ident()))
+            if self.hold is not None:
+                self.hold(name, args)
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def watched(store: Store) -> tuple[Watched, Store]:
+    w = Watched(store)
+    return w, cast(Store, w)

@@ -49,13 +49,13 @@ def test_other_arguments_are_refused_before_anything_is_written() -> None:
     assert "'subject'" in msg and "approved and recorded" in msg
     assert "nothing was written or run" in msg and "have that one approved" in msg
     assert sent == [] and store.commits == commits
-    assert [row.kind for row in s.audit()] == [] and s.status(key).next is Next.EXECUTE
+    assert [row.kind for row in s.audit()] == ["approved"] and s.status(key).next is Next.EXECUTE
     with pytest.raises(InvalidInput, match="'cc'"), s.dispatch(key, arguments={**ARGS, "cc": "x"}):
         raise AssertionError("the body must not run")  # pragma: no cover
     assert store.commits == commits
     # the recorded arguments (given or not) run, once
     assert s.execute(key, send, arguments=dict(ARGS)).next is Next.RESULT
-    assert sent == [ARGS] and [row.kind for row in s.audit()] == ["dispatch"]
+    assert sent == [ARGS] and [row.kind for row in s.audit()] == ["approved", "dispatch"]
 
 
 @pytest.mark.parametrize("bad", [["to"], {"to": object()}])

@@ -38,6 +38,7 @@ from typing import Any, cast
 
 import pytest
 
+from checker_support import Watched, watched
 from pg_cluster import PgCluster
 from toolledger import (
     AsyncSession,
@@ -107,33 +108,6 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     yield b
     for store in b.opened:
         store.close()
-
-
-class Watched:
-    """A store that notes the thread of every call, and may hold a call in it."""
-
-    def __init__(self, store: Store) -> None:
-        self.inner = store
-        self.threads: list[tuple[str, int]] = []
-        self.hold: Callable[[str, tuple[Any, ...]], None] | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.inner, name)
-        if not callable(attr):
-            return attr
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            self.threads.append((name, threading.get_ident()))
-            if self.hold is not None:
-                self.hold(name, args)
-            return attr(*args, **kwargs)
-
-        return call
-
-
-def watched(store: Store) -> tuple[Watched, Store]:
-    w = Watched(store)
-    return w, cast(Store, w)
 
 
 def counts(store: Store) -> tuple[int, int]:

@@ -240,7 +240,8 @@ def test_the_engines_stop_cancels_the_calls_not_dispatched_yet() -> None:
     assert email.effects() == 1  # the e-mail only: the charge was never sent
     statuses = [m.get("status") for m in engine.messages if m.get("role") == "tool"]
     assert statuses == ["ok", "cancelled"]
-    assert [r.kind for r in engine.ledger.audit()] == ["dispatch", "human_cancel"]
+    # the e-mail's approval (the scripted human names nobody) before its dispatch
+    assert [r.kind for r in engine.ledger.audit()] == ["approved", "dispatch", "human_cancel"]
     # a restarted engine finds nothing to do for the cancelled call
     again = TurnEngine(session_id="s1", registry=registry, store=store,
                        conversations=conversations,

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,8 @@ from agents import Agent, FunctionTool, Runner, function_tool, set_tracing_disab
 from agents.testing import ScriptedModel, assistant_message, function_call
 from agents.tool_context import ToolContext
 
-from toolledger import MemoryStore, Next, Tool
+from checker_support import watched
+from toolledger import MemoryStore, Next, SqliteStore, Tool
 from toolledger.extra.openai_agents import CallHalted, LedgerAgents
 
 set_tracing_disabled(True)
@@ -196,3 +198,31 @@ def test_a_halted_call_interrupts_and_refuses_to_run(tmp_path: Path) -> None:
     with pytest.raises(CallHalted, match="resolve"):
         asyncio.run(invoke())
     assert sent == [] and ledger.session("c1").halted()[0].key == st.key
+
+
+def test_no_ledger_store_call_runs_on_the_event_loops_thread(tmp_path: Path) -> None:
+    """Recording, asking, approving, dispatching and recording the outcome all run off
+    the loop (the drop-in awaits its AsyncSession); the control, the drop-in's
+    synchronous ``session()`` called on the loop, is caught by the same probe."""
+    w, store = watched(SqliteStore(tmp_path / "ledger.db"))
+    ledger = LedgerAgents(store, {"send_email": "manual"})   # approval required
+    sent: list[str] = []
+    agent = _agent([[function_call("send_email", {"to": "ada"}, call_id="call_0")],
+                    [assistant_message("Sent.")]], ledger, sent)
+
+    async def main() -> tuple[int, Any, int]:
+        r = await Runner.run(agent, "Mail Ada")
+        state = r.to_state()
+        for item in state.get_interruptions():
+            state.approve(item)
+        done = await Runner.run(agent, state)
+        during = len(w.threads)
+        ledger.session("c1").audit()  # the control: a blocking read on the loop
+        return threading.get_ident(), done.final_output, during
+
+    loop_thread, output, during = asyncio.run(main())
+    assert (output, sent) == ("Sent.", ["ada"])
+    names = [name for name, _ in w.threads[:during]]
+    assert names.count("commit") >= 4, names  # record, approve, dispatched, outcome
+    assert [n for n, t in w.threads[:during] if t == loop_thread] == []
+    assert [n for n, t in w.threads[during:] if t == loop_thread] == ["audit"]

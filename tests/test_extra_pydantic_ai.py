@@ -11,10 +11,12 @@ the response, no new prompt: pydantic-ai executes its calls).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, ToolDenied
 from pydantic_ai.toolsets import FunctionToolset
 
-from checker_support import MailApi
+from checker_support import MailApi, watched
 from toolledger import NotAppliedFenced, SqliteStore, Tool, WasApplied
 from toolledger.extra.pydantic_ai import APPROVAL_KEY, RECOVERY, LedgerToolset
 
@@ -826,7 +828,9 @@ def test_denied_and_refused_calls_with_reused_ids_are_told_apart(tmp_path: Path)
                           deferred_tool_results=retry.build_results(
                               approve_all=True, metadata=retry.metadata))
     assert done.output == "done: ['sent']" and attempts == ["ada", "ada"]
-    assert [r.kind for r in ts.session(CONV).audit()] == ["dispatch"] * 2
+    # the denial, then two approvals, each before its dispatch
+    assert [r.kind for r in ts.session(CONV).audit()] == [
+        "rejected", "approved", "dispatch", "approved", "dispatch"]
 
 
 def test_a_voided_approval_does_not_linger(tmp_path: Path) -> None:
@@ -948,3 +952,38 @@ def test_a_response_lost_mid_tool_and_re_emitted_with_another_call(tmp_path: Pat
     assert "superseded" in {row.kind for row in session.audit()}
     session.resolve(halted.key, "applied")
     assert session.halted() == []
+
+
+def test_no_ledger_store_call_runs_on_the_event_loops_thread(tmp_path: Path) -> None:
+    """Recording, parking the approval, approving, dispatching and recording the
+    outcome all run off the loop (the toolset awaits its AsyncSession); the control,
+    the toolset's synchronous ``session()`` called on the loop, is caught by the same
+    probe (tests/test_async_session.py's)."""
+    outbox: list[str] = []
+
+    def send_email(to: str) -> str:
+        outbox.append(to)
+        return f"sent to {to}"
+
+    w, store = watched(SqliteStore(tmp_path / "l.db"))
+    ts = LedgerToolset(FunctionToolset([send_email]), store=store,
+                       tools={"send_email": "manual"})  # approval required
+    agent = _agent(Script([ToolCallPart("send_email", {"to": "ada"}, tool_call_id="c1")]), ts)
+
+    async def main() -> tuple[int, object, int]:
+        first = await agent.run("mail ada", conversation_id=CONV)
+        requests = first.output
+        assert isinstance(requests, DeferredToolRequests)
+        done = await agent.run(message_history=first.all_messages(),
+                               deferred_tool_results=requests.build_results(
+                                   approve_all=True, metadata=requests.metadata))
+        during = len(w.threads)
+        ts.session(CONV).audit()  # the control: a blocking read on the loop
+        return threading.get_ident(), done.output, during
+
+    loop_thread, output, during = asyncio.run(main())
+    assert (output, outbox) == ("done: ['sent to ada']", ["ada"])
+    names = [name for name, _ in w.threads[:during]]
+    assert names.count("commit") >= 4, names  # record, approve, dispatched, outcome
+    assert [n for n, t in w.threads[:during] if t == loop_thread] == []
+    assert [n for n, t in w.threads[during:] if t == loop_thread] == ["audit"]

@@ -506,7 +506,7 @@ def test_approval_is_per_call(files: Files) -> None:
     s.execute(granted.key, files.world.tool())
     assert s.reject(asked.key).result is not None
     rows = [(r.kind, r.authorization.value) for r in s.audit()]
-    assert rows == [("dispatch", "auto")]
+    assert rows == [("dispatch", "auto"), ("rejected", "human")]  # who rejected: its own row
     with pytest.raises(InvalidInput, match="one per call"):
         s.record(2, [CALL], requires_approval=[True, False])
 

@@ -24,14 +24,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ._core.calls import Next
-from ._core.ledger import RESOLUTIONS, Ledger
-from ._core.next_step import next_of, recovery_decision, recovery_events
+from ._core.commit_plan import AuditRow
+from ._core.ledger import APPROVAL_EXPIRED, APPROVED, REJECTED, RESOLUTIONS, Ledger
+from ._core.next_step import approval_withdrawn, next_of, recovery_decision, recovery_events
 from ._core.protocol import InvalidInput, apply
 from ._core.session import Session
 from ._core.state import CallState, MessageState, SessionState, Stage
@@ -86,6 +88,7 @@ class _Row:
     attempt: int
     next: Next
     why: str
+    answered: str = ""  # the latest human answer of the call in the audit, who gave it
 
 
 def _as_recovered(st: SessionState) -> SessionState:
@@ -100,6 +103,8 @@ def _as_recovered(st: SessionState) -> SessionState:
 
 def _why(st: SessionState, c: CallState, nxt: Next) -> str:
     if nxt is Next.AWAIT_APPROVAL:
+        if approval_withdrawn(st, c):
+            return "its approval expired before it was dispatched: waits for a new approval"
         return "waits for approval"
     if nxt is not Next.HALTED:
         return ""
@@ -116,9 +121,41 @@ def _why(st: SessionState, c: CallState, nxt: Next) -> str:
     return reason + "; answer with toolledger resolve"
 
 
-def _rows(store: Store, session_id: str) -> list[_Row]:
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def _answer_text(row: AuditRow) -> str:
+    """A human answer's audit row as the listing shows it: what, by whom."""
+    who = f" by {row.by}" if row.by is not None else ""
+    if row.kind == APPROVED:
+        until = f", until {_when(row.expires_at)}" if row.expires_at is not None else ""
+        return f"approved{who}{until}"
+    if row.kind == REJECTED:
+        return f"rejected{who}"
+    if row.kind == APPROVAL_EXPIRED:
+        return "approval expired"
+    if row.kind == "human_cancel":
+        return f"cancelled{who}"
+    return f"resolved {row.kind.removeprefix('human_')}{who}"
+
+
+def _answers(store: Store, session_id: str) -> dict[str, str]:
+    """Execution id -> its latest human answer in the audit (approval, rejection, expiry,
+    resolution, cancel): who approved or resolved, read from the rows' notes."""
+    out: dict[str, str] = {}
+    for row in store.audit(session_id):
+        if row.kind in (APPROVED, REJECTED, APPROVAL_EXPIRED, "human_cancel") or (
+            row.kind.startswith("human_") and row.kind.removeprefix("human_") in RESOLUTIONS
+        ):
+            out[row.execution_id] = _answer_text(row)
+    return out
+
+
+def _rows(store: Store, session_id: str, *, who: bool = False) -> list[_Row]:
     ledger = Ledger(store, session_id)
     st = _as_recovered(ledger.state)
+    answers = _answers(store, session_id) if who else {}
     out = []
     for c in st.calls:
         if c.message is not MessageState.DURABLE:
@@ -129,7 +166,8 @@ def _rows(store: Store, session_id: str) -> list[_Row]:
         if len(text) > _ARGS_SHOWN:
             text = text[: _ARGS_SHOWN - 3] + "..."
         out.append(_Row(session_id, c.execution_id, c.tool.name, text,
-                        st.record(c.execution_id).attempt, nxt, _why(st, c, nxt)))
+                        st.record(c.execution_id).attempt, nxt, _why(st, c, nxt),
+                        answers.get(c.execution_id, "")))
     return out
 
 
@@ -171,7 +209,8 @@ def _table(rows: list[_Row], *, why: bool) -> None:
     for r in rows:
         line = (f"{r.session}  {r.key}  {r.tool}  {r.arguments}  attempt {r.attempt}  "
                 f"{r.next.value}")
-        print(line + (f"  ({r.why})" if why and r.why else ""))
+        print(line + (f"  ({r.why})" if why and r.why else "")
+              + (f"  [{r.answered}]" if r.answered else ""))
 
 
 # -- halted -------------------------------------------------------------------
@@ -187,8 +226,13 @@ def configure_halted(p: argparse.ArgumentParser) -> None:
 
 def cmd_halted(args: argparse.Namespace) -> int:
     def body(store: Store) -> int:
-        waiting = [r for sid in _sessions(store, args.session) for r in _rows(store, sid)
-                   if r.next in (Next.HALTED, Next.AWAIT_APPROVAL)]
+        waiting = []
+        for sid in _sessions(store, args.session):
+            rows = [r for r in _rows(store, sid) if r.next in (Next.HALTED, Next.AWAIT_APPROVAL)]
+            if rows:  # who answered them so far: read only for a session with waiting calls
+                answers = _answers(store, sid)
+                rows = [replace(r, answered=answers.get(r.key, "")) for r in rows]
+            waiting += rows
         _table(waiting, why=True)
         halted = sum(r.next is Next.HALTED for r in waiting)
         print(f"{halted} halted, {len(waiting) - halted} waiting for approval")
@@ -212,7 +256,7 @@ def configure_status(p: argparse.ArgumentParser) -> None:
 def cmd_status(args: argparse.Namespace) -> int:
     def body(store: Store) -> int:
         if args.session is not None:
-            _table(_rows(store, _sessions(store, args.session)[0]), why=True)
+            _table(_rows(store, _sessions(store, args.session)[0], who=True), why=True)
             return 0
         for sid in _sessions(store, None):
             counts: dict[str, int] = {}

@@ -14,6 +14,7 @@ every name here.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -117,6 +118,9 @@ class Tool:
     execution's first dispatch, recovery halts the call in
     ``recovery_required`` instead of retrying with the same key
     (``RecoveryInputs.key_retained``; docs/protocol.md#assumptions).
+    ``approval_ttl``: seconds an approval of this tool's calls holds (``None``:
+    the session's ``approval_ttl``, else forever); a call not dispatched by then
+    waits for a new approval (docs/protocol.md#approvals-that-expire).
     """
 
     policy: RecoveryPolicy | str = RecoveryPolicy.MANUAL
@@ -124,6 +128,7 @@ class Tool:
     marks_send: bool = False
     classify: Classifier | None = field(default=None, compare=False)
     retention_window: float | None = None
+    approval_ttl: float | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         policy: object = self.policy
@@ -152,6 +157,7 @@ class Tool:
                 f"retention_window must be a positive number of seconds, or None when the "
                 f"external system deduplicates forever; got {window!r}"
             )
+        check_ttl(self.approval_ttl, "approval_ttl")
         if self.classify is not None and not callable(self.classify):
             raise InvalidInput(f"classify must be callable (exc, sent) -> Outcome | None, got "
                                f"{self.classify!r}")
@@ -161,6 +167,17 @@ class Tool:
         approval = self.requires_approval if requires_approval is None else requires_approval
         assert isinstance(self.policy, RecoveryPolicy) and isinstance(approval, bool)
         return ToolProfile(name, self.policy, approval, self.retention_window)
+
+
+def check_ttl(value: object, what: str) -> float | None:
+    """``value`` as an approval's time to live in seconds (positive, finite) or None."""
+    if value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value) or not value > 0):
+        raise InvalidInput(f"{what} must be a positive number of seconds an approval holds, "
+                           f"or None (it holds until the call runs); got {value!r}")
+    return float(value)
 
 
 _UNDECLARED: Final = Tool()  # a tool nobody declared: manual, approval required

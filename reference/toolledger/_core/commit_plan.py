@@ -13,6 +13,7 @@ in memory (see :mod:`toolledger._core.stores`).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
@@ -98,8 +99,11 @@ class AuditRow:
     a recovery decision (``"reconstruct"``, ``"retry_same_id"``,
     ``"reconcile"``, ``"recovery_required"``, ``"execute"``), a reconcile
     outcome (``"reconcile_applied"``, ``"reconcile_not_applied"``,
-    ``"reconcile_unknown"``) or a human resolution (``"human_applied"``,
-    ``"human_retry"``, ``"human_abandon"``); ``recovery_decision`` is the
+    ``"reconcile_unknown"``), a human resolution (``"human_applied"``,
+    ``"human_retry"``, ``"human_abandon"``), or one of the facade's rows with no
+    spec action: ``"superseded"``, ``"same_call"``, an approval's ``"approved"``,
+    ``"rejected"``, ``"approval_expired"`` (``attempt``: the approval's round;
+    docs/protocol.md#approvals-that-expire); ``recovery_decision`` is the
     recovery decision the row belongs to (``None`` for a first, live
     attempt); ``inputs`` is a JSON object, for decisions
     :meth:`~toolledger._core.protocol.RecoveryInputs.as_dict`.
@@ -171,7 +175,8 @@ class AuditRow:
 
     @property
     def by(self) -> str | None:
-        """Who gave the human answer this row records (``resolve(..., by=...)``), if named.
+        """Who gave the human answer this row records (``resolve(..., by=...)``,
+        ``approve(..., by=...)``, ``reject(..., by=...)``), if named.
 
         Kept in the ``note`` column as a structured note (:func:`attributed_note`):
         the stores' schema is unchanged, and the audit's mapping to the spec
@@ -183,35 +188,60 @@ class AuditRow:
         """``note`` without the attribution :attr:`by` (the text a human gave, or the default)."""
         return _parse_note(self.note)[1]
 
+    @property
+    def expires_at(self) -> float | None:
+        """Until when the approval this row records holds (seconds since the epoch;
+        ``approve(..., expires_at=...)`` or the session's ``approval_ttl``), if it expires.
+        In the structured note too (docs/protocol.md#approvals-that-expire)."""
+        return _parse_note(self.note)[2]
 
-def attributed_note(note: str, by: str | None) -> str:
+
+def attributed_note(note: str, by: str | None, *, expires_at: float | None = None) -> str:
     """The ``note`` of a human's audit row naming who gave it (``by``; None: nobody named).
 
-    With ``by``, the JSON object ``{"by": ..., "note": ...}``.  A plain note that
-    could be read as one (it starts with ``{``) is wrapped the same way with
-    ``"by": null``, so a note can never pass itself off as an attribution."""
+    With ``by`` (or ``expires_at``, an approval's end), the JSON object ``{"by": ...,
+    "note": ...}`` (and ``"expires_at"``).  A plain note that could be read as one
+    (it starts with ``{``) is wrapped the same way with ``"by": null``, so a note
+    can never pass itself off as an attribution."""
     if by is not None and (not isinstance(by, str) or not by.strip() or not by.isprintable()):
         raise InvalidInput(f"by must name who answered (a non-empty printable string), "
                            f"got {by!r}; nothing was written")
     if not isinstance(note, str):
         raise InvalidInput(f"note must be a string, got {type(note).__name__}")
+    if expires_at is not None:
+        expires_at = check_expiry(expires_at)
+        return json.dumps({"by": by, "expires_at": expires_at, "note": note},
+                          ensure_ascii=False, sort_keys=True)
     if by is None and not note.lstrip().startswith("{"):
         return note
     return json.dumps({"by": by, "note": note}, ensure_ascii=False, sort_keys=True)
 
 
-def _parse_note(note: str) -> tuple[str | None, str]:
+def check_expiry(value: object, what: str = "expires_at") -> float:
+    """``value`` as an expiry time (seconds since the epoch, finite), or InvalidInput."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInput(f"{what} must be a time in seconds since the epoch (a finite "
+                           f"number, as the session's clock gives), got {value!r}; nothing "
+                           "was written")
+    return float(value)
+
+
+def _parse_note(note: str) -> tuple[str | None, str, float | None]:
     if not note.lstrip().startswith("{"):
-        return None, note
+        return None, note, None
     try:
         value = json.loads(note)
     except ValueError:
-        return None, note
-    if (not isinstance(value, dict) or set(value) != {"by", "note"}
+        return None, note, None
+    if (not isinstance(value, dict) or set(value) - {"expires_at"} != {"by", "note"}
             or not isinstance(value["note"], str)
             or not (value["by"] is None or isinstance(value["by"], str))):
-        return None, note
-    return value["by"], value["note"]
+        return None, note, None
+    expires = value.get("expires_at")
+    if expires is not None and (isinstance(expires, bool)
+                                or not isinstance(expires, int | float)):
+        return None, note, None
+    return value["by"], value["note"], None if expires is None else float(expires)
 
 
 # --------------------------------------------------------------------------

@@ -105,13 +105,34 @@ from .stores import (
     working_set,
 )
 
-__all__ = ["RESOLUTIONS", "SAME_CALL", "SUPERSEDED", "Ledger", "Void"]
+__all__ = [
+    "APPROVAL_EXPIRED",
+    "APPROVAL_KINDS",
+    "APPROVED",
+    "REJECTED",
+    "RESOLUTIONS",
+    "SAME_CALL",
+    "SUPERSEDED",
+    "Ledger",
+    "Void",
+]
 
 SUPERSEDED: Final = "superseded"
 """Audit kind of a call whose response the engine's history lost and a new one replaced."""
 SAME_CALL: Final = "same_call"
 """Audit kind of a call of a re-emission that IS an earlier, dispatched call (its result
 content names that call): it is never run under its own identity."""
+APPROVED: Final = "approved"
+"""Audit kind of a human's approval (beside the spec's ``HumanApprove``): its note names
+who gave it and until when it holds (:attr:`AuditRow.by`, :attr:`AuditRow.expires_at`)."""
+REJECTED: Final = "rejected"
+"""Audit kind of a human's rejection (beside the spec's ``HumanReject``): its note names who."""
+APPROVAL_EXPIRED: Final = "approval_expired"
+"""Audit kind of an approval that expired before its call was dispatched: it authorizes
+nothing any more, the call waits for a new approval (docs/protocol.md#approvals-that-expire)."""
+APPROVAL_KINDS: Final = frozenset({APPROVED, REJECTED, APPROVAL_EXPIRED})
+"""The facade's approval rows: their ``attempt`` is the approval's round (1 for the first
+approval of a call, 2 for the one asked for after it expired, ...), not a dispatch attempt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,13 +143,16 @@ class Void:
     attempt)`` and a row saying ``note``; with ``result`` (only for a call
     never dispatched and without a result) it also gets a ``cancelled``
     result with that content, so it is settled and never runs.  ``kind`` is
-    :data:`SUPERSEDED` or :data:`SAME_CALL`.
+    :data:`SUPERSEDED` or :data:`SAME_CALL`, or one of :data:`APPROVAL_KINDS`
+    (who approved or rejected, an approval's expiry: ``attempt`` is then the
+    approval's round, and the row follows the events of its step).
     """
 
     position: CallPosition
     kind: str
     note: str
     result: str | None = None
+    attempt: int | None = None
 
 # The events that send an attempt: the record keeps the first one's time.
 _DISPATCHES: Final = frozenset({Action.EnginePersistDispatched, Action.HumanResolveRetry})
@@ -278,6 +302,11 @@ class Ledger:
         request of an older epoch than one it has already seen.
         """
         return self._epoch
+
+    def now(self) -> float:
+        """The ledger's clock (seconds since the epoch): a dispatch's time, and the
+        "now" a key's retention window and an approval's expiry are compared with."""
+        return self._clock()
 
     @property
     def session_id(self) -> str:
@@ -617,7 +646,7 @@ class Ledger:
         # response's ProviderEmitCall must find it superseded; one of a call this batch
         # persists (a same-call) comes after the events
         early = [v for v in voids or () if isinstance(v, Void)
-                 and start.call(v.position) is not None]
+                 and v.kind not in APPROVAL_KINDS and start.call(v.position) is not None]
         for void in early:
             state = self._void(state, void, rows)
         for ev in events:
@@ -729,14 +758,20 @@ class Ledger:
 
     def _void(self, state: SessionState, void: Void, rows: list[AuditRow]) -> SessionState:
         """``void`` applied to ``state`` (its audit row appended to ``rows``)."""
-        if not isinstance(void, Void) or void.kind not in (SUPERSEDED, SAME_CALL):
-            raise InvalidInput(f"expected a Void of kind superseded or same_call, got {void!r}")
+        approval = isinstance(void, Void) and void.kind in APPROVAL_KINDS
+        if not isinstance(void, Void) or not (approval or void.kind in (SUPERSEDED, SAME_CALL)):
+            raise InvalidInput(f"expected a Void of kind superseded, same_call or one of "
+                               f"{sorted(APPROVAL_KINDS)}, got {void!r}")
+        if approval != (void.attempt is not None) or (approval and void.result is not None):
+            raise InvalidInput(f"an approval row's Void carries its round (attempt) and no "
+                               f"result, any other none: got {void!r}")
         pos = _position(void.position, "a Void's position")
         c = state.call(pos)
         if c is None or c.message is not MessageState.DURABLE:
             raise InvalidInput(f"a Void names no durable call at {pos}")
         rec = state.record(c.execution_id)
-        key = (c.execution_id, void.kind, rec.attempt)
+        n = rec.attempt if void.attempt is None else void.attempt
+        key = (c.execution_id, void.kind, n)
         if key in state.audit or (void.kind == SUPERSEDED and state.superseded(c.execution_id)):
             raise ProtocolError(void.kind, pos, "the call is already marked so")
         inputs = recovery_inputs(state, c).as_dict()
@@ -747,11 +782,12 @@ class Ledger:
                                     "without a result is voided")
             res = ToolResult(ResultKind.CANCELLED, c.execution_id, c.args_digest, void.result)
             out = out._with_call(replace(c, result=res, stage=Stage.NONE))
+        human = void.kind in (APPROVED, REJECTED)
         rows.append(AuditRow(
             session_id=self._session_id, execution_id=c.execution_id,
             tool_call_id=c.tool_call_id, position=c.position, kind=void.kind,
-            attempt=rec.attempt, authorization=Authorization.NONE, recovery_decision=None,
-            inputs=inputs, note=void.note,
+            attempt=n, authorization=Authorization.HUMAN if human else Authorization.NONE,
+            recovery_decision=None, inputs=inputs, note=void.note,
         ))
         return out
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .calls import _DENIED, Next
+from .ledger import APPROVAL_EXPIRED, APPROVED, REJECTED
 from .protocol import (
     Action,
     ApprovalState,
@@ -29,16 +30,40 @@ from .protocol import (
     recovery_inputs,
 )
 
-__all__ = ["approved", "denied_contents", "next_of", "recovery_decision", "recovery_events"]
+__all__ = [
+    "approval_round",
+    "approval_withdrawn",
+    "approved",
+    "denied_contents",
+    "next_of",
+    "recovery_decision",
+    "recovery_events",
+]
 
 
 def approved(state: SessionState, c: CallState) -> bool:
     """``c`` needs no approval, or has one for exactly its arguments
-    (docs/protocol.md#approvals-bound-to-arguments)."""
+    (docs/protocol.md#approvals-bound-to-arguments) that has not expired
+    (docs/protocol.md#approvals-that-expire)."""
     return not c.tool.requires_approval or (
         state.approval(c.execution_id) is ApprovalState.APPROVED
         and state.approval_digest(c.execution_id) == c.args_digest
+        and not approval_withdrawn(state, c)
     )
+
+
+def approval_round(state: SessionState, execution_id: str) -> int:
+    """How many human answers (approved, rejected rows) the call at ``execution_id`` has
+    had: the round of its latest one (0: none recorded, e.g. a legacy approval)."""
+    return max((n for e, kind, n in state.audit
+                if e == execution_id and kind in (APPROVED, REJECTED)), default=0)
+
+
+def approval_withdrawn(state: SessionState, c: CallState) -> bool:
+    """``c``'s latest approval expired before it was dispatched (an ``approval_expired``
+    row of its round): it authorizes nothing, the call waits for a new approval."""
+    n = approval_round(state, c.execution_id)
+    return n > 0 and (c.execution_id, APPROVAL_EXPIRED, n) in state.audit
 
 
 def recovery_decision(state: SessionState, c: CallState) -> RecoveryDecision:

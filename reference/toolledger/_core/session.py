@@ -148,11 +148,23 @@ from .calls import (
     Tool,
     _error_text,
     _result_text,
+    check_ttl,
 )
-from .commit_plan import attributed_note
-from .ledger import RESOLUTIONS, SAME_CALL, SUPERSEDED, Ledger, Void
+from .commit_plan import attributed_note, check_expiry
+from .ledger import (
+    APPROVAL_EXPIRED,
+    APPROVED,
+    REJECTED,
+    RESOLUTIONS,
+    SAME_CALL,
+    SUPERSEDED,
+    Ledger,
+    Void,
+)
 from .legacy import legacy_calls, write_legacy
 from .next_step import (
+    approval_round,
+    approval_withdrawn,
     approved,
     denied_contents,
     next_of,
@@ -250,9 +262,14 @@ class Session(LedgerGuard):
         tools: Mapping[str, Tool | str] | None = None,
         *,
         observe: Callable[[Sequence[Event]], None] | None = None,
+        approval_ttl: float | None = None,
     ) -> None:
         super().__init__(ledger, observe)  # the ledger, the lock, the guarded steps
         self._tools = declared_tools(tools)
+        self._approval_ttl = check_ttl(approval_ttl, "approval_ttl")
+        # (execution id, approval round) -> when that approval expires (None: never),
+        # from its "approved" audit row (approve() fills it; a restart reads the audit)
+        self._expiry: dict[tuple[str, int], float | None] = {}
         self._running: set[str] = set()  # keys whose tool body runs now
         # execute_many: (key, next key) while key runs; its success commit may
         # carry next key's dispatched (see execute_many)
@@ -278,6 +295,7 @@ class Session(LedgerGuard):
         clock: Callable[[], float] = time.time,
         lazy_create: bool = False,
         announce_epoch: Callable[[CallRef, int], object] | None = None,
+        approval_ttl: float | None = None,
     ) -> Session:
         """The session ``session_id`` of ``store``, created if it does not exist.
 
@@ -295,7 +313,11 @@ class Session(LedgerGuard):
         session since cannot commit, and tools get the epoch (``Attempt.epoch``).
         ``clock`` (seconds since the epoch) is what the ledger records as a
         call's first dispatch and compares with a tool's ``retention_window``:
-        a test moves it instead of waiting the window out.
+        a test moves it instead of waiting the window out; it also decides whether
+        an approval has expired.  ``approval_ttl``: seconds an approval given in
+        this session holds unless its tool declares its own (``Tool.approval_ttl``)
+        or ``approve(..., expires_at=...)`` says (default: until the call runs;
+        docs/protocol.md#approvals-that-expire).
 
         ``announce_epoch(call, epoch)`` (with ``take_session=True``): the
         worker that took the session makes its epoch known to the external
@@ -316,12 +338,15 @@ class Session(LedgerGuard):
                 "nothing was written"
             )
         declared = declared_tools(tools)
+        check_ttl(approval_ttl, "approval_ttl")
         try:
             ledger = Ledger(store, session_id, take_session=take_session, clock=clock)
         except UnknownSession:
             if legacy_messages:
-                return cls.adopt(store, session_id, legacy_messages, tools,
-                                 approvals=legacy_approvals, max_attempts=max_attempts)
+                adopted = cls.adopt(store, session_id, legacy_messages, tools,
+                                    approvals=legacy_approvals, max_attempts=max_attempts)
+                adopted._approval_ttl = check_ttl(approval_ttl, "approval_ttl")
+                return adopted
             make = Ledger.new if lazy_create else Ledger.create
             ledger = make(store, session_id, max_attempts=max_attempts, clock=clock)
         else:
@@ -335,7 +360,7 @@ class Session(LedgerGuard):
                 if legacy:
                     write_legacy(ledger, legacy)
                     ledger = Ledger(store, session_id, clock=clock)
-        session = cls(ledger, declared)
+        session = cls(ledger, declared, approval_ttl=approval_ttl)
         if announce_epoch is not None and ledger.epoch is not None:
             session._announce_epoch(announce_epoch, ledger.epoch)
         return session
@@ -426,7 +451,8 @@ class Session(LedgerGuard):
         with self._usable():
             st = self._ledger.state
             return [self._ref(c) for c in st.calls if c.result is None
-                    and st.approval(c.execution_id) is ApprovalState.PENDING]
+                    and (st.approval(c.execution_id) is ApprovalState.PENDING
+                         or approval_withdrawn(st, c))]
 
     def find(
         self,
@@ -841,6 +867,8 @@ class Session(LedgerGuard):
 
     def _dispatchable(self, c: CallState) -> bool:
         """Call ``c`` can be dispatched right now (the checks of :meth:`_start`)."""
+        if self._expired(c):
+            return False
         return (c.result is None and c.execution_id not in self._running and c.tool.protected
                 and (c.stage is Stage.RETRY
                      or (c.stage is Stage.LIVE and approved(self._ledger.state, c))))
@@ -1111,32 +1139,96 @@ class Session(LedgerGuard):
 
     # -- approvals ---------------------------------------------------------------
 
-    def approve(self, key: str) -> CallStatus:
-        """A human approves the call ``key`` (the inbox item's key); it can then run."""
-        return self._answer(key, approve=True)
+    def approve(self, key: str, *, by: str | None = None, note: str = "",
+                expires_at: float | None = None) -> CallStatus:
+        """A human approves the call ``key`` (the inbox item's key); it can then run.
 
-    def reject(self, key: str) -> CallStatus:
-        """A human rejects the call ``key``: it gets a denied result, in the same transaction."""
-        return self._answer(key, approve=False)
+        The approval's audit row (kind ``approved``) names ``by``, who approved,
+        and ``note``.  ``expires_at`` (seconds since the epoch, on the session's
+        ``clock``; default: now + the tool's or the session's ``approval_ttl``,
+        else never): a call not dispatched by then is not run on this approval,
+        it waits for a new one (docs/protocol.md#approvals-that-expire).  A
+        call whose approval expired is approved again the same way.
+        """
+        return self._answer(key, approve=True, by=by, note=note, expires_at=expires_at)
 
-    def _answer(self, key: str, *, approve: bool) -> CallStatus:
+    def reject(self, key: str, *, by: str | None = None, note: str = "") -> CallStatus:
+        """A human rejects the call ``key``: it gets a denied result, in the same transaction.
+
+        The rejection's audit row (kind ``rejected``) names ``by`` and ``note``.
+        A call whose approval expired is rejected by cancelling it (the spec's
+        ``HumanCancel``: its old approval authorizes nothing): a ``cancelled``
+        result, in the same transaction."""
+        return self._answer(key, approve=False, by=by, note=note, expires_at=None)
+
+    def _answer(self, key: str, *, approve: bool, by: str | None, note: str,
+                expires_at: float | None) -> CallStatus:
+        verb = "approved" if approve else "rejected"
+        if not isinstance(note, str):
+            raise InvalidInput(f"note must be a string, got {type(note).__name__}; nothing "
+                               "was written")
+        text = attributed_note(note or f"{verb} by a human", by)  # checks by
+        if expires_at is not None:
+            expires_at = check_expiry(expires_at)
         with self._usable():
             c = self._find(key)
-            approval = self._ledger.state.approval(c.execution_id)
-            if c.result is not None or approval is not ApprovalState.PENDING:
+            st = self._ledger.state
+            approval = st.approval(c.execution_id)
+            renew = (c.result is None and approval is ApprovalState.APPROVED
+                     and approval_withdrawn(st, c))
+            if c.result is not None or not (approval is ApprovalState.PENDING or renew):
                 raise InvalidInput(
                     f"call {key} has no pending approval (approval: {approval.value}, "
                     f"result: {'yes' if c.result else 'no'}); nothing was changed"
                 )
-            events = recovery_events(self._ledger.state, c)[0] if c.stage is Stage.RESUME else []
-            events.append(Event(Action.HumanApprove if approve else Action.HumanReject,
-                                c.position))
+            if approve and expires_at is None:
+                ttl = self._tool(c.tool.name).approval_ttl or self._approval_ttl
+                expires_at = None if ttl is None else self._ledger.now() + ttl
+            n = approval_round(st, c.execution_id) + 1
+            row = Void(c.position, APPROVED if approve else REJECTED,
+                       attributed_note(note or f"{verb} by a human", by, expires_at=expires_at)
+                       if approve else text, attempt=n)
+            events = recovery_events(st, c)[0] if c.stage is Stage.RESUME else []
             content = {}
-            if not approve:
-                events.append(Event(Action.EngineRecordDenied, c.position))
-                content = {c.position: _DENIED}
-            self._step_many(events, result_content=content)
+            if renew and not approve:
+                # the spec's approval is still "approved": a Stop before dispatch
+                events += [Event(Action.HumanCancel, c.position), Event(Action.Recover, c.position)]
+            elif not renew:
+                events.append(Event(Action.HumanApprove if approve else Action.HumanReject,
+                                    c.position))
+                if not approve:
+                    events.append(Event(Action.EngineRecordDenied, c.position))
+                    content = {c.position: _DENIED}
+            self._step_many(events, result_content=content, voids=[row])
+            if approve:
+                self._expiry[(c.execution_id, n)] = expires_at
             return self._status_now(self._find(key))
+
+    def _expired(self, c: CallState) -> bool:
+        """Whether ``c``'s approval has expired now, by the session's clock; if it has,
+        its ``approval_expired`` row is committed first (the call waits for a new
+        approval).  Decided where a call is about to be dispatched."""
+        st = self._ledger.state
+        if (not c.tool.requires_approval or c.stage is not Stage.LIVE
+                or st.approval(c.execution_id) is not ApprovalState.APPROVED
+                or approval_withdrawn(st, c)):
+            return False
+        n = approval_round(st, c.execution_id)
+        if n == 0:  # approved without a row (a legacy approval, an older store): no expiry
+            return False
+        if (c.execution_id, n) not in self._expiry:  # given by another process, or before
+            for row in self._ledger.audit():            # a restart: read once
+                if row.kind == APPROVED:
+                    self._expiry[(row.execution_id, row.attempt)] = row.expires_at
+        at = self._expiry.get((c.execution_id, n))
+        now = self._ledger.now()
+        if at is None or now < at:
+            return False
+        self._step_many([], voids=[Void(
+            c.position, APPROVAL_EXPIRED,
+            f"the approval of round {n} expired at {at} (now {now}) before the call was "
+            "dispatched: it authorizes nothing, the call waits for a new approval", attempt=n)])
+        return True
 
     def cancel(self, key: str, *, note: str = "") -> CallStatus:
         """A user's Stop for the call ``key`` after its approval, before it ran.
@@ -1325,7 +1417,12 @@ class Session(LedgerGuard):
                 )
             if c.stage is Stage.RECONCILING:
                 raise InvalidInput(f"call {key} must be reconciled first: reconcile(key, ask)")
-            if c.stage is Stage.LIVE and not approved(self._ledger.state, c):
+            if c.stage is Stage.LIVE and (self._expired(c) or not approved(self._ledger.state, c)):
+                if approval_withdrawn(self._ledger.state, c):
+                    raise InvalidInput(
+                        f"call {key}'s approval expired before it was dispatched: it "
+                        "authorizes nothing; approve(key) again (or reject(key)); the call "
+                        "was not run")
                 raise InvalidInput(
                     f"call {key} is not approved (approval: "
                     f"{self._ledger.state.approval(c.execution_id).value}): approve(key) first"

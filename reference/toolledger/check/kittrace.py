@@ -46,7 +46,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from .._core import protocol as p
-from .._core.ledger import Ledger
+from .._core.ledger import APPROVAL_KINDS, Ledger
 from .._core.stores import working_set
 from ..kit.external import CountingExternalSystem, RequestStatus
 from .system import CallConfig, ModelConfig, SystemState, initial_states, successors
@@ -266,7 +266,8 @@ def kit_config(
 
 def _no_contents(state: p.SessionState) -> p.SessionState:
     """``state`` without result texts and dispatch times (the closed world has
-    neither: its time is abstract)."""
+    neither: its time is abstract), nor the facade's approval rows (who approved,
+    an approval's expiry: no spec action writes them)."""
 
     def bare(r: p.ToolResult | None) -> p.ToolResult | None:
         return None if r is None else replace(r, content="")
@@ -278,6 +279,7 @@ def _no_contents(state: p.SessionState) -> p.SessionState:
             e: replace(r, result=bare(r.result), dispatched_at=None)
             for e, r in state.ledger.items()
         },
+        audit=frozenset(k for k in state.audit if k[1] not in APPROVAL_KINDS),
     )
 
 

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from .._core import protocol as p
+from .._core.ledger import APPROVAL_KINDS
 from .system import ExternalState, Ghosts, ModelConfig, SystemState
 from .tlavalues import FnValue, Value
 
@@ -216,7 +217,7 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
         audit[se] = frozenset(
             (k, n, _inputs(s.audit_inputs.get((ae, k, n)) if with_inputs else None))
             for (ae, k, n) in session.audit
-            if ae == e
+            if ae == e and k not in APPROVAL_KINDS  # the facade's rows: no spec action
         )
         inflight[se] = ext.requests(e)
         fenced[se] = ext.fence(e)

@@ -194,21 +194,24 @@ class LedgerClientSession:
                                         "arguments": dict(arguments)}], seen=seen)
         return one
 
-    async def approve(self, key: str) -> CallStatus:
-        """A human allows the call ``key``; then :meth:`call_tools` again sends it."""
-        return await self.ledger.approve(key)
+    async def approve(self, key: str, *, by: str | None = None, note: str = "",
+                      expires_at: float | None = None) -> CallStatus:
+        """A human allows the call ``key``; then :meth:`call_tools` again sends it.
+        ``by``, ``note``, ``expires_at``: as :meth:`toolledger.Session.approve`."""
+        return await self.ledger.approve(key, by=by, note=note, expires_at=expires_at)
 
-    async def reject(self, key: str) -> McpCall:
-        """A human denies the call ``key``: its result (for the model) is the denial."""
-        st = await self.ledger.reject(key)
+    async def reject(self, key: str, *, by: str | None = None, note: str = "") -> McpCall:
+        """A human denies the call ``key``: its result (for the model) is the denial.
+        ``by`` names who (in the audit)."""
+        st = await self.ledger.reject(key, by=by, note=note)
         return McpCall(st, _result_of(st))
 
     async def resolve(self, key: str, resolution: str, *, result: str | None = None,
-                      note: str = "") -> McpCall:
+                      note: str = "", by: str | None = None) -> McpCall:
         """A human's answer to a halted call: ``"applied"`` (``result``: what the
         server did), ``"retry"`` (then :meth:`call_tools` sends it again, same key)
-        or ``"abandon"``."""
-        st = await self.ledger.resolve(key, resolution, result=result, note=note)
+        or ``"abandon"``; ``by`` names who answered (in the audit)."""
+        st = await self.ledger.resolve(key, resolution, result=result, note=note, by=by)
         return McpCall(st, _result_of(st))
 
     async def _send(self, a: Attempt) -> dict[str, Any]:

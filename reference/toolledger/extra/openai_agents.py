@@ -26,7 +26,11 @@
   with the same key; a ``manual`` one whose outcome is unknown interrupts for
   a human and, run on that boolean approval while still unresolved, raises
   :class:`CallHalted` (nothing runs): answer it with :meth:`LedgerAgents.resolve`,
-  then run the same state again.
+  then run the same state again;
+- the ledger's store I/O never runs on the event loop: every step goes through
+  the conversation's :class:`~toolledger.AsyncSession` (:meth:`LedgerAgents.asession`);
+  :meth:`LedgerAgents.session` is the same session's synchronous face, for host
+  code off the loop (an inbox, an operator's answer).
 
 Identity (docs/protocol.md#placing-a-response): a tool sees the call id and the
 turn's input, never a persisted message number, so the ledger places each
@@ -43,8 +47,10 @@ the SDK's failure handler turns into an error string is recorded as its result.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -54,6 +60,7 @@ from agents.items import ModelResponse, TResponseInputItem
 from agents.tool_context import ToolContext
 from openai.types.responses import ResponseFunctionToolCall
 
+from .._core.async_session import AsyncSession
 from .._core.protocol import InvalidInput
 from .._core.session import CallStatus, Next, Outcome, Session, Tool
 from .._core.stores import Store
@@ -92,21 +99,43 @@ class LedgerAgents:
         self.store = store
         self.tools = dict(tools or {})
         self.max_attempts = max_attempts
-        self._sessions: dict[str, Session] = {}
+        self._sessions: dict[str, AsyncSession] = {}
+        self._opening = threading.Lock()  # one Session per conversation, whoever opens it
+
+    def _opened(self, session_id: str) -> AsyncSession:
+        """The conversation's session, opened (and recovered) on first use; blocks on the
+        store then: call it off the loop (:meth:`asession` does)."""
+        with self._opening:
+            a = self._sessions.get(session_id)
+            if a is None:
+                s = Session.open(self.store, session_id, self.tools,
+                                 max_attempts=self.max_attempts)
+                s.recover()  # as a restarted engine does: every interrupted call's decision
+                a = self._sessions[session_id] = AsyncSession(s)
+            return a
+
+    async def asession(self, session_id: str) -> AsyncSession:
+        """The ledger session of one conversation, for the loop (its store I/O runs off it)."""
+        a = self._sessions.get(session_id)
+        return a if a is not None else await asyncio.to_thread(self._opened, session_id)
 
     def session(self, session_id: str) -> Session:
-        """The ledger session of one conversation (opened, and recovered, on first use)."""
-        s = self._sessions.get(session_id)
-        if s is None:
-            s = Session.open(self.store, session_id, self.tools, max_attempts=self.max_attempts)
-            s.recover()  # as a restarted engine does: every interrupted call gets its decision
-            self._sessions[session_id] = s
-        return s
+        """The same session, synchronous: for host code off the event loop (it blocks)."""
+        return self._opened(session_id).session
 
     def resolve(self, session_id: str, key: str, resolution: str, *,
-                result: str | None = None, note: str = "") -> CallStatus:
-        """A human's answer to a halted call (:class:`CallHalted`'s ``status.key``)."""
-        return self.session(session_id).resolve(key, resolution, result=result, note=note)
+                result: str | None = None, note: str = "", by: str | None = None
+                ) -> CallStatus:
+        """A human's answer to a halted call (:class:`CallHalted`'s ``status.key``);
+        ``by`` names who answered (in the audit). Synchronous: from the loop, ``await
+        (await ledger.asession(session_id)).resolve(...)``."""
+        return self.session(session_id).resolve(key, resolution, result=result, note=note,
+                                                by=by)
+
+    def _forget(self, session_id: str) -> None:
+        """The process is going away: a later run opens the conversation anew."""
+        with self._opening:
+            self._sessions.pop(session_id, None)
 
     def protect(self, agent: Agent[Any], session_id: str) -> Agent[Any]:
         """A clone of ``agent`` whose ``FunctionTool``s go through ``session_id``'s ledger."""
@@ -136,10 +165,9 @@ class _Protected:
                                         on_invoke_tool=self.invoke,
                                         needs_approval=self.needs_approval)
 
-    def _status(self, call_id: str, arguments: object) -> CallStatus:
-        s = self.ledger.session(self.session_id)
+    async def _status(self, s: AsyncSession, call_id: str, arguments: object) -> CallStatus:
         call = {"id": call_id, "name": self.inner.name, "arguments": arguments}
-        status = s.find(call)
+        status = await s.find(call)
         if status is None:
             raise UserError(f"tool call {call_id!r} of {self.inner.name!r} was never recorded "
                             "by the ledger: run the agent protect() returned (its hooks record "
@@ -148,14 +176,15 @@ class _Protected:
 
     async def needs_approval(self, ctx: RunContextWrapper[Any], params: dict[str, Any],
                              call_id: str) -> bool:
-        return self._status(call_id, params).next in _ASK
+        s = await self.ledger.asession(self.session_id)
+        return (await self._status(s, call_id, params)).next in _ASK
 
     async def invoke(self, ctx: ToolContext[Any], args_json: str) -> Any:
-        s = self.ledger.session(self.session_id)
-        status = self._status(ctx.tool_call_id, args_json)
+        s = await self.ledger.asession(self.session_id)
+        status = await self._status(s, ctx.tool_call_id, args_json)
         if status.next is Next.AWAIT_APPROVAL:
             # the SDK runs a call that needs approval only once RunState.approve was given
-            status = s.approve(status.key)
+            status = await s.approve(status.key)
         fresh: list[Any] = []
         try:
             while status.next in (Next.EXECUTE, Next.RETRY):
@@ -163,7 +192,7 @@ class _Protected:
         except Exception:
             raise
         except BaseException:
-            self.ledger._sessions.pop(self.session_id, None)  # the process is going away
+            self.ledger._forget(self.session_id)  # the process is going away
             raise
         if status.next is Next.RESULT:
             assert status.result is not None
@@ -172,9 +201,9 @@ class _Protected:
             return status.result.content
         raise CallHalted(status)
 
-    async def _run(self, s: Session, status: CallStatus, ctx: ToolContext[Any], args_json: str,
-                   fresh: list[Any]) -> CallStatus:
-        async with _dispatch(s, status.key) as a:
+    async def _run(self, s: AsyncSession, status: CallStatus, ctx: ToolContext[Any],
+                   args_json: str, fresh: list[Any]) -> CallStatus:
+        async with s.dispatch(status.key) as a:  # dispatched is durable from here
             args = json.loads(args_json) if args_json else {}
             if "execution_id" in self.keywords:
                 args["execution_id"] = a.execution_id
@@ -183,22 +212,9 @@ class _Protected:
             value = await self.inner.on_invoke_tool(ctx, json.dumps(args))
             fresh.append(value)
             a.done(value if isinstance(value, str) else str(value))
-        status = a.status
-        assert isinstance(status, CallStatus)
-        return status
-
-
-class _dispatch:
-    """``Session.dispatch`` around an awaited body (the session is synchronous)."""
-
-    def __init__(self, s: Session, key: str) -> None:
-        self.cm = s.dispatch(key)
-
-    async def __aenter__(self) -> Any:
-        return self.cm.__enter__()
-
-    async def __aexit__(self, *exc: Any) -> bool:
-        return bool(self.cm.__exit__(*exc))
+        done = a.status
+        assert isinstance(done, CallStatus)
+        return done
 
 
 class _Hooks(AgentHooks[Any]):
@@ -212,7 +228,8 @@ class _Hooks(AgentHooks[Any]):
     async def on_llm_start(self, context: RunContextWrapper[Any], agent: Agent[Any],
                            system_prompt: str | None,
                            input_items: list[TResponseInputItem]) -> None:
-        self.seen = _seen(self.ledger.session(self.session_id), input_items, self.names)
+        self.seen = await _seen(await self.ledger.asession(self.session_id), input_items,
+                                self.names)
         if self.inner is not None:
             await self.inner.on_llm_start(context, agent, system_prompt, input_items)
 
@@ -223,7 +240,7 @@ class _Hooks(AgentHooks[Any]):
                  if isinstance(o, ResponseFunctionToolCall) and o.name in self.names]
         if calls:
             # placed by the ledger (docs/protocol.md#placing-a-response)
-            self.ledger.session(self.session_id).record(calls, seen=self.seen)
+            await (await self.ledger.asession(self.session_id)).record(calls, seen=self.seen)
         if self.inner is not None:
             await self.inner.on_llm_end(context, agent, response)
 
@@ -237,7 +254,8 @@ def _field(item: object, name: str) -> Any:
     return item.get(name) if isinstance(item, Mapping) else getattr(item, name, None)
 
 
-def _seen(s: Session, items: Sequence[TResponseInputItem], names: frozenset[str]) -> list[str]:
+async def _seen(s: AsyncSession, items: Sequence[TResponseInputItem], names: frozenset[str]
+                ) -> list[str]:
     """The keys of the ledger calls whose outputs ``items`` hold (``seen`` of ``record``)."""
     groups: list[list[dict[str, Any]]] = []
     prev = None
@@ -258,7 +276,7 @@ def _seen(s: Session, items: Sequence[TResponseInputItem], names: frozenset[str]
             if c["id"] not in answered:
                 continue
             try:
-                st = s.find(c, response=group)
+                st = await s.find(c, response=group)
             except InvalidInput:  # held twice in one response: no single key
                 continue
             if st is None:

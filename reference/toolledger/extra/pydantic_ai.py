@@ -68,12 +68,18 @@ comes back as a recovery item with ``metadata["next"] == "reconcile"``: answer
 it with ``session(conversation_id).reconcile(key, ask)``, then approve); a
 lost response's dispatched call that the re-run model does not emit again is
 not run by this toolset (an idempotent one's retry is the host's:
-``session(conversation_id).execute(key, fn)``); and the ledger's SQLite writes
-run on the event loop's thread (a few milliseconds per call).
+``session(conversation_id).execute(key, fn)``).
+
+The ledger's store I/O never runs on the event loop: every step goes through the
+conversation's :class:`~toolledger.AsyncSession` (:meth:`LedgerToolset.asession`);
+:meth:`LedgerToolset.session` is the same session's synchronous face, for host
+code off the loop (an inbox, an operator's answer).
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
@@ -90,6 +96,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.toolsets import WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
+from .._core.async_session import AsyncSession
 from .._core.protocol import InvalidInput
 from .._core.session import CallStatus, Next, NotApplied, Outcome, Session, Tool
 from .._core.stores import Store
@@ -122,29 +129,44 @@ class LedgerToolset(WrapperToolset[Any]):
     store: Store = field(kw_only=True)
     tools: Mapping[str, Tool | str] = field(default_factory=dict, kw_only=True)
     max_attempts: int = field(default=3, kw_only=True)
-    _sessions: dict[str, Session] = field(default_factory=dict, init=False, repr=False)
+    _sessions: dict[str, AsyncSession] = field(default_factory=dict, init=False, repr=False)
     _keywords: dict[str, frozenset[str]] = field(default_factory=dict, init=False, repr=False)
+    _opening: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     # -- the conversation's session -------------------------------------------------
 
+    def _opened(self, conversation_id: str) -> AsyncSession:
+        """The conversation's session, opened on first use; blocks on the store then:
+        call it off the loop (:meth:`asession` does)."""
+        with self._opening:
+            a = self._sessions.get(conversation_id)
+            if a is None:
+                a = self._sessions[conversation_id] = AsyncSession(Session.open(
+                    self.store, conversation_id, self.tools, max_attempts=self.max_attempts))
+            return a
+
+    async def asession(self, conversation_id: str) -> AsyncSession:
+        """The ledger session of one conversation, for the loop (its store I/O runs off it)."""
+        a = self._sessions.get(conversation_id)
+        return a if a is not None else await asyncio.to_thread(self._opened, conversation_id)
+
     def session(self, conversation_id: str) -> Session:
-        """The ledger session of one conversation (opened on first use)."""
-        s = self._sessions.get(conversation_id)
-        if s is None:
-            s = Session.open(self.store, conversation_id, self.tools,
-                             max_attempts=self.max_attempts)
-            self._sessions[conversation_id] = s
-        return s
+        """The same session, synchronous: for host code off the event loop (it blocks)."""
+        return self._opened(conversation_id).session
 
     def resolve(self, conversation_id: str, key: str, resolution: str, *,
-                result: str | None = None, note: str = "") -> CallStatus:
+                result: str | None = None, note: str = "", by: str | None = None
+                ) -> CallStatus:
         """A human's answer to a deferred ``recovery_required`` call (``key``: its
         ``metadata["toolledger_key"]``): ``"applied"`` (``result``: what the external
         system answered), ``"retry"`` or ``"abandon"``. Then resume the run with the
         call approved (``requests.build_results(approvals={id: True},
         metadata=requests.metadata)``): the ledger returns the result, or runs
-        the retry, once; approved without a resolution, it asks again."""
-        return self.session(conversation_id).resolve(key, resolution, result=result, note=note)
+        the retry, once; approved without a resolution, it asks again.  ``by`` names
+        who answered (in the audit).  Synchronous: from the loop, ``await (await
+        toolset.asession(conversation_id)).resolve(...)``."""
+        return self.session(conversation_id).resolve(key, resolution, result=result, note=note,
+                                                     by=by)
 
     # -- what the model sees ---------------------------------------------------------
 
@@ -167,7 +189,7 @@ class LedgerToolset(WrapperToolset[Any]):
             out[name] = tool
         if ctx.conversation_id and _untagged(ctx.messages, set(out)):
             # before the next model request: the last response's results are final here
-            self._tag(self.session(ctx.conversation_id), ctx.messages, set(out))
+            await self._tag(await self.asession(ctx.conversation_id), ctx.messages, set(out))
         return out
 
     # -- a call ---------------------------------------------------------------------------
@@ -179,15 +201,15 @@ class LedgerToolset(WrapperToolset[Any]):
             raise UserError("LedgerToolset needs the run's conversation_id (the ledger session); "
                             "pass conversation_id=... to agent.run, or a message history that "
                             "carries one")
-        session = self.session(conversation)
+        session = await self.asession(conversation)
         at, slot, calls = await self._position(ctx, name)
         mine = set(self._keywords)
-        self._tag(session, ctx.messages[:at], mine, response=calls)
+        await self._tag(session, ctx.messages[:at], mine, response=calls)
         seen = self._seen(ctx.messages[:at], mine)
         try:
             # placed by the ledger (docs/protocol.md#placing-a-response): never by where
             # the framework's list puts the response now, which history processors move
-            status = session.record(calls, seen=seen)[slot]
+            status = (await session.record(calls, seen=seen))[slot]
         except InvalidInput as exc:
             if "reserved" in str(exc):
                 # the model wrote an argument only the ledger may set: nothing was recorded
@@ -209,7 +231,7 @@ class LedgerToolset(WrapperToolset[Any]):
                 # no approval, or one given for another execution (a retry that re-uses
                 # a tool call id): ask for this execution
                 raise ApprovalRequired(metadata={APPROVAL_KEY: status.key})
-            status = session.approve(status.key)
+            status = await session.approve(status.key)
         fresh: list[Any] = []
         try:
             while status.next in (Next.EXECUTE, Next.RETRY):
@@ -219,7 +241,8 @@ class LedgerToolset(WrapperToolset[Any]):
         except BaseException:
             # the process is going away (the Session refuses to start anything more):
             # a later run in this process opens the conversation anew, as a restart does
-            self._sessions.pop(conversation, None)
+            with self._opening:
+                self._sessions.pop(conversation, None)
             raise
         if status.next is Next.RESULT:
             assert status.result is not None
@@ -244,11 +267,11 @@ class LedgerToolset(WrapperToolset[Any]):
             "error": status.error,
         })
 
-    async def _run(self, session: Session, status: CallStatus, name: str,
+    async def _run(self, session: AsyncSession, status: CallStatus, name: str,
                    tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any],
                    fresh: list[Any]) -> CallStatus:
         args = dict(tool_args)
-        with session.dispatch(status.key) as a:  # dispatched is durable from here
+        async with session.dispatch(status.key) as a:  # dispatched is durable from here
             keywords = self._keywords.get(name, frozenset())
             if "execution_id" in keywords:
                 args["execution_id"] = a.execution_id
@@ -296,8 +319,8 @@ class LedgerToolset(WrapperToolset[Any]):
                         "run's messages; nothing was executed")
 
     @staticmethod
-    def _tag(session: Session, messages: list[ModelMessage], mine: set[str],
-             response: list[dict[str, Any]] | None = None) -> None:
+    async def _tag(session: AsyncSession, messages: list[ModelMessage], mine: set[str],
+                   response: list[dict[str, Any]] | None = None) -> None:
         """Put its ledger key on every result of the last response in ``messages`` that
         pydantic-ai built itself and so carries none (``ToolDenied``: outcome
         ``denied``; a ``ModelRetry``: ``retried``); record a denial the ledger still
@@ -331,13 +354,13 @@ class LedgerToolset(WrapperToolset[Any]):
                 if len(matched) != 1:
                     continue
                 try:
-                    status = session.find(matched[0], response=calls)
+                    status = await session.find(matched[0], response=calls)
                 except InvalidInput:  # held twice in the response, or awaiting recovery
                     continue
                 if status is None:  # never recorded (a reserved argument was refused)
                     continue
                 if p.outcome == "denied" and status.next is Next.AWAIT_APPROVAL:
-                    status = session.reject(status.key)
+                    status = await session.reject(status.key)
                 p.metadata = {**(p.metadata or {}), APPROVAL_KEY: status.key}
 
     @staticmethod
