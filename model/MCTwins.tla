@@ -152,5 +152,99 @@ DecideReconcilesAbandoned(c) ==
     IF ~i.hasResult /\ i.policy = "reconcile" /\ i.status = "abandoned"
     THEN "reconcile" ELSE Decide(i)
 
+(***************************************************************************)
+(* Clause twins (model/clauses.toml): each violates its invariant through  *)
+(* ONE clause only, so that deleting that clause flips its row.           *)
+(***************************************************************************)
+(* ReconcileManual: recovery reconciles a manual call found dispatched    *)
+(* (treats "manual" like "reconcile"): the connector fences, the policy   *)
+(* retries.  Breaks NoBlindReplay through its policy clause only (the     *)
+(* retry is fenced, but the call is not a reconcile call).                *)
+DecideReconcilesManual(c) ==
+    LET i == DecisionInputs(c) IN
+    IF ~i.hasResult /\ i.policy = "manual" /\ i.status = "dispatched"
+    THEN "reconcile" ELSE Decide(i)
+
+(* LegacyRetried: a legacy call (approved, no record) is taken for a      *)
+(* policy retry (retry_same_id) of an attempt that never was.  Breaks     *)
+(* LegacyConservative through its human-retry clause only: a policy      *)
+(* retry no human retry preceded.                                          *)
+DecideRetriesLegacy(c) ==
+    LET i == DecisionInputs(c) IN
+    IF ~i.hasResult /\ i.status = "none" /\ i.legacy /\ i.policy = "idempotent"
+    THEN "retry_same_id" ELSE Decide(i)
+
+(* HumanRetryAsPolicy: the record of a human's retry says "policy" (the   *)
+(* engine labels the attempt a policy retry of itself).  Breaks           *)
+(* LegacyConservative through its ordering clause only: a policy request  *)
+(* whose human retry is not an EARLIER attempt.                            *)
+HumanRetryAuth == "policy"
+HumanRetryLabelled(c) ==
+    LET e == ExecId(c)
+        n == Rec(c).attempt + 1
+    IN
+    /\ msg[c] = "durable" /\ result[c] = NoResult
+    /\ Rec(c).status = "recovery_required" /\ stage[c] = "none" /\ n <= MaxAttempts
+    /\ HumanMayRetry(c)
+    /\ ledger' = [ledger EXCEPT ![e] = [status |-> "dispatched", attempt |-> n,
+                      args |-> args[c], auth |-> HumanRetryAuth, result |-> NoResult,
+                      call |-> c]]
+    /\ audit' = [audit EXCEPT ![e] = @ \cup {<<"human_retry", n, NoInputs>>,
+                                             <<"dispatch", n, NoInputs>>}]
+    /\ Decided(c, "human_retry", n)
+    /\ humanRetries' = [humanRetries EXCEPT ![e] = @ + 1]
+    /\ stage' = [stage EXCEPT ![c] = "dispatched"]
+    /\ UNCHANGED <<msg, args, result, approval, approvalArgs, marker>>
+    /\ UNCHANGED external
+    /\ UNCHANGED <<applied, invocations, humanApproved, crashes,
+                   sent, knownOutcome, sentAfterOutcome>>
+    /\ UNCHANGED positions
+    /\ UNCHANGED extVars
+
+(* DispatchUnaudited: the engine persists a dispatched record without its *)
+(* dispatch row (a human retry still writes its own).  Breaks             *)
+(* AuditComplete through its dispatch clause only.                         *)
+PersistDispatchedUnaudited(c) ==
+    LET e == ExecId(c)
+        n == Rec(c).attempt + 1
+        auth == AttemptAuth(c)
+    IN
+    /\ Policy[c] # "readonly" /\ msg[c] = "durable"
+    /\ \/ stage[c] = "live" /\ ApprovalOK(c)
+       \/ stage[c] = "retry"
+    /\ n <= MaxAttempts
+    /\ ledger' = [ledger EXCEPT ![e] = [status |-> "dispatched", attempt |-> n,
+                      args |-> args[c], auth |-> auth, result |-> NoResult, call |-> c]]
+    /\ UNCHANGED audit
+    /\ stage' = [stage EXCEPT ![c] = "dispatched"]
+    /\ UNCHANGED <<msg, args, result, approval, approvalArgs, marker>>
+    /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED positions
+    /\ UNCHANGED extVars
+
+(* AuditSkipsHalts: Recover audits every decision but a halt              *)
+(* (recovery_required).  Breaks AuditComplete, and only through a halt's  *)
+(* row: the issue-28 mutant that exempts halts from it survives nothing.  *)
+AuditSkipsHalts(e, d, n, i) ==
+    audit' = IF d = "recovery_required" \/ HasRow(e, d, n) THEN audit
+             ELSE [audit EXCEPT ![e] = @ \cup {<<d, n, i>>}]
+
+(* RepollForever: a halted reconcile call (the connector could not tell)  *)
+(* is polled again by the engine instead of waiting for a human: its      *)
+(* record goes back to dispatched and the connector is asked again, for   *)
+(* ever.  The call settles and unsettles infinitely often: it breaks      *)
+(* EventuallySettled's <>[] (a <>Settled would hold).                      *)
+EngineRepoll(c) ==
+    LET e == ExecId(c) IN
+    /\ stage[c] = "none" /\ Policy[c] = "reconcile"
+    /\ Rec(c).status = "recovery_required" /\ result[c] = NoResult
+    /\ ledger' = [ledger EXCEPT ![e].status = "dispatched"]
+    /\ stage' = [stage EXCEPT ![c] = "reconciling"]
+    /\ UNCHANGED <<msg, args, result, approval, approvalArgs, marker, audit>>
+    /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED positions
+    /\ UNCHANGED extVars
+RepollSpec == Init /\ [][Next \/ \E c \in Calls : EngineRepoll(c)]_vars /\ FairnessByGuards
+
 QueryThenFenceSpec == Init /\ [][Next \/ \E c \in Calls : ConnectorFenceLater(c)]_vars
 =============================================================================
