@@ -246,5 +246,47 @@ EngineRepoll(c) ==
     /\ UNCHANGED extVars
 RepollSpec == Init /\ [][Next \/ \E c \in Calls : EngineRepoll(c)]_vars /\ FairnessByGuards
 
+(* ResendAfterOutcome: a resume path re-sends the last attempt of a call   *)
+(* whose record already succeeded (it re-runs the request it finds,       *)
+(* without deciding).  The engine holds no retry (stage waiting): breaks  *)
+(* NoReinvokeAfterKnownOutcome through its send-count clause only.        *)
+EngineResendKnown(c) ==
+    LET e == ExecId(c) IN
+    /\ stage[c] = "resume" /\ Rec(c).status = "succeeded"
+    /\ sentAfterOutcome[c] = 0   \* a bound for TLC: one re-send
+    /\ inflight' = [inflight EXCEPT ![e] = @ \cup {Rec(c).attempt}]
+    /\ invocations' = [invocations EXCEPT ![c] =
+                         @ \cup {<<e, Rec(c).attempt, Rec(c).auth>>}]
+    /\ sent' = [sent EXCEPT ![c][Rec(c).attempt] = @ + 1]
+    /\ sentAfterOutcome' = [sentAfterOutcome EXCEPT ![c] =
+                              IF c \in knownOutcome THEN @ + 1 ELSE @]
+    /\ stage' = [stage EXCEPT ![c] = "waiting"]
+    /\ UNCHANGED durable /\ UNCHANGED fenced
+    /\ UNCHANGED <<applied, humanApproved, humanRetries, crashes>>
+    /\ UNCHANGED <<knownOutcome, decided>>
+    /\ UNCHANGED positions
+    /\ UNCHANGED extVars
+ResendKnownSpec == Init /\ [][Next \/ \E c \in Calls : EngineResendKnown(c)]_vars
+
+(* RetryKnownAtBudget: an unanswered succeeded idempotent call is retried *)
+(* (ReinvokeAfterOutcome's mistake) even when no attempt is left: the     *)
+(* engine holds a retry it can never send (one attempt).  Breaks          *)
+(* NoReinvokeAfterKnownOutcome through its held-request clause only.      *)
+DecideReplaysAtBudget(c) ==
+    LET i == DecisionInputs(c) IN
+    IF ~i.hasResult /\ i.policy = "idempotent" /\ i.status = "succeeded"
+    THEN "retry_same_id" ELSE Decide(i)
+
+(* TimeoutFails: the adapter takes a time-out for a definite failure (the *)
+(* request may still have been applied, its answer lost).  The error      *)
+(* result stands beside an effect no human retry explains: breaks         *)
+(* ResultFidelity through its error clause only.                           *)
+TimeoutFails(c) ==
+    /\ stage[c] = "waiting"
+    /\ stage' = [stage EXCEPT ![c] = "got_fail"]
+    /\ UNCHANGED durable /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED positions
+    /\ UNCHANGED extVars
+
 QueryThenFenceSpec == Init /\ [][Next \/ \E c \in Calls : ConnectorFenceLater(c)]_vars
 =============================================================================
