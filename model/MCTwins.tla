@@ -288,5 +288,24 @@ TimeoutFails(c) ==
     /\ UNCHANGED positions
     /\ UNCHANGED extVars
 
+(* CancelAfterDispatch: a user's Stop is accepted after the call was       *)
+(* dispatched (its record exists, its request may be out): the call gets *)
+(* a "cancelled" result although it was invoked; the engine re-decides    *)
+(* it and sends nothing more.  Breaks CancelledNeverInvoked through its   *)
+(* invocations clause only.                                                *)
+CancelAnyTime(c) ==
+    /\ msg[c] = "durable" /\ stage[c] \in {"live", "waiting"} /\ result[c] = NoResult
+    /\ ApprovalOK(c)
+    /\ result' = [result EXCEPT ![c] = Result("cancelled", ExecId(c), args[c])]
+    /\ stage' = [stage EXCEPT ![c] = "resume"]
+    /\ Audited(ExecId(c), "human_cancel", Rec(c).attempt)
+    /\ Decided(c, "human_cancel", Rec(c).attempt)
+    /\ UNCHANGED <<msg, args, approval, approvalArgs, ledger, marker>>
+    /\ UNCHANGED external
+    /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
+                   sent, knownOutcome, sentAfterOutcome>>
+    /\ UNCHANGED positions
+    /\ UNCHANGED extVars
+
 QueryThenFenceSpec == Init /\ [][Next \/ \E c \in Calls : ConnectorFenceLater(c)]_vars
 =============================================================================
