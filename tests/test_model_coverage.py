@@ -271,10 +271,9 @@ def test_every_clause_twin_is_a_ci_row_that_fails_that_invariant() -> None:
         assert row.expect == e.operator, f"{e.label}: {e.twin} must expect {e.operator}"
         info = parse_cfg(row.cfg_path)
         checked = info.properties if e.kind == "property" else info.invariants
-        assert e.operator in checked and (
-            e.kind == "property" or checked == (e.operator,)), (
-            f"{e.label}: model/{row.cfg} must check {e.operator} alone, so that only "
-            "it decides the row's outcome")
+        # other invariants the cfg checks do no harm: with the clause deleted
+        # the row passes or violates another one, a drift either way
+        assert e.operator in checked, f"{e.label}: model/{row.cfg} must check {e.operator}"
 
 
 def test_the_issue_28_survivors_have_killers() -> None:

@@ -387,6 +387,17 @@ def _single_files(spec: str, model: ModelEntry, entry: ClauseEntry,
     return tla_path, cfg_path
 
 
+def _only_positive(spec: str, entry: ClauseEntry) -> bool:
+    """The entry weakens to TRUE the one positive clause of its operator: what
+    is left is valid (a formula of /\\, \\/, => and quantifiers whose only
+    positive leaf is TRUE), so every twin of the operator kills it, no TLC."""
+    if entry.weakened or entry.kind != "invariant" or entry.kill != "pass":
+        return False
+    positive = [c for c in clauses(spec, entry.operator) if c.positive]
+    return len(positive) == 1 and positive[0].text == _norm(entry.clause) \
+        and positive[0].occurrence == entry.occurrence
+
+
 def run_kills(manifest: Manifest, entries: Sequence[ClauseEntry], directory: Path,
               *, timeout: float | None = 300) -> list[Kill]:
     """Run every entry with a twin: one TLC run per (twin, operator, kind) for
@@ -408,6 +419,16 @@ def run_kills(manifest: Manifest, entries: Sequence[ClauseEntry], directory: Pat
             else:
                 groups[(*key[:2], f"{e.kind}{e.kill}{len(groups)}")] = [e]
     out: list[Kill] = []
+    for key, group in list(groups.items()):
+        if key[2] == "invariant":
+            spec = specs[group[0].spec]
+            free = [e for e in group if _only_positive(spec, e)]
+            out.extend(Kill(e, True, f"the only positive clause of {e.operator}: weakened, "
+                            f"{e.operator} is TRUE, and {e.twin} violates it (its row)")
+                       for e in free)
+            groups[key] = [e for e in group if e not in free]
+            if not groups[key]:
+                del groups[key]
     for n, ((twin, operator, _), group) in enumerate(groups.items()):
         model = manifest.get(twin)
         spec = specs[group[0].spec]
