@@ -210,10 +210,11 @@ from toolledger.check.tlc import parse_cfg  # noqa: E402
 CLAUSES = load_clauses(ROOT)
 LEGACY = (ROOT / "spec" / "LegacyResume.tla").read_text()
 # (spec module, its text, the operators whose every clause needs a twin);
-# ConcurrentResumers and ResponsePlacement are not covered yet.
+# ConcurrentResumers is not covered yet.
 CLAUSE_SCOPE = (
     ("DurableToolExecution", SPEC, (*safety_invariants(), "EventuallySettled")),
     ("LegacyResume", LEGACY, ("AtMostOnceEffect",)),
+    ("ResponsePlacement", PLACEMENT, tuple(safety_invariants(PLACEMENT))),
 )
 
 

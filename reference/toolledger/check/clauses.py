@@ -19,10 +19,13 @@ Action guards can be listed too (``operator`` an action, ``kind = "guard"``):
 then deleting the guard must make its ``twin`` (any ci row) drift.
 
 ``tests/test_model_coverage.py`` checks that every clause of the spec has an
-entry (no TLC); ``tests/test_clause_kills.py`` runs, per twin, ONE TLC run
-(:func:`kill_files`) that notes every weakened invariant the twin's states
-violate, and fails unless each weakened invariant holds there while the full
-one fails.  See docs/models.md#clause-level-twins.
+entry naming a ci twin of that invariant (no TLC).  :func:`run_kills` (``python
+-m toolledger.check.clauses``; ``tests/test_clause_kills.py`` for issue 28's
+survivors) proves each entry: per twin ONE TLC run (:func:`kill_files`) notes
+every weakened invariant the twin's states violate, and an entry is killed
+when its weakened invariant holds there while the full one fails (a
+``kill = "drift"`` entry: when the twin's first violation satisfies it).  See
+docs/models.md (clause-level twins).
 """
 
 from __future__ import annotations
@@ -387,15 +390,19 @@ def _single_files(spec: str, model: ModelEntry, entry: ClauseEntry,
     return tla_path, cfg_path
 
 
-def _only_positive(spec: str, entry: ClauseEntry) -> bool:
-    """The entry weakens to TRUE the one positive clause of its operator: what
-    is left is valid (a formula of /\\, \\/, => and quantifiers whose only
-    positive leaf is TRUE), so every twin of the operator kills it, no TLC."""
+def _valid_when_weakened(spec: str, entry: ClauseEntry) -> bool:
+    """Every clause of the entry's operator weakens it to a valid formula: its
+    shape is ``\\A ... : A1 /\\ ... /\\ An => C`` (or ``\\A ... : C``), no
+    ``\\/``, no ``\\E``, one positive clause; ``C`` as TRUE, or any ``Ai`` as
+    FALSE, leaves TRUE.  So every twin of the operator kills it (its row
+    shows the twin violates the operator), with no TLC run."""
     if entry.weakened or entry.kind != "invariant" or entry.kill != "pass":
         return False
+    _, body = definition(spec, entry.operator)
+    toks = [t for _, t, _ in _tokens(body, 0, len(body))]
     positive = [c for c in clauses(spec, entry.operator) if c.positive]
-    return len(positive) == 1 and positive[0].text == _norm(entry.clause) \
-        and positive[0].occurrence == entry.occurrence
+    return ("\\/" not in toks and "\\E" not in toks and toks.count("=>") <= 1
+            and len(positive) == 1)
 
 
 def run_kills(manifest: Manifest, entries: Sequence[ClauseEntry], directory: Path,
@@ -422,9 +429,9 @@ def run_kills(manifest: Manifest, entries: Sequence[ClauseEntry], directory: Pat
     for key, group in list(groups.items()):
         if key[2] == "invariant":
             spec = specs[group[0].spec]
-            free = [e for e in group if _only_positive(spec, e)]
-            out.extend(Kill(e, True, f"the only positive clause of {e.operator}: weakened, "
-                            f"{e.operator} is TRUE, and {e.twin} violates it (its row)")
+            free = [e for e in group if _valid_when_weakened(spec, e)]
+            out.extend(Kill(e, True, f"{e.operator} is A => C: weakened, it is TRUE, "
+                            f"and {e.twin} violates it (its row)")
                        for e in free)
             groups[key] = [e for e in group if e not in free]
             if not groups[key]:
