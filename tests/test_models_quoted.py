@@ -68,7 +68,8 @@ def unnamed_models(text: str, manifest: Manifest, defined: set[str]) -> list[str
 
 
 def table_drift(text: str, manifest: Manifest) -> list[str]:
-    """Rows of ``text``'s model/states tables whose counts are not the manifest's."""
+    """Rows of ``text``'s tables with a model and a states column whose counts
+    are not the manifest's."""
     counts = {m.name: m.distinct_states for m in manifest.models}
     problems: list[str] = []
     header: list[str] | None = None
