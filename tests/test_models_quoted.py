@@ -22,6 +22,7 @@ from __future__ import annotations
 import io
 import re
 import tokenize
+from functools import cache
 from pathlib import Path
 
 from checker_support import ROOT
@@ -42,7 +43,8 @@ _COUNT_RE = re.compile(r"(\d[\d,]*)(k?) (?:distinct )?states")
 _NAME_RE = re.compile(r"`([A-Z][A-Za-z0-9_]*)`")
 
 
-def _defined_names() -> set[str]:
+@cache
+def _defined_names() -> frozenset[str]:
     """Names the spec, the models and the Python define or use in code
     (comments and strings left out: they may name models)."""
     names: set[str] = set()
@@ -54,10 +56,10 @@ def _defined_names() -> set[str]:
         src = path.read_text(encoding="utf-8")
         names |= {t.string for t in tokenize.generate_tokens(io.StringIO(src).readline)
                   if t.type == tokenize.NAME}
-    return names
+    return frozenset(names)
 
 
-def unnamed_models(text: str, manifest: Manifest, defined: set[str]) -> list[str]:
+def unnamed_models(text: str, manifest: Manifest, defined: frozenset[str]) -> list[str]:
     """Backticked names of ``text`` that can only be models and are not in the manifest."""
     models = set(manifest.names())
     cfgs = {p.stem for p in (manifest.root / "model").glob("*.cfg")}
