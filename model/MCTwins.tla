@@ -152,5 +152,160 @@ DecideReconcilesAbandoned(c) ==
     IF ~i.hasResult /\ i.policy = "reconcile" /\ i.status = "abandoned"
     THEN "reconcile" ELSE Decide(i)
 
+(***************************************************************************)
+(* Clause twins (model/clauses.toml): each violates its invariant through  *)
+(* ONE clause only, so that deleting that clause flips its row.           *)
+(***************************************************************************)
+(* ReconcileManual: recovery reconciles a manual call found dispatched    *)
+(* (treats "manual" like "reconcile"): the connector fences, the policy   *)
+(* retries.  Breaks NoBlindReplay through its policy clause only (the     *)
+(* retry is fenced, but the call is not a reconcile call).                *)
+DecideReconcilesManual(c) ==
+    LET i == DecisionInputs(c) IN
+    IF ~i.hasResult /\ i.policy = "manual" /\ i.status = "dispatched"
+    THEN "reconcile" ELSE Decide(i)
+
+(* LegacyRetried: a legacy call (approved, no record) is taken for a      *)
+(* policy retry (retry_same_id) of an attempt that never was.  Breaks     *)
+(* LegacyConservative through its human-retry clause only: a policy      *)
+(* retry no human retry preceded.                                          *)
+DecideRetriesLegacy(c) ==
+    LET i == DecisionInputs(c) IN
+    IF ~i.hasResult /\ i.status = "none" /\ i.legacy /\ i.policy = "idempotent"
+    THEN "retry_same_id" ELSE Decide(i)
+
+(* HumanRetryAsPolicy: the record of a human's retry says "policy" (the   *)
+(* engine labels the attempt a policy retry of itself).  Breaks           *)
+(* LegacyConservative through its ordering clause only: a policy request  *)
+(* whose human retry is not an EARLIER attempt.                            *)
+HumanRetryAuth == "policy"
+HumanRetryLabelled(c) ==
+    LET e == ExecId(c)
+        n == Rec(c).attempt + 1
+    IN
+    /\ msg[c] = "durable" /\ result[c] = NoResult
+    /\ Rec(c).status = "recovery_required" /\ stage[c] = "none" /\ n <= MaxAttempts
+    /\ HumanMayRetry(c)
+    /\ ledger' = [ledger EXCEPT ![e] = [status |-> "dispatched", attempt |-> n,
+                      args |-> args[c], auth |-> HumanRetryAuth, result |-> NoResult,
+                      call |-> c]]
+    /\ audit' = [audit EXCEPT ![e] = @ \cup {<<"human_retry", n, NoInputs>>,
+                                             <<"dispatch", n, NoInputs>>}]
+    /\ Decided(c, "human_retry", n)
+    /\ humanRetries' = [humanRetries EXCEPT ![e] = @ + 1]
+    /\ stage' = [stage EXCEPT ![c] = "dispatched"]
+    /\ UNCHANGED <<msg, args, result, approval, approvalArgs, marker>>
+    /\ UNCHANGED external
+    /\ UNCHANGED <<applied, invocations, humanApproved, crashes,
+                   sent, knownOutcome, sentAfterOutcome>>
+    /\ UNCHANGED positions
+    /\ UNCHANGED extVars
+
+(* DispatchUnaudited: the engine persists a dispatched record without its *)
+(* dispatch row (a human retry still writes its own).  Breaks             *)
+(* AuditComplete through its dispatch clause only.                         *)
+PersistDispatchedUnaudited(c) ==
+    LET e == ExecId(c)
+        n == Rec(c).attempt + 1
+        auth == AttemptAuth(c)
+    IN
+    /\ Policy[c] # "readonly" /\ msg[c] = "durable"
+    /\ \/ stage[c] = "live" /\ ApprovalOK(c)
+       \/ stage[c] = "retry"
+    /\ n <= MaxAttempts
+    /\ ledger' = [ledger EXCEPT ![e] = [status |-> "dispatched", attempt |-> n,
+                      args |-> args[c], auth |-> auth, result |-> NoResult, call |-> c]]
+    /\ UNCHANGED audit
+    /\ stage' = [stage EXCEPT ![c] = "dispatched"]
+    /\ UNCHANGED <<msg, args, result, approval, approvalArgs, marker>>
+    /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED positions
+    /\ UNCHANGED extVars
+
+(* AuditSkipsHalts: Recover audits every decision but a halt              *)
+(* (recovery_required).  Breaks AuditComplete, and only through a halt's  *)
+(* row: the issue-28 mutant that exempts halts from it survives nothing.  *)
+AuditSkipsHalts(e, d, n, i) ==
+    audit' = IF d = "recovery_required" \/ HasRow(e, d, n) THEN audit
+             ELSE [audit EXCEPT ![e] = @ \cup {<<d, n, i>>}]
+
+(* RepollForever: a halted reconcile call (the connector could not tell)  *)
+(* is polled again by the engine instead of waiting for a human: its      *)
+(* record goes back to dispatched and the connector is asked again, for   *)
+(* ever.  The call settles and unsettles infinitely often: it breaks      *)
+(* EventuallySettled's <>[] (a <>Settled would hold).                      *)
+EngineRepoll(c) ==
+    LET e == ExecId(c) IN
+    /\ stage[c] = "none" /\ Policy[c] = "reconcile"
+    /\ Rec(c).status = "recovery_required" /\ result[c] = NoResult
+    /\ ledger' = [ledger EXCEPT ![e].status = "dispatched"]
+    /\ stage' = [stage EXCEPT ![c] = "reconciling"]
+    /\ UNCHANGED <<msg, args, result, approval, approvalArgs, marker, audit>>
+    /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED positions
+    /\ UNCHANGED extVars
+RepollSpec == Init /\ [][Next \/ \E c \in Calls : EngineRepoll(c)]_vars /\ FairnessByGuards
+
+(* ResendAfterOutcome: a resume path re-sends the last attempt of a call   *)
+(* whose record already succeeded (it re-runs the request it finds,       *)
+(* without deciding).  The engine holds no retry (stage waiting): breaks  *)
+(* NoReinvokeAfterKnownOutcome through its send-count clause only.        *)
+EngineResendKnown(c) ==
+    LET e == ExecId(c) IN
+    /\ stage[c] = "resume" /\ Rec(c).status = "succeeded"
+    /\ sentAfterOutcome[c] = 0   \* a bound for TLC: one re-send
+    /\ inflight' = [inflight EXCEPT ![e] = @ \cup {Rec(c).attempt}]
+    /\ invocations' = [invocations EXCEPT ![c] =
+                         @ \cup {<<e, Rec(c).attempt, Rec(c).auth>>}]
+    /\ sent' = [sent EXCEPT ![c][Rec(c).attempt] = @ + 1]
+    /\ sentAfterOutcome' = [sentAfterOutcome EXCEPT ![c] =
+                              IF c \in knownOutcome THEN @ + 1 ELSE @]
+    /\ stage' = [stage EXCEPT ![c] = "waiting"]
+    /\ UNCHANGED durable /\ UNCHANGED fenced
+    /\ UNCHANGED <<applied, humanApproved, humanRetries, crashes>>
+    /\ UNCHANGED <<knownOutcome, decided>>
+    /\ UNCHANGED positions
+    /\ UNCHANGED extVars
+ResendKnownSpec == Init /\ [][Next \/ \E c \in Calls : EngineResendKnown(c)]_vars
+
+(* RetryKnownAtBudget: an unanswered succeeded idempotent call is retried *)
+(* (ReinvokeAfterOutcome's mistake) even when no attempt is left: the     *)
+(* engine holds a retry it can never send (one attempt).  Breaks          *)
+(* NoReinvokeAfterKnownOutcome through its held-request clause only.      *)
+DecideReplaysAtBudget(c) ==
+    LET i == DecisionInputs(c) IN
+    IF ~i.hasResult /\ i.policy = "idempotent" /\ i.status = "succeeded"
+    THEN "retry_same_id" ELSE Decide(i)
+
+(* TimeoutFails: the adapter takes a time-out for a definite failure (the *)
+(* request may still have been applied, its answer lost).  The error      *)
+(* result stands beside an effect no human retry explains: breaks         *)
+(* ResultFidelity through its error clause only.                           *)
+TimeoutFails(c) ==
+    /\ stage[c] = "waiting"
+    /\ stage' = [stage EXCEPT ![c] = "got_fail"]
+    /\ UNCHANGED durable /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED positions
+    /\ UNCHANGED extVars
+
+(* CancelAfterDispatch: a user's Stop is accepted after the call was       *)
+(* dispatched (its record exists, its request may be out): the call gets *)
+(* a "cancelled" result although it was invoked; the engine re-decides    *)
+(* it and sends nothing more.  Breaks CancelledNeverInvoked through its   *)
+(* invocations clause only.                                                *)
+CancelAnyTime(c) ==
+    /\ msg[c] = "durable" /\ stage[c] \in {"live", "waiting"} /\ result[c] = NoResult
+    /\ ApprovalOK(c)
+    /\ result' = [result EXCEPT ![c] = Result("cancelled", ExecId(c), args[c])]
+    /\ stage' = [stage EXCEPT ![c] = "resume"]
+    /\ Audited(ExecId(c), "human_cancel", Rec(c).attempt)
+    /\ Decided(c, "human_cancel", Rec(c).attempt)
+    /\ UNCHANGED <<msg, args, approval, approvalArgs, ledger, marker>>
+    /\ UNCHANGED external
+    /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
+                   sent, knownOutcome, sentAfterOutcome>>
+    /\ UNCHANGED positions
+    /\ UNCHANGED extVars
+
 QueryThenFenceSpec == Init /\ [][Next \/ \E c \in Calls : ConnectorFenceLater(c)]_vars
 =============================================================================

@@ -205,3 +205,100 @@ def test_execution_id_unique_is_checked_not_assumed() -> None:
     assert "ExecutionIdUnique" in lost_two[0].cfg_path.read_text()
     twins = [m.name for m in placement_models() if m.witnesses == ("ExecutionIdUnique",)]
     assert sorted(twins) == ["KeyByListIndex", "KeyByProviderId", "PlaceAgainstLatestOnly"]
+
+
+# --- clause-level twins (model/clauses.toml, toolledger.check.clauses) -------
+
+from toolledger.check.clauses import ClauseEntry, clauses, load_clauses, weakened_text  # noqa: E402
+from toolledger.check.tlc import parse_cfg  # noqa: E402
+
+CLAUSES = load_clauses(ROOT)
+LEGACY = (ROOT / "spec" / "LegacyResume.tla").read_text()
+# (spec module, its text, the operators whose every clause needs a twin);
+# ConcurrentResumers is not covered yet.
+CLAUSE_SCOPE = (
+    ("DurableToolExecution", SPEC, (*safety_invariants(), "EventuallySettled")),
+    ("LegacyResume", LEGACY, ("AtMostOnceEffect",)),
+    ("ResponsePlacement", PLACEMENT, tuple(safety_invariants(PLACEMENT))),
+)
+
+
+def undeclared_clauses(spec_name: str, spec: str, operators: tuple[str, ...],
+                       entries: tuple[ClauseEntry, ...]) -> list[str]:
+    """Clauses of ``operators`` in ``spec`` with no entry (a twin or a reason)."""
+    declared = {(e.operator, " ".join(e.clause.split()), e.occurrence)
+                for e in entries if e.spec == spec_name}
+    return [f"{op}: {c.text}" + (f" (occurrence {c.occurrence})" if c.occurrence > 1 else "")
+            for op in operators for c in clauses(spec, op)
+            if (op, c.text, c.occurrence) not in declared]
+
+
+def test_the_clause_reader_splits_junctions_implications_and_quantifiers() -> None:
+    got = [(c.text, c.positive) for c in clauses(SPEC, "NoBlindReplay")]
+    assert got == [("i[2] > 1", False), ('i[3] = "human"', True), ('i[3] = "policy"', True),
+                   ('Policy[c] = "idempotent"', True), ('i[3] = "policy"', True),
+                   ('Policy[c] = "reconcile"', True), ("fenced[i[1]] >= i[2] - 1", True)]
+    legacy = [c.text for c in clauses(SPEC, "LegacyConservative")]
+    assert legacy == ["Protected(c)", 'i[3] = "human"', 'i[3] = "policy"',
+                      'row[1] = "human_retry"', "row[2] < i[2]"]
+    # a parenthesised antecedent with a continuation line, after a LET
+    bound = [(c.text, c.positive) for c in clauses(SPEC, "ApprovalBoundToArgs")]
+    assert [p for _, p in bound] == [False, False, False, True]
+    _, weak = weakened_text(SPEC, ClauseEntry("DurableToolExecution", "NoBlindReplay",
+                                              "fenced[i[1]] >= i[2] - 1"))
+    assert 'Policy[c] = "reconcile" /\\ (TRUE)' in weak and "fenced" not in weak
+    _, vacuous = weakened_text(SPEC, ClauseEntry("DurableToolExecution", "NoBlindReplay",
+                                                 "i[2] > 1"))
+    assert "(FALSE) =>" in vacuous
+
+
+def test_every_clause_of_every_invariant_has_a_twin_or_a_reason() -> None:
+    missing = [m for name, spec, ops in CLAUSE_SCOPE
+               for m in undeclared_clauses(name, spec, ops, CLAUSES)]
+    assert missing == [], (
+        f"clauses without an entry in model/clauses.toml: {missing}; add a [[clause]] "
+        "naming the ci twin that violates the invariant only through it (check it with "
+        "`python -m toolledger.check.clauses`), or the reason none can"
+    )
+    scoped = {(name, op) for name, _, ops in CLAUSE_SCOPE for op in ops}
+    stray = [e.label for e in CLAUSES if e.kind != "guard" and (e.spec, e.operator) not in scoped]
+    assert stray == []
+
+
+def test_every_clause_twin_is_a_ci_row_that_fails_that_invariant() -> None:
+    for e in CLAUSES:
+        if not e.twin:
+            assert len(e.reason) > 20, e.label
+            continue
+        row = MANIFEST.get(e.twin)
+        assert row.ci, f"{e.label}: twin {e.twin} must be a ci row (make check runs it)"
+        if e.kind == "guard":
+            continue  # any drift of its row kills a deleted guard
+        assert row.expect == e.operator, f"{e.label}: {e.twin} must expect {e.operator}"
+        info = parse_cfg(row.cfg_path)
+        checked = info.properties if e.kind == "property" else info.invariants
+        # other invariants the cfg checks do no harm: with the clause deleted
+        # the row passes or violates another one, a drift either way
+        assert e.operator in checked, f"{e.label}: model/{row.cfg} must check {e.operator}"
+
+
+def test_the_issue_28_survivors_have_killers() -> None:
+    """The weakened invariants issue 28 found surviving each have a twin."""
+    by = {(e.operator, e.clause, e.weakened): e.twin for e in CLAUSES}
+    assert by[("NoBlindReplay", "fenced[i[1]] >= i[2] - 1", "")] == "UnfencedRetry"
+    assert by[("EventuallySettled", "<>[]Settled(c)", "<>Settled(c)")] == "RepollForever"
+    assert by[("LegacyConservative", 'row[1] = "human_retry"', "")] == "LegacyRetried"
+    assert by[("AuditComplete", "HasRow(ExecId(c), d[1], d[2])",
+               'd[1] = "recovery_required" \\/ HasRow(ExecId(c), d[1], d[2])')] == "AuditSkipsHalts"
+    assert by[("ExternalApply", "~Fenced(e, n)", "")] == "OneReconcile"
+
+
+def test_a_new_clause_is_noticed() -> None:
+    """The check bites: a conjunct added to an invariant has no entry."""
+    spec = SPEC.replace("        /\\ sentAfterOutcome[c] = 0\n",
+                        "        /\\ sentAfterOutcome[c] = 0\n        /\\ crashes >= 0\n", 1)
+    assert spec != SPEC
+    assert undeclared_clauses("DurableToolExecution", spec, ("NoReinvokeAfterKnownOutcome",),
+                              CLAUSES) == ["NoReinvokeAfterKnownOutcome: crashes >= 0"]
+    assert undeclared_clauses("DurableToolExecution", SPEC, ("NoReinvokeAfterKnownOutcome",),
+                              CLAUSES) == []

@@ -1,0 +1,45 @@
+"""The clause twins of issue 28's surviving weakened invariants kill them (TLC).
+
+Issue 28 planted weakened invariants no model noticed: NoBlindReplay without
+its fence clause, EventuallySettled as <>Settled, LegacyConservative
+accepting any policy retry, AuditComplete without a halt's row; and a
+dropped ~Fenced(e, n) in ExternalApply.  Each now has an entry in
+model/clauses.toml; here each is run (toolledger.check.clauses.run_kills:
+the twin with the clause weakened must satisfy what is left, or, for the
+guard, drift).  The check bites: a twin that does not isolate a clause
+(UnfencedRetry for the reconcile disjunct's auth clause) is reported alive,
+in the same TLC run.  `python -m toolledger.check.clauses` runs every entry.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from checker_support import ROOT
+from toolledger.check.clauses import ClauseEntry, load_clauses, run_kills
+from toolledger.check.manifest import load_manifest
+
+SURVIVORS = [
+    ("NoBlindReplay", "fenced[i[1]] >= i[2] - 1", ""),
+    ("EventuallySettled", "<>[]Settled(c)", "<>Settled(c)"),
+    ("LegacyConservative", 'row[1] = "human_retry"', ""),
+    ("AuditComplete", "HasRow(ExecId(c), d[1], d[2])",
+     'd[1] = "recovery_required" \\/ HasRow(ExecId(c), d[1], d[2])'),
+    ("ExternalApply", "~Fenced(e, n)", ""),
+]
+
+
+def test_the_issue_28_survivors_are_killed(tmp_path: Path) -> None:
+    manifest = load_manifest(ROOT)
+    entries = {(e.operator, e.clause, e.weakened): e for e in load_clauses(ROOT)}
+    chosen = [entries[s] for s in SURVIVORS]
+    # not isolated by UnfencedRetry (its retry is a policy one): must be reported alive
+    alive = ClauseEntry("DurableToolExecution", "NoBlindReplay", 'i[3] = "policy"',
+                        occurrence=2, twin="UnfencedRetry")
+    kills = {(k.entry.operator, k.entry.clause, k.entry.weakened, k.entry.occurrence): k
+             for k in run_kills(manifest, [*chosen, alive], tmp_path)}
+    for e in chosen:
+        k = kills[(e.operator, e.clause, e.weakened, e.occurrence)]
+        assert k.killed, k.detail
+    k = kills[("NoBlindReplay", 'i[3] = "policy"', "", 2)]
+    assert not k.killed and "does not isolate" in k.detail
