@@ -14,12 +14,13 @@ SETUP := $(VENV)/.installed
 NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 NOTEBOOKS_HTML ?= build/notebooks-html
 
-.PHONY: help setup check test lint typecheck pytest bench notebooks notebooks-html clean distclean
+.PHONY: help setup check test lint typecheck pytest bench deep notebooks notebooks-html clean distclean
 
 help:
 	@echo "make check      model-check every model in model/manifest.toml (toolledger check)"
 	@echo "make test       ruff, mypy --strict, pytest and the notebooks (HYPOTHESIS_PROFILE=$(HYPOTHESIS_PROFILE))"
 	@echo "make bench      run benchmarks/run_all.py"
+	@echo "make deep       sample the deep model with TLC's random simulation (toolledger deep)"
 	@echo "make notebooks  re-execute notebooks/*.ipynb in place"
 	@echo "make notebooks-html  render the committed notebooks, code hidden, into $(NOTEBOOKS_HTML)/"
 	@echo "make setup      only create $(VENV) and install into it (the others do this first)"
@@ -58,6 +59,12 @@ pytest: $(SETUP)
 
 bench: $(SETUP)
 	$(BIN)/python benchmarks/run_all.py
+
+# On demand, not in CI: 3 calls, 3 crashes, 3 attempts, expiring keys, too
+# big to enumerate; TLC samples DEEP_TRACES behaviours (toolledger/check/deep.py).
+DEEP_TRACES ?= 20000
+deep: $(SETUP)
+	$(BIN)/toolledger deep --traces $(DEEP_TRACES)
 
 # jupyter-execute stops at the first failing cell and exits non-zero; the TLA+
 # kernel makes a failed parse or model check such a failure.

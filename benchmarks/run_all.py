@@ -35,6 +35,7 @@ from benchmarks import (
     bench_bytes,
     bench_check,
     bench_conformance,
+    bench_deep,
     bench_group,
     bench_models,
     bench_peers,
@@ -68,6 +69,7 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "bytes": lambda smoke=False: bench_bytes.run(smoke=smoke, with_profile=True),
     "group": bench_group.run,
     "async": bench_async.run,
+    "deep": bench_deep.run,
 }
 
 

@@ -1532,4 +1532,10 @@ Witness_KeyForgottenBeforeRecover ==
 Settled(c) == result[c] # NoResult \/ Rec(c).status = "recovery_required"
 EventuallySettled == \A c \in Calls : <>[]Settled(c)
 
+(* EventuallyAnswered: stronger, and what a user waits for: with the same  *)
+(* fairness every call ends (and stays) with a result in the conversation: *)
+(* a call halted for a human is answered once the human resolves it.       *)
+Answered(c) == result[c] # NoResult
+EventuallyAnswered == \A c \in Calls : <>[]Answered(c)
+
 =============================================================================

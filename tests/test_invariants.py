@@ -181,3 +181,18 @@ def test_the_mapping_writes_row_inputs_as_the_model_does() -> None:
     bare = _rows(CFG, s)
     assert bare["recovery_required"] == bare["dispatch"]
     assert from_spec(CFG, to_spec(CFG, s)).audit_inputs == {}
+
+
+def test_answered_is_stronger_than_settled() -> None:
+    """A halted call with no result is settled (recovery_required) but not answered:
+    EventuallyAnswered's predicate names it, EventuallySettled's does not."""
+    from toolledger.check.invariants import answered, settled
+
+    s = walk(CFG, *SENT, A.Crash)
+    s = next(n for a, n in successors(CFG, s) if a is A.Recover)
+    halted = [c for c in s.session.calls if c.result is None
+              and s.session.record(c.execution_id).status is p.LedgerStatus.RECOVERY_REQUIRED]
+    assert halted, "the manual call halts after a crash with its attempt dispatched"
+    name = next(cc.name for cc in CFG.calls if cc.position == halted[0].position)
+    assert not any(line.startswith(f"{name}:") for line in settled(CFG, s))
+    assert any(line.startswith(f"{name}: no result") for line in answered(CFG, s))

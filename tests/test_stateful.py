@@ -37,7 +37,7 @@ from checker_support import (
     skips_dispatched_write,
 )
 from toolledger._core import protocol as p
-from toolledger.check.invariants import INVARIANTS, settled
+from toolledger.check.invariants import INVARIANTS, answered, settled
 from toolledger.check.system import CallConfig, ModelConfig, SystemState, initial_states, successors
 
 POLICIES = list(p.RecoveryPolicy)
@@ -176,6 +176,9 @@ class ProtocolMachine(RuleBasedStateMachine):
             final = drive_fairly(self.cfg, self.state)
             problems = settled(self.cfg, final)
             assert not problems, f"EventuallySettled violated: {problems}"
+            # the humans of the fair schedule resolve every halt: all answered
+            problems = answered(self.cfg, final)
+            assert not problems, f"EventuallyAnswered violated: {problems}"
 
 
 def _action_rule(action: p.Action) -> Any:

@@ -1246,6 +1246,22 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return simulate.cmd_simulate(args)
 
 
+def _configure_deep(p: argparse.ArgumentParser) -> None:
+    from .check import deep
+
+    add_root_argument(p)
+    deep.configure(p)
+
+
+def _cmd_deep(args: argparse.Namespace) -> int:
+    from .check import deep
+
+    try:
+        return deep.cmd_deep(args, resolve_root(args))
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+
+
 def _configure_models(p: argparse.ArgumentParser) -> None:
     add_root_argument(p)
     p.add_argument("--proves", action="store_true",
@@ -1280,6 +1296,13 @@ SUBCOMMANDS: list[Subcommand] = [
         "print the manifest's models as docs/models.md's markdown table",
         _configure_models,
         _cmd_models,
+    ),
+    Subcommand(
+        "deep",
+        "sample the deep model (3 calls, 3 crashes, 3 attempts, expiring keys) with TLC's "
+        "random simulation; exit 1 if a behaviour breaks an invariant",
+        _configure_deep,
+        _cmd_deep,
     ),
     Subcommand(
         "simulate",

@@ -8,9 +8,9 @@ the spec mapping, and mirror the definitions in
 ``spec/DurableToolExecution.tla`` one to one; a test asserts that the names
 here are exactly the names the ``.cfg`` files check.
 
-``EventuallySettled`` is a liveness property; :func:`settled` is its state
-predicate, which the Hypothesis machines check once a run has been driven
-to quiescence.
+``EventuallySettled`` and ``EventuallyAnswered`` are liveness properties;
+:func:`settled` and :func:`answered` are their state predicates, which the
+Hypothesis machines check once a run has been driven to quiescence.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Final
 from .._core import protocol as p
 from .system import ModelConfig, SystemState
 
-__all__ = ["INVARIANTS", "PROPERTIES", "check_all", "settled"]
+__all__ = ["INVARIANTS", "PROPERTIES", "answered", "check_all", "settled"]
 
 Check = Callable[[ModelConfig, SystemState], list[str]]
 _KNOWN = frozenset({p.LedgerStatus.SUCCEEDED, p.LedgerStatus.FAILED, p.LedgerStatus.ABANDONED})
@@ -340,7 +340,24 @@ def settled(cfg: ModelConfig, s: SystemState) -> list[str]:
     return out
 
 
-PROPERTIES: Final[Mapping[str, Check]] = {"EventuallySettled": settled}
+def answered(cfg: ModelConfig, s: SystemState) -> list[str]:
+    """The state predicate of ``EventuallyAnswered``: every call has a result in
+    the conversation (a call in recovery_required is settled, not answered)."""
+    by_pos = {c.position: c for c in s.session.calls}
+    out = []
+    for cc in cfg.calls:
+        c = by_pos.get(cc.position)
+        if c is None:
+            out.append(f"{cc.name}: not emitted")
+        elif c.result is None:
+            out.append(f"{cc.name}: no result in the conversation ({c.stage.value})")
+    return out
+
+
+PROPERTIES: Final[Mapping[str, Check]] = {
+    "EventuallySettled": settled,
+    "EventuallyAnswered": answered,
+}
 
 
 def check_all(cfg: ModelConfig, s: SystemState) -> dict[str, list[str]]:
