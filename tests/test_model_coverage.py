@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 
 from checker_support import ROOT
+from toolledger.check.invariants import PROPERTIES
 from toolledger.check.manifest import WITNESS_PREFIX, ModelEntry, load_manifest
 
 SPEC = (ROOT / "spec" / "DurableToolExecution.tla").read_text()
@@ -217,7 +218,7 @@ LEGACY = (ROOT / "spec" / "LegacyResume.tla").read_text()
 # (spec module, its text, the operators whose every clause needs a twin);
 # ConcurrentResumers is not covered yet.
 CLAUSE_SCOPE = (
-    ("DurableToolExecution", SPEC, (*safety_invariants(), "EventuallySettled")),
+    ("DurableToolExecution", SPEC, (*safety_invariants(), *PROPERTIES)),
     ("LegacyResume", LEGACY, ("AtMostOnceEffect",)),
     ("ResponsePlacement", PLACEMENT, tuple(safety_invariants(PLACEMENT))),
 )
