@@ -650,6 +650,7 @@ def _key_answers(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:
                 continue
             after = replace(s, external=replace(
                 ext, inflight=_upd(ext.inflight, eid, ext.requests(eid) - {n})))  # type: ignore[arg-type]
+            answers: tuple[p.Action, ...]
             if remembered:
                 answers = (p.Action.ExternalAnswerParamsDiffer, p.Action.ExternalReplayFailure)
             elif ext.requests(eid) - {n}:
