@@ -183,3 +183,15 @@ def test_a_key_answer_is_unknown_whatever_the_tools_hooks_say(exc: KeyAnswer) ->
 
     st = s.execute(key, retry)
     assert st.outcome is Outcome.APPLIED and seen == [key]
+
+
+def test_trace_validation_quantifies_every_action_as_the_specs_next_does() -> None:
+    """The trace modules step with each action's disjunct of Next, quantifier
+    and all (a key answer ranges over ExecIds, not Calls)."""
+    from checker_support import ROOT
+    from toolledger.check.tracecheck import _STEP
+
+    spec = (ROOT / "spec" / "DurableToolExecution.tla").read_text()
+    body = spec.split("\nNext ==", 1)[1].split("\n\n", 1)[0]
+    disjuncts = {line.strip()[3:] for line in body.splitlines() if line.strip().startswith("\\/")}
+    assert disjuncts == set(_STEP.values())

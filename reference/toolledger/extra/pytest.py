@@ -599,6 +599,11 @@ def _in_flight_is_unknown(r: _Run) -> None:
     s, key = _held_then(r, Fault.HOLD, "a request still in flight at the time-out")
     r.inject(Fault.IN_FLIGHT)
     st = s.execute(key, r.c.call)
+    n = r.effects(key)
+    r.expect(n == 0, f"{n} effect(s) before the original landed: the sandbox applied a "
+                     "request scripted in_flight (it must answer 'in flight' without "
+                     "applying: check the sandbox), or the connector re-sent it under a "
+                     "fresh key")
     r.c.sandbox.deliver_late()  # the original, still being processed, lands
     n = r.effects(key)
     r.expect(n == 1, f"{n} effects after the system answered the retry 'in flight' and the "
