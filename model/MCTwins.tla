@@ -143,6 +143,19 @@ ConnectorFenceLater(c) ==
 (* (AtMostOnceEffect allows it: a human retried).                         *)
 RecordLateReturnOff == FALSE
 
+(* InFlightAsApplied: the adapter takes a 409 "in flight" answer for      *)
+(* success ("already done"), although the other request under the key is  *)
+(* still being processed and may be rejected or never land.  Breaks       *)
+(* ResultFidelity (an ok result with no effect).                          *)
+(* InFlightNewKey, ParamsDifferNewKey, ReplayedFailureNewKey: the adapter *)
+(* re-sends the request under a fresh key on a 409, a "parameters differ" *)
+(* or a replayed failure (EC2's advice for IdempotentParameterMismatch);   *)
+(* the API applies it as a new request.  Break AtMostOnceEffect: the     *)
+(* earlier request had been applied (or still lands).                     *)
+KeyAnswersOn == TRUE
+KeyAnswerApplied == "applied"
+KeyAnswerNewKey == "new_key"
+
 (* ReconcileAbandoned: a reconcile call a human abandoned is reconciled   *)
 (* again instead of reconstructed, so the connector's "not applied" sends *)
 (* attempt 2 after the human gave up.  Breaks NoReinvokeAfterKnownOutcome *)

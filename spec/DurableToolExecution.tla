@@ -102,6 +102,11 @@
 (*    arrives after a time-out is recorded while the record is still at    *)
 (*    that attempt, never dropped (HumanSeesKnownOutcome): twin            *)
 (*    LateReturnDropped, probe Witness_LateAnswerRecorded;                 *)
+(*  - an API's answer under the key that does not say whether the effect  *)
+(*    happened ("in flight", "parameters differ", a replayed failure) is   *)
+(*    classified unknown, and the retry keeps the key (KeyAnswers): twins  *)
+(*    InFlightAsApplied, InFlightNewKey, ParamsDifferNewKey,               *)
+(*    ReplayedFailureNewKey;                                               *)
 (*  - the execution id is not shared by two calls (it includes the         *)
 (*    position): ASSUME ExecutionIdUnique; twins KeyByToolCallId,          *)
 (*    KeyByToolCallIdIdempotent;                                           *)
@@ -685,6 +690,80 @@ ExternalDropFenced(e) ==
       /\ UNCHANGED positions
 
 (***************************************************************************)
+(* Key answers (docs/protocol.md#real-apis-answers).  A real API that      *)
+(* deduplicates on an idempotency key answers a request under a key it    *)
+(* knows in more ways than "applied" and "rejected"; each answer below     *)
+(* consumes the request WITHOUT applying it, and none of them says whether *)
+(* the execution's effect happened:                                        *)
+(*  - ExternalAnswerInFlight: "in flight" (409 Conflict): another request *)
+(*    under the key is still being processed, and may still be applied;   *)
+(*  - ExternalAnswerParamsDiffer: "parameters differ" (Stripe's           *)
+(*    idempotency_error, EC2's IdempotentParameterMismatch): the key holds *)
+(*    an earlier request whose body differs (under our own key: an adapter *)
+(*    whose bodies are not byte-stable across attempts, or two calls       *)
+(*    sharing a key: a bug either way), processed with an outcome the      *)
+(*    engine does not know;                                               *)
+(*  - ExternalReplayFailure: the key holds the FAILURE answer of an        *)
+(*    earlier request (Stripe replays a stored 500), whose effect may have *)
+(*    been applied.  A stored failure the API guarantees had no effect is  *)
+(*    a definite rejection, replayed or not: ExternalRejectDefinite.        *)
+(* The spec does not model request bodies or stored answers: the API may  *)
+(* answer the last two to any request under a key it remembers (an over-  *)
+(* approximation, sound for safety).  The adapter seam classifies each as  *)
+(* UNKNOWN (toolledger.KeyInFlight, KeyParamsDiffer, ReplayedFailure): the *)
+(* engine waiting for the attempt treats it as a time-out ("resume") and   *)
+(* Recover decides (an idempotent call retries with the SAME key, or halts *)
+(* for a human).  InFlightAnswer, ParamsDifferAnswer and                   *)
+(* ReplayedFailureAnswer are the classification, a design switch: a twin   *)
+(* overrides one with "applied" (the adapter takes the answer for success) *)
+(* or "new_key" (the adapter re-sends under a fresh key, as EC2's docs     *)
+(* suggest for a mismatch: the API applies it as a new request, with no    *)
+(* key to deduplicate it against the earlier effect).  A key answer is    *)
+(* modelled for the attempt the engine waits for only: one that arrives   *)
+(* after the time-out tells the engine nothing it does not know already   *)
+(* (unknown), and such a request is left to the other external actions.  *)
+(* KeyAnswers is FALSE in every model but the key-answer ones (they        *)
+(* override it in their .cfg): none of the three actions is then enabled.  *)
+(***************************************************************************)
+KeyAnswers == FALSE
+InFlightAnswer == "unknown"
+ParamsDifferAnswer == "unknown"
+ReplayedFailureAnswer == "unknown"
+
+\* The answer k ("unknown", "applied", "new_key") of attempt n of e reaches
+\* call c, which waits for it.
+TakeKeyAnswer(c, k) ==
+    /\ stage' = [stage EXCEPT ![c] = IF k = "unknown" THEN "resume" ELSE "got_ok"]
+    /\ effects' = IF k = "new_key" THEN [effects EXCEPT ![c] = @ + 1] ELSE effects
+    /\ UNCHANGED durable /\ UNCHANGED fenced
+    /\ UNCHANGED <<applied, windowPassed, keyForgotten, droppedAnswers>>
+    /\ UNCHANGED <<invocations, humanApproved, humanRetries, crashes>>
+    /\ UNCHANGED <<sent, knownOutcome, sentAfterOutcome, decided>>
+    /\ UNCHANGED positions
+
+ExternalAnswerInFlight(e) ==
+    \E n \in inflight[e], c \in Calls :
+      /\ KeyAnswers /\ Dedups(e) /\ ~KeyRemembered(e)
+      /\ ~Fenced(e, n) /\ Waiting(c, e, n) /\ Sender(c, e, n)
+      /\ \E m \in inflight[e] : m # n        \* the other request, being processed
+      /\ inflight' = [inflight EXCEPT ![e] = @ \ {n}]
+      /\ TakeKeyAnswer(c, InFlightAnswer)
+
+ExternalAnswerParamsDiffer(e) ==
+    \E n \in inflight[e], c \in Calls :
+      /\ KeyAnswers /\ KeyRemembered(e)
+      /\ ~Fenced(e, n) /\ Waiting(c, e, n) /\ Sender(c, e, n)
+      /\ inflight' = [inflight EXCEPT ![e] = @ \ {n}]
+      /\ TakeKeyAnswer(c, ParamsDifferAnswer)
+
+ExternalReplayFailure(e) ==
+    \E n \in inflight[e], c \in Calls :
+      /\ KeyAnswers /\ KeyRemembered(e)
+      /\ ~Fenced(e, n) /\ Waiting(c, e, n) /\ Sender(c, e, n)
+      /\ inflight' = [inflight EXCEPT ![e] = @ \ {n}]
+      /\ TakeKeyAnswer(c, ReplayedFailureAnswer)
+
+(***************************************************************************)
 (* EngineDiscardLateReturn: the external system processes attempt n of e   *)
 (* (applies it, or rejects it definitely) and returns, but the engine      *)
 (* takes it for no call (~Delivered): it belongs to an older attempt (a    *)
@@ -1099,6 +1178,9 @@ Next ==
     \/ \E e \in ExecIds : ExternalApplyLoseAnswer(e)
     \/ \E e \in ExecIds : ExternalRejectDefinite(e)
     \/ \E e \in ExecIds : ExternalDropFenced(e)
+    \/ \E e \in ExecIds : ExternalAnswerInFlight(e)
+    \/ \E e \in ExecIds : ExternalAnswerParamsDiffer(e)
+    \/ \E e \in ExecIds : ExternalReplayFailure(e)
     \/ \E e \in ExecIds : EngineDiscardLateReturn(e)
     \/ \E e \in ExecIds : RetentionWindowPasses(e)
     \/ \E e \in ExecIds : ExternalExpireKey(e)
@@ -1521,6 +1603,26 @@ Witness_KeyForgottenBeforeRecover ==
         /\ Policy[c] = "idempotent" /\ ExecId(c) \in keyForgotten
         /\ effects[c] >= 1 /\ stage[c] = "resume"
         /\ Rec(c).status = "dispatched"
+
+\* The external system may answer a request of an idempotent call "in
+\* flight" (409) while the engine waits for it: another request under the
+\* key is still in flight and may still land (AtMostOnceEffect: a retry under
+\* a fresh key would apply it twice; ResultFidelity: taken for success, the
+\* answer shows an ok result for an effect that may never happen).
+Witness_InFlightAnswerable ==
+    ~\E e \in ExecIds : ENABLED ExternalAnswerInFlight(e)
+
+\* The external system may answer a retry "parameters differ" under a key it
+\* remembers while the engine waits for it (AtMostOnceEffect: re-sent under a
+\* fresh key, the effect of the earlier attempt is applied again).
+Witness_ParamsDifferAnswerable ==
+    ~\E e \in ExecIds : ENABLED ExternalAnswerParamsDiffer(e)
+
+\* The external system may replay a stored failure to a retry under a key it
+\* remembers while the engine waits for it (AtMostOnceEffect: re-sent under a
+\* fresh key, the effect of the earlier attempt is applied again).
+Witness_ReplayedFailureAnswerable ==
+    ~\E e \in ExecIds : ENABLED ExternalReplayFailure(e)
 
 (***************************************************************************)
 (* LIVENESS.                                                               *)

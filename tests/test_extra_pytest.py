@@ -11,7 +11,9 @@ connector developer writes theirs (``CONTRACT``): the reference connectors of
 - query-then-fence (a reconcile connector that reads the status, then fences);
 - unknown answered as not applied (time-outs and resets raised as NotApplied);
 - epoch-blind (a payments client that never sends the session owner's lease
-  epoch, so a stale worker's request lands after a new owner announced its own).
+  epoch, so a stale worker's request lands after a new owner announced its own);
+- a real API's key answers misclassified: a 409 "in progress" taken for
+  success, a "parameters differ" or a replayed failure re-sent under a fresh key.
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ import pytest
 from toolledger import Tool
 from toolledger.extra.pytest import Connector
 from toolledger.kit.connectors import (
-    EmailClient, EmailServer, EpochBlindPaymentsClient, PaymentsClient, PaymentsFake,
+    ConflictAsAppliedEmailClient, EmailClient, EmailServer, EpochBlindPaymentsClient,
+    FreshKeyOnMismatchEmailClient, FreshKeyOnReplayedFailureEmailClient, PaymentsClient,
+    PaymentsFake,
     QueryThenFencePaymentsClient, UnknownAsNotAppliedEmailClient,
 )
 
@@ -87,6 +91,21 @@ def email_no_dedup():
 @pytest.fixture
 def email_unknown_as_not_applied():
     yield from email_connector(UnknownAsNotAppliedEmailClient)
+
+
+@pytest.fixture
+def email_conflict_as_applied():
+    yield from email_connector(ConflictAsAppliedEmailClient)
+
+
+@pytest.fixture
+def email_fresh_key_on_mismatch():
+    yield from email_connector(FreshKeyOnMismatchEmailClient)
+
+
+@pytest.fixture
+def email_fresh_key_on_replayed_failure():
+    yield from email_connector(FreshKeyOnReplayedFailureEmailClient)
 
 
 def payments_connector(tmp_path, client_type=PaymentsClient, retention_window=None):
@@ -141,6 +160,21 @@ def test_email_unknown_as_not_applied(obligation, email_unknown_as_not_applied):
     obligation.check(email_unknown_as_not_applied)
 
 
+@pytest.mark.connector_contract(EMAIL)
+def test_email_conflict_as_applied(obligation, email_conflict_as_applied):
+    obligation.check(email_conflict_as_applied)
+
+
+@pytest.mark.connector_contract(EMAIL)
+def test_email_fresh_key_on_mismatch(obligation, email_fresh_key_on_mismatch):
+    obligation.check(email_fresh_key_on_mismatch)
+
+
+@pytest.mark.connector_contract(EMAIL)
+def test_email_fresh_key_on_replayed_failure(obligation, email_fresh_key_on_replayed_failure):
+    obligation.check(email_fresh_key_on_replayed_failure)
+
+
 @pytest.mark.connector_contract(Tool(policy="idempotent"), retention_window=WINDOW)
 def test_payments(obligation, payments):
     obligation.check(payments)
@@ -185,6 +219,8 @@ EXPECTED_FAILURES: dict[str, set[str]] = {
         "ExternalApply-duplicate_applies_once-AtMostOnceEffect",
         "ExternalApplyLoseAnswer-retry_applies_once-AtMostOnceEffect",
         "ExternalApply-concurrent_duplicates_apply_once-AtMostOnceEffect",
+        # the retry without a key is applied again beside the stored failure's effect
+        "ExternalReplayFailure-replayed_failure_is_unknown-AtMostOnceEffect",
     },
     "test_payments_short_retention": {
         "ExternalApply-dedup_within_retention_window-AtMostOnceEffect",
@@ -198,6 +234,19 @@ EXPECTED_FAILURES: dict[str, set[str]] = {
         "ExternalApply-late_original_is_unknown-ResultFidelity",
         # the reset is recorded as a failure, so the engine never retries
         "ExternalApplyLoseAnswer-retry_applies_once-AtMostOnceEffect",
+        # the same: the key answers' obligations start from a time-out or a reset
+        "ExternalAnswerInFlight-in_flight_is_unknown-ResultFidelity",
+        "ExternalAnswerParamsDiffer-params_differ_is_unknown-AtMostOnceEffect",
+    },
+    # a real API's key answers (docs/protocol.md#real-apis-answers)
+    "test_email_conflict_as_applied": {
+        "ExternalAnswerInFlight-in_flight_is_unknown-ResultFidelity",
+    },
+    "test_email_fresh_key_on_mismatch": {
+        "ExternalAnswerParamsDiffer-params_differ_is_unknown-AtMostOnceEffect",
+    },
+    "test_email_fresh_key_on_replayed_failure": {
+        "ExternalReplayFailure-replayed_failure_is_unknown-AtMostOnceEffect",
     },
 }
 
@@ -211,6 +260,9 @@ SUITE = {
     "test_email_manual": MANUAL,
     "test_email_no_dedup": IDEMPOTENT,
     "test_email_unknown_as_not_applied": IDEMPOTENT,
+    "test_email_conflict_as_applied": IDEMPOTENT,
+    "test_email_fresh_key_on_mismatch": IDEMPOTENT,
+    "test_email_fresh_key_on_replayed_failure": IDEMPOTENT,
     "test_payments": WINDOWED,
     "test_payments_short_retention": WINDOWED,
     "test_payments_reconcile": RECONCILE,
@@ -308,7 +360,9 @@ def test_collect_only_lists_obligation_named_tests(pytester: pytest.Pytester) ->
 def test_every_spec_external_action_has_obligations() -> None:
     actions = {ob.action for ob in OBLIGATIONS}
     assert actions == {"ExternalApply", "ExternalApplyLoseAnswer", "ExternalRejectDefinite",
-                       "ExternalDropFenced", "ExternalExpireKey", "ExternalDrop"}
+                       "ExternalDropFenced", "ExternalExpireKey", "ExternalDrop",
+                       "ExternalAnswerInFlight", "ExternalAnswerParamsDiffer",
+                       "ExternalReplayFailure"}
     with open(os.path.join(os.path.dirname(__file__), "..", "spec",
                            "DurableToolExecution.tla"), encoding="utf-8") as f:
         spec = f.read()

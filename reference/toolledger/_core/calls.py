@@ -3,8 +3,9 @@
 Private module of :mod:`toolledger`: import the public names from ``toolledger``.
 
 :class:`Tool` (a tool's recovery policy, approval, retention window and
-outcome classification), :class:`Outcome` and :class:`NotApplied` (how a call
-ended, and how a tool says "definitely not applied"), :class:`CallRef`,
+outcome classification), :class:`Outcome`, :class:`NotApplied` and
+:class:`KeyAnswer` (how a call ended, how a tool says "definitely not
+applied", and an API's key answers that never are), :class:`CallRef`,
 :class:`CallStatus` and :class:`Next` (where a call stands and what to do
 with it), :class:`Attempt` (what a tool body gets), and the session's errors.
 :class:`~toolledger._core.session.Session`, which uses them, re-exports
@@ -39,9 +40,13 @@ __all__ = [
     "CallRef",
     "CallStatus",
     "Classifier",
+    "KeyAnswer",
+    "KeyInFlight",
+    "KeyParamsDiffer",
     "Next",
     "NotApplied",
     "Outcome",
+    "ReplayedFailure",
     "SessionInterrupted",
     "Tool",
 ]
@@ -59,6 +64,37 @@ class NotApplied(Exception):
     sent.  The call is recorded as failed (no recovery, no human); its text
     becomes the tool result the model sees.
     """
+
+
+class KeyAnswer(Exception):
+    """An idempotent tool's API answered under its key without saying whether the
+    effect happened (docs/protocol.md#real-apis-answers).  Raise a subclass from
+    the tool body; the session classifies it UNKNOWN whatever the tool's
+    ``classify`` hook or ``marks_send`` say: an idempotent call is retried with
+    the SAME key (never a fresh one), or halts for a human.  The spec's
+    ``ExternalAnswerInFlight``, ``ExternalAnswerParamsDiffer``,
+    ``ExternalReplayFailure``.
+    """
+
+
+class KeyInFlight(KeyAnswer):
+    """"In flight" (e.g. 409 Conflict): another request with this key is still being
+    processed.  This request was not applied; the other one may still be."""
+
+
+class KeyParamsDiffer(KeyAnswer):
+    """"Parameters differ" (Stripe's ``idempotency_error``, EC2's
+    ``IdempotentParameterMismatch``): the key holds an earlier request with other
+    parameters, processed with an outcome this answer does not give.  Under the
+    engine's own key it is a bug (request bodies not byte-stable across attempts,
+    or two calls sharing a key): never re-send under a fresh key."""
+
+
+class ReplayedFailure(KeyAnswer):
+    """The API replayed the stored FAILURE answer of an earlier request with this
+    key (Stripe replays a stored ``500``), whose effect may have been applied.
+    A stored failure the API guarantees had no effect (a refusal before
+    execution) is a definite one: raise :class:`NotApplied` for it instead."""
 
 
 class CallBusy(InvalidInput):

@@ -255,6 +255,12 @@ TRANSITIONS: Final[Mapping[Action, TransitionSpec]] = {
              "the clock passes the end of the key's retention window: keyRetained is false"),
         _row(Action.ExternalExpireKey, Actor.EXTERNAL, (), None, "-",
              "the external system forgets an idempotency key after its window"),
+        _row(Action.ExternalAnswerInFlight, Actor.EXTERNAL, (S.WAITING,), S.RESUME, "-",
+             "409: another request under the key is in flight; unknown, as a time-out"),
+        _row(Action.ExternalAnswerParamsDiffer, Actor.EXTERNAL, (S.WAITING,), S.RESUME, "-",
+             "the key holds a request with other parameters; unknown, as a time-out"),
+        _row(Action.ExternalReplayFailure, Actor.EXTERNAL, (S.WAITING,), S.RESUME, "-",
+             "the key's stored failure is replayed; unknown, as a time-out"),
     )
 }
 del S
@@ -538,6 +544,32 @@ def _timeout(state: SessionState, ev: Event) -> SessionState:
     c = _call(state, ev)
     _stage(c, ev, Stage.WAITING)
     return state._with_call(replace(c, stage=Stage.RESUME))
+
+
+def _key_answer(state: SessionState, ev: Event) -> SessionState:
+    """A key answer of a real API ("in flight", "parameters differ", a replayed
+    failure: docs/protocol.md#real-apis-answers) to the attempt the engine waits
+    for.  None of them says whether the effect happened: the adapter seam
+    classifies each as unknown, so the call resumes as after a time-out and
+    Recover decides.  Only a request that carries a key (an idempotent tool's)
+    gets one."""
+    c = _call(state, ev)
+    _stage(c, ev, Stage.WAITING)
+    _require(c.tool.policy is RecoveryPolicy.IDEMPOTENT, ev,
+             "only an idempotent tool's request carries an idempotency key")
+    _require(
+        ev.attempt == state.record(c.execution_id).attempt,
+        ev,
+        f"the answer is for attempt {ev.attempt}, the engine waits for "
+        f"{state.record(c.execution_id).attempt}",
+    )
+    return state._with_call(replace(c, stage=Stage.RESUME))
+
+
+for _a in (Action.ExternalAnswerInFlight, Action.ExternalAnswerParamsDiffer,
+           Action.ExternalReplayFailure):
+    _handles(_a)(_key_answer)
+del _a
 
 
 def _halt_record(state: SessionState, c: CallState) -> ExecutionRecord:

@@ -54,7 +54,11 @@ not applied" or "unknown".  In :meth:`Session.dispatch`:
 1. a return (``done(value)``, or the function's return in :meth:`Session.execute`)
    is **applied**: the value becomes the tool result;
 2. :class:`NotApplied` raised by the tool is **definitely not applied** (the
-   external system refused the request, or it never left);
+   external system refused the request, or it never left); a
+   :class:`KeyAnswer` (:class:`KeyInFlight`, :class:`KeyParamsDiffer`,
+   :class:`ReplayedFailure`: an API's answer under the key that does not say
+   whether the effect happened, docs/protocol.md#real-apis-answers) is
+   **unknown**, whatever the rules below say;
 3. else the tool's ``classify`` hook (:class:`Tool`) may answer
    :attr:`Outcome.NOT_APPLIED` or :attr:`Outcome.UNKNOWN`;
 4. else, for a tool declared ``marks_send=True``, an exception raised before
@@ -141,6 +145,7 @@ from .calls import (
     CallRef,
     CallStatus,
     Classifier,
+    KeyAnswer,
     Next,
     NotApplied,
     Outcome,
@@ -1494,6 +1499,8 @@ class Session(LedgerGuard):
                        error=str(exc))
 
     def _classify(self, a: Attempt, exc: Exception) -> Outcome:
+        if isinstance(exc, KeyAnswer):  # never definite, whatever the hooks say
+            return Outcome.UNKNOWN
         if isinstance(exc, NotApplied):
             return Outcome.NOT_APPLIED
         tool = self._tool(a.call.name)

@@ -169,6 +169,10 @@ class Action(StrEnum):
     EngineDiscardLateReturn = "EngineDiscardLateReturn"
     RetentionWindowPasses = "RetentionWindowPasses"
     ExternalExpireKey = "ExternalExpireKey"
+    # the key answers of real APIs (docs/protocol.md#real-apis-answers)
+    ExternalAnswerInFlight = "ExternalAnswerInFlight"
+    ExternalAnswerParamsDiffer = "ExternalAnswerParamsDiffer"
+    ExternalReplayFailure = "ExternalReplayFailure"
 
 
 # --------------------------------------------------------------------------

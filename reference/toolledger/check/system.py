@@ -89,6 +89,9 @@ class ModelConfig:
     # the spec's KeysExpire: the key-retention window may pass and the
     # external system may forget keys (RetentionWindowPasses, ExternalExpireKey)
     keys_expire: bool = False
+    # the spec's KeyAnswers: the external system may answer a request under a
+    # key it knows "in flight", "parameters differ" or with a replayed failure
+    key_answers: bool = False
     # derived tables
     by_name: Mapping[str, CallConfig] = field(init=False)
     by_position: Mapping[p.CallPosition, CallConfig] = field(init=False)
@@ -199,6 +202,7 @@ class ModelConfig:
             max_repairs=num("MaxRepairs") if "MaxRepairs" in defs else 0,
             max_renumbers=num("MaxRenumbers") if "MaxRenumbers" in defs else 0,
             keys_expire=bool(defs.get("KeysExpire", False)),
+            key_answers=bool(defs.get("KeyAnswers", False)),
         )
 
 
@@ -624,8 +628,43 @@ def _external(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:
                         yield p.Action.ExternalRejectDefinite, replace(rejected, session=delivered)
                     else:
                         yield from _discard(cfg, s, sender, n, rejected, applied=False)
+    if cfg.key_answers:
+        yield from _key_answers(cfg, s)
     if cfg.keys_expire:
         yield from _key_retention(cfg, s)
+
+
+def _key_answers(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:
+    """The key answers of a real API (docs/protocol.md#real-apis-answers), each
+    to the call that sent attempt n and waits for it (the core refuses any
+    other): "in flight" while another request under a key not yet stored is
+    in flight, "parameters differ" and a replayed failure under a key the
+    system remembers.  None applies the request."""
+    ext, gh = s.external, s.ghosts
+    for eid in sorted(set(cfg.exec_ids.values())):
+        if not cfg.dedups(eid):
+            continue
+        remembered = ext.remembers(cfg, eid)
+        for n in sorted(ext.requests(eid)):
+            if n <= ext.fence(eid):
+                continue
+            after = replace(s, external=replace(
+                ext, inflight=_upd(ext.inflight, eid, ext.requests(eid) - {n})))  # type: ignore[arg-type]
+            answers: tuple[p.Action, ...]
+            if remembered:
+                answers = (p.Action.ExternalAnswerParamsDiffer, p.Action.ExternalReplayFailure)
+            elif ext.requests(eid) - {n}:
+                answers = (p.Action.ExternalAnswerInFlight,)
+            else:
+                continue
+            for c in s.session.calls:
+                name = cfg.by_position[c.position].name
+                if c.execution_id != eid or gh.sent_count(name, n) < 1:
+                    continue
+                for action in answers:
+                    nxt = _try(s.session, _event(action, c.position, n))
+                    if nxt is not None:
+                        yield action, replace(after, session=nxt)
 
 
 def _key_retention(cfg: ModelConfig, s: SystemState) -> Iterator[Successor]:

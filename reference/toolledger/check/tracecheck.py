@@ -53,6 +53,9 @@ _STEP: dict[str, str] = {
             p.Action.EngineDiscardLateReturn,
             p.Action.RetentionWindowPasses,
             p.Action.ExternalExpireKey,
+            p.Action.ExternalAnswerInFlight,
+            p.Action.ExternalAnswerParamsDiffer,
+            p.Action.ExternalReplayFailure,
         )
     },
     "Crash": "Crash",
@@ -154,6 +157,7 @@ def config_module(cfg: ModelConfig, name: str) -> str:
         f"MCMaxRepairs == {cfg.max_repairs}",
         f"MCMaxRenumbers == {cfg.max_renumbers}",
         f"MCKeysExpire == {serialize(cfg.keys_expire)}",
+        f"MCKeyAnswers == {serialize(cfg.key_answers)}",
         "====",
     ]
     return "\n".join(lines) + "\n"
@@ -230,6 +234,8 @@ def _trace_cfg(cfg: ModelConfig) -> str:
         subs += "\n    MaxRenumbers <- MCMaxRenumbers"
     if cfg.keys_expire:  # KeysExpire is a definition, FALSE unless overridden
         subs += "\n    KeysExpire <- MCKeysExpire"
+    if cfg.key_answers:  # KeyAnswers too
+        subs += "\n    KeyAnswers <- MCKeyAnswers"
     return f"CONSTANTS\n{subs}\nINIT TraceInit\nNEXT TraceStep\nINVARIANT TraceStartsInInit\n"
 
 

@@ -21,8 +21,10 @@ This plugin turns those assumptions into a test-suite for YOUR connector::
 Every test the marker generates is one :class:`Obligation`: an external-system
 action of ``spec/DurableToolExecution.tla`` (``ExternalApply``,
 ``ExternalApplyLoseAnswer``, ``ExternalRejectDefinite``, ``ExternalDropFenced``,
-``ExternalExpireKey``), what the connector must do in it, and the invariant
-whose proof assumes it; the test id is ``Action-obligation-Invariant``
+``ExternalExpireKey``, and a real API's key answers ``ExternalAnswerInFlight``,
+``ExternalAnswerParamsDiffer``, ``ExternalReplayFailure``), what the connector
+must do in it, and the invariant whose proof assumes it; the test id is
+``Action-obligation-Invariant``
 (``test_payments[ExternalApply-duplicate_applies_once-AtMostOnceEffect]``) and a
 failure says which promise was broken and what it costs.
 
@@ -118,6 +120,15 @@ class Fault(StrEnum):
     ExternalApply, or ExternalDropFenced once its attempt is fenced)."""
     REJECT = "reject"
     """ExternalRejectDefinite: the system refuses it with a typed error, nothing applied."""
+    IN_FLIGHT = "in_flight"
+    """ExternalAnswerInFlight: the system answers that another request with this key is
+    still being processed (a 409); nothing applied by this one."""
+    PARAMS_DIFFER = "params_differ"
+    """ExternalAnswerParamsDiffer: the system answers that the key holds a request with
+    other parameters (an idempotency error); nothing applied by this one."""
+    FAIL_AFTER_APPLY = "fail_after_apply"
+    """ExternalReplayFailure: the system applies it, answers a 500 and stores that
+    failure under the key: a retry with the key gets the stored 500 replayed."""
 
 
 class Sandbox(Protocol):
@@ -569,6 +580,73 @@ def _retry_after_window_halts(r: _Run) -> None:
         r.expect(r.effects(key) == 1, f"{r.effects(key)} effects before any retry")
 
 
+# -- idempotent: a real API's key answers (docs/protocol.md#real-apis-answers) --------
+
+
+def _held_then(r: _Run, first: Fault, what: str) -> tuple[Session, str]:
+    """Attempt 1 meets ``first`` and must leave a retry with the same key."""
+    s = r.session()
+    key = r.record(s)
+    r.inject(first)
+    st = s.execute(key, r.c.call)
+    r.expect(st.next is Next.RETRY,
+             f"after {what} the engine's next step is {st.next.value} (outcome "
+             f"{_outcome(st.outcome)}{_err(st.error)}), expected a retry with the same key")
+    return s, key
+
+
+def _in_flight_is_unknown(r: _Run) -> None:
+    s, key = _held_then(r, Fault.HOLD, "a request still in flight at the time-out")
+    r.inject(Fault.IN_FLIGHT)
+    st = s.execute(key, r.c.call)
+    n = r.effects(key)
+    r.expect(n == 0, f"{n} effect(s) before the original landed: the sandbox applied a "
+                     "request scripted in_flight (it must answer 'in flight' without "
+                     "applying: check the sandbox), or the connector re-sent it under a "
+                     "fresh key")
+    r.c.sandbox.deliver_late()  # the original, still being processed, lands
+    n = r.effects(key)
+    r.expect(n == 1, f"{n} effects after the system answered the retry 'in flight' and the "
+                     "original landed, expected 1: the connector re-sent the request under "
+                     "a fresh key (toolledger.KeyInFlight: retry with the SAME key)")
+    r.expect(st.outcome is Outcome.UNKNOWN,
+             f"the system answered 'in flight' (another request with this key is still "
+             f"being processed) and the attempt ended {_outcome(st.outcome)}"
+             f"{_err(st.error)}: only 'unknown' is true, the original may still land or "
+             "fail; raise toolledger.KeyInFlight for it")
+
+
+def _params_differ_is_unknown(r: _Run) -> None:
+    s, key = _held_then(r, Fault.RESET_AFTER_APPLY, "a lost answer")
+    r.inject(Fault.PARAMS_DIFFER)
+    st = s.execute(key, r.c.call)
+    n = r.effects(key)
+    r.expect(n == 1, f"{n} effects after the system answered the retry 'parameters "
+                     "differ', expected 1: the connector re-sent the request under a fresh "
+                     "key, and the earlier attempt had been applied")
+    r.expect(st.outcome is Outcome.UNKNOWN,
+             f"the system answered 'parameters differ' (the key holds an earlier request, "
+             f"processed with an outcome the answer does not give) and the attempt ended "
+             f"{_outcome(st.outcome)}{_err(st.error)}: only 'unknown' is true; raise "
+             "toolledger.KeyParamsDiffer for it (and make the request body byte-stable "
+             "across attempts)")
+
+
+def _replayed_failure_is_unknown(r: _Run) -> None:
+    s, key = _held_then(r, Fault.FAIL_AFTER_APPLY, "a 500 answered after the request was "
+                                                  "applied")
+    st = s.execute(key, r.c.call)  # the system replays the stored 500
+    n = r.effects(key)
+    r.expect(n == 1, f"{n} effects after the system replayed the stored failure to the "
+                     "retry, expected 1: the connector re-sent the request under a fresh "
+                     "key (or without the key), and the failed request had been applied")
+    r.expect(st.outcome is Outcome.UNKNOWN,
+             f"the system replayed the stored failure of a request that had been applied, "
+             f"and the attempt ended {_outcome(st.outcome)}{_err(st.error)}: only "
+             "'unknown' is true; raise toolledger.ReplayedFailure for it (NotApplied only "
+             "if the API guarantees its stored failure had no effect)")
+
+
 # -- reconcile -----------------------------------------------------------------------
 
 
@@ -738,6 +816,18 @@ OBLIGATIONS: Final[tuple[Obligation, ...]] = (
         "once the window has passed the key is gone: a retry would not be deduplicated, "
         "so the recovery decision halts for a human",
         _IDEMPOTENT, _retry_after_window_halts, windowed=True),
+    _ob("ExternalAnswerInFlight", "in_flight_is_unknown", "ResultFidelity",
+        "an 'in flight' answer (another request with the key is being processed) is "
+        "classified unknown, and the retry keeps the key: one effect once the original lands",
+        _IDEMPOTENT, _in_flight_is_unknown),
+    _ob("ExternalAnswerParamsDiffer", "params_differ_is_unknown", "AtMostOnceEffect",
+        "a 'parameters differ' answer is classified unknown and never re-sent under a "
+        "fresh key",
+        _IDEMPOTENT, _params_differ_is_unknown),
+    _ob("ExternalReplayFailure", "replayed_failure_is_unknown", "AtMostOnceEffect",
+        "a replayed stored failure (of a request that was applied) is classified unknown "
+        "and never re-sent under a fresh key",
+        _IDEMPOTENT, _replayed_failure_is_unknown),
     _ob("ExternalApplyLoseAnswer", "reconcile_reports_applied", "ResultFidelity",
         "after a lost answer, reconcile reports the truth: applied, with its result",
         _RECONCILE, _reconcile_reports_applied),

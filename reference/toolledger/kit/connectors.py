@@ -9,7 +9,11 @@ failing exactly the obligations it breaks):
   ``Idempotency-Key`` header; :class:`EmailClient` is its ``idempotent``
   adapter (``http.client``, a short time-out).  Broken: ``send_key=False``
   (no dedup: the key is never sent), :class:`UnknownAsNotAppliedEmailClient`
-  (a time-out or a reset answered as "not applied").
+  (a time-out or a reset answered as "not applied"), and for a real API's key
+  answers :class:`ConflictAsAppliedEmailClient` (a 409 "in progress" taken for
+  success), :class:`FreshKeyOnMismatchEmailClient` and
+  :class:`FreshKeyOnReplayedFailureEmailClient` (a "parameters differ" or a
+  replayed failure re-sent under a fresh key).
 - :class:`PaymentsFake`: a SQLite-backed payments system with a real key
   retention window (on an injectable clock), per-attempt fences and an atomic
   status-and-fence query; :class:`PaymentsClient` is its adapter for an
@@ -36,14 +40,29 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Final
 
-from toolledger import Attempt, CallRef, NotApplied, NotAppliedFenced, WasApplied
+from toolledger import (
+    Attempt,
+    CallRef,
+    KeyInFlight,
+    KeyParamsDiffer,
+    NotApplied,
+    NotAppliedFenced,
+    ReplayedFailure,
+    WasApplied,
+)
 from toolledger.extra.pytest import Fault, ManualClock
 
 __all__ = [
+    "ConflictAsAppliedEmailClient",
     "EmailClient",
     "EmailServer",
     "EpochBlindPaymentsClient",
+    "FreshKeyOnMismatchEmailClient",
+    "FreshKeyOnReplayedFailureEmailClient",
     "PaymentDeclined",
+    "PaymentInProgress",
+    "PaymentKeyMismatch",
+    "PaymentServerError",
     "PaymentsClient",
     "PaymentsFake",
     "QueryThenFencePaymentsClient",
@@ -60,6 +79,14 @@ Short, but long enough that a loaded machine does not turn an answer into a
 time-out (the contract tests would then see "unknown" where they expect "applied")."""
 
 
+_IN_FLIGHT_BODY: Final = (b'{"error": {"type": "idempotency_error", "code": "in_progress", '
+                          b'"message": "another request with this key is in progress"}}')
+_PARAMS_DIFFER_BODY: Final = (b'{"error": {"type": "idempotency_error", "message": "keys for '
+                              b'idempotent requests can only be used with the same '
+                              b'parameters"}}')
+_SERVER_ERROR_BODY: Final = b'{"error": {"type": "api_error", "message": "internal error"}}'
+
+
 class _Server(ThreadingHTTPServer):
     # concurrent duplicates connect at once: the default backlog of 5 would drop
     # some SYNs and turn them into client time-outs
@@ -72,8 +99,12 @@ class EmailServer:
 
     ``POST /emails`` (JSON body, optional ``Idempotency-Key`` header) sends
     an email and answers ``201`` with ``{"email": n}``; a request with a key
-    it has seen answers the original response without sending again (keys
-    are kept forever: ``retention_window=None``).  ``422`` is a typed refusal.
+    it has seen answers the original response without sending again, a
+    stored ``500`` too, with ``Idempotent-Replayed: true`` (keys are kept
+    forever: ``retention_window=None``).  ``422`` is a typed refusal; ``409``
+    (another request with the key in progress) and ``400`` with the type
+    ``idempotency_error`` (the key was used with other parameters) are the
+    key answers a client must not take for a refusal.
     Use it as a context manager; it is also the kit's sandbox.
     """
 
@@ -81,7 +112,7 @@ class EmailServer:
         self._lock = threading.Lock()
         self._faults: list[Fault] = []
         self._sent: dict[str, int] = {}  # execution id -> emails sent
-        self._keys: dict[str, bytes] = {}  # idempotency key -> the original response
+        self._keys: dict[str, tuple[int, bytes]] = {}  # key -> the original (status, body)
         self._count = 0
         self._held: list[tuple[threading.Event, threading.Event]] = []  # (land, landed)
         self._release = threading.Event()  # answers that come too late wait on it
@@ -126,10 +157,18 @@ class EmailServer:
         if fault is Fault.REJECT:
             self._answer(h, 422, b'{"error": "recipient refused"}')
             return
+        if fault is Fault.IN_FLIGHT:  # Stripe-like: a concurrent request with the key
+            self._answer(h, 409, _IN_FLIGHT_BODY)
+            return
+        if fault is Fault.PARAMS_DIFFER:
+            self._answer(h, 400, _PARAMS_DIFFER_BODY)
+            return
         if fault is Fault.HOLD:
             land.wait()  # in flight until deliver_late(); the client gave up long ago
         try:
-            response = self._apply(json.loads(body), h.headers.get("Idempotency-Key"))
+            status, response, replayed = self._apply(
+                json.loads(body), h.headers.get("Idempotency-Key"),
+                fail=fault is Fault.FAIL_AFTER_APPLY)
         finally:
             landed.set()
         if fault is Fault.RESET_AFTER_APPLY:
@@ -137,27 +176,35 @@ class EmailServer:
             return
         if fault is Fault.TIMEOUT_AFTER_APPLY or fault is Fault.HOLD:
             self._release.wait()  # answers after the client's time-out (or never)
-        self._answer(h, 201, response)
+        self._answer(h, status, response, replayed)
 
-    def _apply(self, request: dict[str, Any], key: str | None) -> bytes:
+    def _apply(self, request: dict[str, Any], key: str | None,
+               fail: bool = False) -> tuple[int, bytes, bool]:
         # The dedup check and the send are one step under the lock: two
-        # concurrent requests with one key send one email.
+        # concurrent requests with one key send one email.  A key keeps the
+        # first answer, a failure too (``fail``: sent, then a 500), and
+        # replays it (status, body, replayed).
         with self._lock:
             if key is not None and key in self._keys:
-                return self._keys[key]
+                status, stored = self._keys[key]
+                return status, stored, True
             self._count += 1
             execution = str(request.get("execution_id", ""))
             self._sent[execution] = self._sent.get(execution, 0) + 1
-            response = json.dumps({"email": self._count}).encode()
+            status, response = ((500, _SERVER_ERROR_BODY) if fail
+                                else (201, json.dumps({"email": self._count}).encode()))
             if key is not None:
-                self._keys[key] = response
-            return response
+                self._keys[key] = (status, response)
+            return status, response, False
 
     @staticmethod
-    def _answer(h: BaseHTTPRequestHandler, status: int, body: bytes) -> None:
+    def _answer(h: BaseHTTPRequestHandler, status: int, body: bytes,
+                replayed: bool = False) -> None:
         try:
             h.send_response(status)
             h.send_header("Content-Type", "application/json")
+            if replayed:
+                h.send_header("Idempotent-Replayed", "true")
             h.send_header("Content-Length", str(len(body)))
             h.end_headers()
             h.wfile.write(body)
@@ -190,8 +237,11 @@ class EmailClient:
 
     Declare it ``Tool(policy="idempotent", marks_send=True)``: it calls
     ``a.sending()`` right before the request leaves.  A ``4xx`` answer is
-    :class:`~toolledger.NotApplied`; a time-out, a reset and a ``5xx`` are
-    raised as they are (unknown).  ``send_key=False`` is the broken variant
+    :class:`~toolledger.NotApplied`, but for the key answers: ``409`` (in
+    progress) is :class:`~toolledger.KeyInFlight`, ``400 idempotency_error``
+    :class:`~toolledger.KeyParamsDiffer`, a replayed ``5xx``
+    :class:`~toolledger.ReplayedFailure` (all unknown); a time-out, a reset
+    and a ``5xx`` are raised as they are (unknown).  ``send_key=False`` is the broken variant
     that never sends the ``Idempotency-Key`` (no dedup).
     """
 
@@ -200,18 +250,33 @@ class EmailClient:
     timeout: float = CLIENT_TIMEOUT
 
     def send(self, a: Attempt) -> str:
+        return self._post(a, a.idempotency_key if self.send_key else None)
+
+    def _post(self, a: Attempt, key: str | None) -> str:
         body = json.dumps({**a.arguments, "execution_id": a.execution_id}).encode()
         headers = {"Content-Type": "application/json"}
-        if self.send_key and a.idempotency_key is not None:
-            headers["Idempotency-Key"] = a.idempotency_key
+        if key is not None:
+            headers["Idempotency-Key"] = key
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
         try:
             a.sending()
             conn.request("POST", "/emails", body, headers)
             resp = conn.getresponse()
             text = resp.read().decode()
+            replayed = resp.getheader("Idempotent-Replayed") == "true"
         finally:
             conn.close()
+        # The key answers first: by the API's documented status AND error type,
+        # not by the status class (a 4xx is not always a refusal).
+        if resp.status == 409:
+            raise KeyInFlight(f"the email API: another request with this key is in "
+                              f"progress ({resp.status}): {text}")
+        if resp.status == 400 and '"idempotency_error"' in text:
+            raise KeyParamsDiffer(f"the email API: the key was used with other parameters "
+                                  f"({resp.status}): {text}")
+        if resp.status >= 500 and replayed:
+            raise ReplayedFailure(f"the email API replayed the key's stored failure "
+                                  f"({resp.status}): {text}")
         if 400 <= resp.status < 500:
             raise NotApplied(f"the email API refused the request ({resp.status}): {text}")
         if resp.status >= 300:
@@ -229,6 +294,39 @@ class UnknownAsNotAppliedEmailClient(EmailClient):
             raise NotApplied(f"the email API did not answer: {exc}") from exc
 
 
+class ConflictAsAppliedEmailClient(EmailClient):
+    """BROKEN: takes a ``409`` (another request with the key in progress) for
+    success: "already sent"."""
+
+    def send(self, a: Attempt) -> str:
+        try:
+            return super().send(a)
+        except KeyInFlight:
+            return '{"email": "already sent"}'
+
+
+class FreshKeyOnMismatchEmailClient(EmailClient):
+    """BROKEN: on "parameters differ" re-sends under a fresh key (the advice some
+    APIs give for a mismatch): the earlier request's effect is applied again."""
+
+    def send(self, a: Attempt) -> str:
+        try:
+            return super().send(a)
+        except KeyParamsDiffer:
+            return self._post(a, f"{a.idempotency_key}-fresh")
+
+
+class FreshKeyOnReplayedFailureEmailClient(EmailClient):
+    """BROKEN: on a replayed stored failure re-sends under a fresh key ("the key is
+    poisoned"): the failed request had been applied, so it is applied again."""
+
+    def send(self, a: Attempt) -> str:
+        try:
+            return super().send(a)
+        except ReplayedFailure:
+            return self._post(a, f"{a.idempotency_key}-fresh")
+
+
 # --------------------------------------------------------------------------
 # A SQLite payments system with a real retention window
 # --------------------------------------------------------------------------
@@ -236,6 +334,25 @@ class UnknownAsNotAppliedEmailClient(EmailClient):
 
 class PaymentDeclined(Exception):
     """The payments system refused the charge before applying it (a typed error)."""
+
+
+class PaymentInProgress(Exception):
+    """The payments system's 409: another request with this key is in progress."""
+
+
+class PaymentKeyMismatch(Exception):
+    """The payments system's idempotency error: the key was used with other parameters."""
+
+
+class PaymentServerError(Exception):
+    """The payments system's 500; ``replayed``: the key's stored failure, replayed."""
+
+    def __init__(self, message: str, replayed: bool = False) -> None:
+        super().__init__(message)
+        self.replayed = replayed
+
+
+_STORED_FAILURE: Final = '{"error": "internal", "status": 500}'
 
 
 _SCHEMA: Final = """
@@ -318,21 +435,29 @@ class PaymentsFake:
         req = _Charge(execution_id, attempt, key, amount, epoch)
         if fault is Fault.REJECT:
             raise PaymentDeclined("card declined")
+        if fault is Fault.IN_FLIGHT:
+            raise PaymentInProgress("409: another request with this key is in progress")
+        if fault is Fault.PARAMS_DIFFER:
+            raise PaymentKeyMismatch("idempotency_error: the key was used with other "
+                                     "parameters")
         if fault is Fault.HOLD:
             with self._lock:
                 self._held.append(req)
             raise TimeoutError("the payments API did not answer in time")
-        result = self._apply(req)
+        result = self._apply(req, fail=fault is Fault.FAIL_AFTER_APPLY)
         if result is None:
             raise PaymentDeclined(f"attempt {attempt} of {execution_id} (epoch {epoch}) is "
                                   "fenced or of an older epoch than one seen")
+        if result == _STORED_FAILURE:
+            raise PaymentServerError("500: internal error",
+                                     replayed=fault is not Fault.FAIL_AFTER_APPLY)
         if fault is Fault.RESET_AFTER_APPLY:
             raise ConnectionResetError("connection reset by peer")
         if fault is Fault.TIMEOUT_AFTER_APPLY:
             raise TimeoutError("the payments API did not answer in time")
         return result
 
-    def _apply(self, r: _Charge) -> str | None:
+    def _apply(self, r: _Charge, fail: bool = False) -> str | None:
         now = self.clock.now()
         with self._tx() as db:
             if self.retention_window is not None:
@@ -352,6 +477,8 @@ class PaymentsFake:
             result = json.dumps({"payment": n, "amount": r.amount})
             db.execute("INSERT INTO payments VALUES (?, ?, ?, ?, ?)",
                        (n, r.execution_id, r.attempt, r.amount, result))
+            if fail:  # applied, then a 500: the key keeps (and replays) the failure
+                result = _STORED_FAILURE
             if r.key is not None:
                 db.execute("INSERT INTO keys VALUES (?, ?, ?)", (r.key, result, now))
             return result
@@ -441,7 +568,10 @@ class PaymentsClient:
     fake's atomic status-and-fence query.  Every request carries the session
     owner's epoch (``Attempt.epoch``, ``CallRef.epoch``), and
     ``announce_epoch`` is ``Session.open``'s hook.  A declined charge is
-    :class:`~toolledger.NotApplied`; time-outs and resets propagate (unknown).
+    :class:`~toolledger.NotApplied`; the key answers are raised as
+    :class:`~toolledger.KeyInFlight`, :class:`~toolledger.KeyParamsDiffer`,
+    :class:`~toolledger.ReplayedFailure`; time-outs, resets and 500s propagate
+    (unknown).
     """
 
     fake: PaymentsFake
@@ -456,6 +586,14 @@ class PaymentsClient:
                                     int(a.arguments.get("amount", 1)), self._epoch(a.epoch))
         except PaymentDeclined as exc:
             raise NotApplied(str(exc)) from exc
+        except PaymentInProgress as exc:
+            raise KeyInFlight(str(exc)) from exc
+        except PaymentKeyMismatch as exc:
+            raise KeyParamsDiffer(str(exc)) from exc
+        except PaymentServerError as exc:
+            if exc.replayed:
+                raise ReplayedFailure(str(exc)) from exc
+            raise
 
     def reconcile(self, call: CallRef, attempt: int) -> WasApplied | NotAppliedFenced:
         result = self.fake.reconcile(call.key, attempt, self._epoch(call.epoch))
