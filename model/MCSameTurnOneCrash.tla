@@ -5,9 +5,10 @@
 (* needing approval, and ONE crash: the calls an engine runs with          *)
 (* Session.execute_message(together=True), both dispatched before either   *)
 (* is invoked, and a crash between the record commit and the outcome       *)
-(* commit.  One attempt keeps it at CI size (15k states; 127k with two): *)
-(* after the crash an unknown call halts for a human; a retry under the   *)
-(* key is DeepIdempotent's.  SameTurn (no crash) is its live sibling.     *)
+(* commit.  One attempt, and its conformance row: after the crash an      *)
+(* unknown call halts for a human.  SameTurnCrashRetry is the same two    *)
+(* calls with two attempts (a retry under the key, a human retry), TLC    *)
+(* only; SameTurn (no crash) is its live sibling.                         *)
 (* Every constant is a literal: the Python checkers read them from here.   *)
 (***************************************************************************)
 EXTENDS DurableToolExecution
