@@ -285,7 +285,7 @@ def test_the_lost_conversation_machine_catches_the_old_halt() -> None:
         run_state_machine_as_test(
             GuidedLostConversationMachine,
             settings=settings(
-                max_examples=2000,
+                max_examples=8000,
                 stateful_step_count=30,
                 derandomize=True,
                 database=None,
