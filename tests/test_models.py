@@ -1,32 +1,83 @@
 """Every CI model of the manifest gives the recorded outcome and state count,
-and today's engine fails exactly as the seed report says."""
+and today's engine fails exactly as the seed report says.
+
+The models run as ``toolledger check`` runs them: the probes of a must-pass
+model batched into its run (:mod:`toolledger.check.batch`, the same plan
+over the same CI set, so the same generated modules), each other model
+alone.  With ``TOOLLEDGER_TLC_CACHE`` (``make`` sets it, and ``make check``
+fills the same directory) a run whose every input is byte-for-byte one that
+``make check`` already ran is answered from that run's output
+(:mod:`toolledger.check.tlccache`) instead of starting TLC again; every row
+is still checked against the manifest here.
+"""
 
 from __future__ import annotations
+
+import threading
+from pathlib import Path
 
 import pytest
 
 from checker_support import ROOT
+from toolledger.check.batch import Batch, batch_files, plan, split_result
 from toolledger.check.manifest import ModelEntry, drift, load_manifest
 from toolledger.check.tlc import Outcome, TLCResult, run_tlc
+from toolledger.check.tlccache import cache_from_env
 
 MANIFEST = load_manifest(ROOT)
 CI_MODELS = [m for m in MANIFEST.ci_models() if not m.conformance]  # those run in test_conformance
+CACHE = cache_from_env()
 
 
-def _run(entry: ModelEntry) -> TLCResult:
-    return run_tlc(
-        entry.module,
-        entry.cfg_path,
-        search_dirs=MANIFEST.search_dirs,
-        check_deadlock=entry.check_deadlock,
-        workers=entry.workers,
-    )
+def _batches() -> dict[str, Batch]:
+    """Row name -> its batch in ``toolledger check``'s plan of the whole CI set,
+    except batches hosted by a conformance model (make check's run of those
+    dumps the state graph and test_conformance runs them): their probes run
+    alone here, as they would with ``--trace``."""
+    batches, _ = plan(MANIFEST.ci_models())
+    return {e.name: b for b in batches if b.host is None or not b.host.conformance
+            for e in b.entries}
+
+
+BATCH_OF = _batches()
+_RESULTS: dict[str, dict[str, TLCResult]] = {}
+_LOCK = threading.Lock()
+
+
+def _run(entry: ModelEntry, tmp: Path) -> TLCResult:
+    batch = BATCH_OF.get(entry.name)
+    if batch is None:
+        return run_tlc(entry.module, entry.cfg_path, search_dirs=MANIFEST.search_dirs,
+                       check_deadlock=entry.check_deadlock, workers=entry.workers, cache=CACHE)
+    with _LOCK:
+        if batch.module not in _RESULTS:  # the batch's first row runs it, the others reuse it
+            where = tmp / batch.module
+            _, cfg = batch_files(batch, where)
+            base = batch.base
+            result = run_tlc(batch.module, cfg, search_dirs=[*MANIFEST.search_dirs, where],
+                             check_deadlock=base.check_deadlock, workers=base.workers,
+                             cache=CACHE)
+            _RESULTS[batch.module] = split_result(batch, result)
+    return _RESULTS[batch.module][entry.name]
 
 
 @pytest.mark.parametrize("entry", CI_MODELS, ids=[m.name for m in CI_MODELS])
-def test_model_matches_the_manifest(entry: ModelEntry) -> None:
-    result = _run(entry)
+def test_model_matches_the_manifest(entry: ModelEntry, tmp_path_factory: pytest.TempPathFactory
+                                    ) -> None:
+    result = _run(entry, tmp_path_factory.getbasetemp())
     assert drift(entry, result) == [], result.output[-2000:]
+
+
+def test_the_batches_here_are_those_of_make_check() -> None:
+    """Every batch used here is one of ``toolledger check``'s, under its generated
+    module name (what makes the cache keys of the two equal), and every CI row
+    outside them runs alone."""
+    batches, alone = plan(MANIFEST.ci_models())
+    used = {b.module: b for b in BATCH_OF.values()}
+    assert used and all(b in batches for b in used.values())
+    hosted = {e.name for b in used.values() for e in b.entries}
+    assert {e.name for e in CI_MODELS} - hosted <= {e.name for e in alone} | {
+        e.name for b in batches if b.host is not None and b.host.conformance for e in b.probes}
 
 
 def test_ci_set_covers_what_the_issue_asks() -> None:
