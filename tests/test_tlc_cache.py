@@ -123,3 +123,17 @@ def test_check_with_tlc_cache_marks_the_rows_it_did_not_run(
     assert warm["status"] == "ok" and warm["distinct_states"] == cold["distinct_states"] == 5
     assert main(args) == 0
     assert " cached  ok" in capsys.readouterr().out  # the table says so too
+
+
+def test_the_notebooks_manifest_runs_use_the_cache_of_make_test(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from toolledger.check.manifest import load_manifest
+    from toolledger.notebook.support import run_manifest_model
+
+    monkeypatch.setenv(tlccache.CACHE_ENV, str(tmp_path / "cache"))
+    manifest = load_manifest(ROOT)
+    first = run_manifest_model(manifest, "CancelIgnored").result
+    again = run_manifest_model(manifest, "CancelIgnored").result
+    assert (first.cached, again.cached) == (False, True)
+    assert again.violated == first.violated == "CancelledNeverInvoked"
