@@ -8,7 +8,7 @@ prints, like pytest's ``--durations``, the slowest test files, the time per
 kind and the slowest tests, and rewrites the block between
 ``<!-- suite:begin -->`` and ``<!-- suite:end -->`` of benchmarks/README.md.
 ``--from PATH`` renders a recorded run instead of running one (PATH is the
-plugin's JSON lines); ``--smoke`` runs two small test files and writes nothing.
+plugin's JSON lines); ``--smoke`` runs three small tests and writes nothing.
 
 The kind of a test (the first that applies, from what the plugin recorded):
 
@@ -58,7 +58,12 @@ TOP_FILES = 25
 TOP_TESTS = 15
 # what `make pytest` loads (Makefile: PYTEST_PLUGIN_ARGS)
 PLUGINS = ("-p", "_hypothesis_pytestplugin", "-p", "nbmake")
-SMOKE_FILES = ("tests/test_layout.py", "tests/test_bench_check_smoke.py")
+# --smoke: one test of three kinds (a tiny TLC run, a Hypothesis test, a plain one)
+SMOKE_TESTS = (
+    "tests/test_tlc_runner.py::test_invariant_violated_by_initial_state",
+    "tests/test_tlavalues.py::test_round_trip_parse_serialize",
+    "tests/test_layout.py::test_every_core_module_imports_only_the_standard_library_and_the_core",
+)
 
 
 def kind_of(record: dict[str, Any]) -> str:
@@ -100,7 +105,7 @@ def load_records(path: Path) -> list[dict[str, Any]]:
 def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Per file, per kind and per test: tests, wall and CPU seconds, sorted by wall."""
     files: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {"tests": 0, "wall": 0.0, "cpu": 0.0, "kinds": defaultdict(int)})
+        lambda: {"tests": 0, "wall": 0.0, "cpu": 0.0, "kinds": defaultdict(float)})
     kinds: dict[str, dict[str, Any]] = {k: {"tests": 0, "wall": 0.0, "cpu": 0.0} for k in KINDS}
     tests = []
     for r in records:
@@ -109,12 +114,12 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
             bucket["tests"] += 1
             bucket["wall"] += float(r["wall"])
             bucket["cpu"] += float(r["cpu"])
-        files[path]["kinds"][kind] += 1
+        files[path]["kinds"][kind] += float(r["wall"])
         tests.append({"nodeid": r["nodeid"], "kind": kind, "wall": float(r["wall"]),
                       "cpu": float(r["cpu"])})
 
-    def main_kind(counts: dict[str, int]) -> str:
-        return max(KINDS, key=lambda k: (counts.get(k, 0), -KINDS.index(k)))
+    def main_kind(seconds: dict[str, float]) -> str:  # the kind with the most wall time
+        return max(KINDS, key=lambda k: (seconds.get(k, 0.0), -KINDS.index(k)))
 
     file_rows = sorted(
         ({"file": f, "tests": v["tests"], "wall": rounded(v["wall"], 1),
@@ -214,7 +219,7 @@ def run(smoke: bool = False, source: Path | None = None, note: str | None = None
         if source is None:
             notebooks = sorted(str(p.relative_to(ROOT))
                                for p in (ROOT / "notebooks").glob("*.ipynb"))
-            paths = list(SMOKE_FILES) if smoke else ["tests", "--nbmake", *notebooks]
+            paths = list(SMOKE_TESTS) if smoke else ["tests", "--nbmake", *notebooks]
             source = Path(tmp) / "times.jsonl"
             run_info = record_run(source, paths)
         records = load_records(source)
@@ -239,7 +244,7 @@ def run(smoke: bool = False, source: Path | None = None, note: str | None = None
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--smoke", action="store_true", help="two small files; writes nothing")
+    p.add_argument("--smoke", action="store_true", help="three small tests; writes nothing")
     p.add_argument("--json", action="store_true", help="print the figures as JSON at the end")
     p.add_argument("--from", dest="source", type=Path, default=None, metavar="PATH",
                    help="render this recorded run (benchmarks/suite_times.py's JSON lines)")
