@@ -8,6 +8,12 @@ HYPOTHESIS_PROFILE ?= ci
 export HYPOTHESIS_PROFILE
 
 BIN := $(VENV)/bin
+# `make check` keeps each finished TLC run here, keyed by a digest of every
+# input (modules, cfg, options, jar, java); `make test`'s model tests read
+# the same directory, so in CI (`make check` then `make test`) every model
+# TLC has just checked is not run a second time, only its verdict re-checked
+# (reference/toolledger/check/tlccache.py). `make check TLC_CACHE=` turns it off.
+TLC_CACHE ?= $(CURDIR)/build/tlc-cache
 # Rebuilt whenever pyproject.toml changes (dependencies, entry points) or the
 # kernel module does (the installed kernel.json names its module path).
 SETUP := $(VENV)/.installed
@@ -36,7 +42,7 @@ $(SETUP): pyproject.toml reference/toolledger/notebook/kernel.py
 	touch $@
 
 check: $(SETUP)
-	$(BIN)/toolledger check
+	$(BIN)/toolledger check $(if $(TLC_CACHE),--tlc-cache $(TLC_CACHE))
 
 test: lint typecheck pytest
 
@@ -55,7 +61,7 @@ typecheck: $(SETUP)
 # it is (tests/test_extra_pytest.py). The same set collects the same tests.
 PYTEST_PLUGIN_ARGS := -p _hypothesis_pytestplugin -p nbmake
 pytest: $(SETUP)
-	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $(BIN)/python -m pytest $(PYTEST_PLUGIN_ARGS) tests $(if $(NOTEBOOKS),--nbmake $(NOTEBOOKS))
+	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 TOOLLEDGER_TLC_CACHE=$(TLC_CACHE) $(BIN)/python -m pytest $(PYTEST_PLUGIN_ARGS) tests $(if $(NOTEBOOKS),--nbmake $(NOTEBOOKS))
 
 bench: $(SETUP)
 	$(BIN)/python benchmarks/run_all.py

@@ -121,6 +121,8 @@ class Row:
     tlc_run: str | None = None
     # conformance rows: CPU seconds of the check (its process and workers)
     cpu_seconds: float | None = None
+    # TLC rows answered from --tlc-cache (a run of the same inputs; its wall time)
+    cached: bool = False
 
     @property
     def ok(self) -> bool:
@@ -281,6 +283,14 @@ def _configure_check(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help='also the conformance rows the manifest leaves to make test '
         '(conformance_tier = "test")',
+    )
+    p.add_argument(
+        "--tlc-cache",
+        type=Path,
+        metavar="DIR",
+        default=None,
+        help="keep finished TLC runs in DIR, keyed by a digest of every input, and answer a "
+        "run of the same inputs from there (make check and make test share one)",
     )
     p.add_argument(
         "--quick",
@@ -476,6 +486,7 @@ def _row_for(entry: ModelEntry, result: TLCResult, with_trace: bool) -> Row:
         reasons=reasons,
         error=result.error_text,
         trace=trace_json(result.trace) if with_trace and result.trace else None,
+        cached=result.cached,
     )
 
 
@@ -506,7 +517,7 @@ def _table(rows: Sequence[Row]) -> str:
             r.expected,
             r.got,
             f"{_fmt_count(r.distinct_states)} / {_fmt_count(r.expected_distinct_states)}",
-            f"{r.wall_seconds:.1f}",
+            f"{r.wall_seconds:.1f}" + (" cached" if r.cached else ""),
             r.status,
         )
         for r in rows
@@ -1049,6 +1060,7 @@ class _CheckRun:
             on_progress=seen,
             cancel=self.cancel,
             jvm_args=_tlc_jvm_args(cfg),
+            cache=getattr(self.args, "tlc_cache", None),
         )
         if job.batch is None:
             return [(entry, result)]
@@ -1070,6 +1082,7 @@ class _CheckRun:
                 f"[{n}/{todo}] {entry.name}: {row.got}, "
                 f"{_fmt_count(result.distinct_states)} distinct states, "
                 f"{result.wall_seconds:.1f} s"
+                + (" (cached: a run of the same inputs)" if result.cached else "")
                 + (f" (in the run of {job.name})" if job.batch is not None else "")
                 + f": {row.status}"
                 + ("" if self.progress.tty or n == todo else f"  ({self._status()})")

@@ -60,10 +60,11 @@ import threading
 import time
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
+from . import tlccache
 from .tlavalues import TLAParseError
 
 # The results and the -tool output reader live in tlcoutput; re-exported here
@@ -463,6 +464,7 @@ def run_tlc(
     liveness_at_end: bool = True,
     cancel: Cancellation | None = None,
     class_data_sharing: bool = True,
+    cache: Path | None = None,
 ) -> TLCResult:
     """Model-check ``module`` with ``cfg`` and return what TLC found.
 
@@ -486,6 +488,11 @@ def run_tlc(
     cache directory (written by the first run, rebuilt for a new java or
     jar; ``TOOLLEDGER_CDS=0`` turns it off); a JVM that crashes on the
     archive deletes it and the run is repeated without.
+    ``cache``: a directory of finished runs keyed by a digest of every input
+    (:mod:`toolledger.check.tlccache`): a run whose inputs were checked
+    before is answered by parsing that run's output again (``cached`` is
+    True, no JVM starts, ``on_progress`` is not called); a new complete
+    verdict is added.  A run with ``dump_dot`` is never cached.
 
     Raises :class:`ToolchainError` if java or the jar is unusable, and
     ``FileNotFoundError``/``ValueError`` for a missing module, cfg or directory.
@@ -502,6 +509,22 @@ def run_tlc(
     archive = _cds_archive(java, jar, jvm_args) if class_data_sharing else None
     if cancel is not None:
         cancel.check()
+    digest = None
+    if cache is not None and dump_dot is None:
+        options = [f"workers={workers}", f"fp={fp}", f"lncheck_final={liveness_at_end}",
+                   f"deadlock={check_deadlock}", *extra_args]
+        digest = tlccache.key(module=module, cfg=cfg, files=files, options=options, jar=jar,
+                              java=java, java_major=_java_major(java))
+        hit = tlccache.load(cache, digest)
+        if hit is not None:
+            replay = _Collector(None, time.monotonic())
+            for item in parse_tool_output(iter(hit.output.splitlines(keepends=True))):
+                replay.feed(item)
+            result = _result(replay, cfg_info, exit_code=hit.exit_code, timed_out=False,
+                             timeout=timeout, wall=hit.wall_seconds, output=hit.output,
+                             cmd=hit.command)
+            if result.outcome in _CACHEABLE:  # else an entry of another parser: run TLC
+                return replace(result, cached=True)
 
     with tempfile.TemporaryDirectory(prefix="toolledger-tlc-") as tmp_name:
         tmp = Path(tmp_name)
@@ -593,12 +616,28 @@ def run_tlc(
                 workers=workers, dump_dot=dump_dot, extra_args=extra_args,
                 on_progress=on_progress, timeout=timeout, jvm_args=jvm_args, fp=fp,
                 liveness_at_end=liveness_at_end, cancel=cancel, class_data_sharing=False,
+                cache=cache,
             )
         if not timed_out.is_set() and exit_code >= 0:  # the JVM exited by itself
             _adopt_archive(staged, archive)
 
-    c = collector
-    if timed_out.is_set():
+    result = _result(collector, cfg_info, exit_code=exit_code, timed_out=timed_out.is_set(),
+                     timeout=timeout, wall=wall, output=output, cmd=tuple(cmd))
+    if cache is not None and digest is not None and result.outcome in _CACHEABLE:
+        tlccache.store(cache, digest, tlccache.Entry(output=output, exit_code=exit_code,
+                                                     wall_seconds=wall, command=tuple(cmd)))
+    return result
+
+
+# Complete verdicts, the same on every run of the same inputs: the only ones cached.
+_CACHEABLE = frozenset({Outcome.PASS, Outcome.INVARIANT_VIOLATED, Outcome.PROPERTY_VIOLATED,
+                        Outcome.DEADLOCK})
+
+
+def _result(c: _Collector, cfg_info: CfgInfo, *, exit_code: int, timed_out: bool,
+            timeout: float | None, wall: float, output: str, cmd: tuple[str, ...]) -> TLCResult:
+    """The :class:`TLCResult` of a run from its folded message stream."""
+    if timed_out:
         outcome = Outcome.TIMEOUT
     elif c.parse_failed or exit_code == 150:
         outcome = Outcome.PARSE_ERROR
@@ -637,7 +676,7 @@ def run_tlc(
         trace=trace,
         error_text=error_text,
         output=output,
-        command=tuple(cmd),
+        command=cmd,
         initial_states=c.initial,
     )
 

@@ -98,6 +98,8 @@ class TLCResult:
     output: str
     command: tuple[str, ...] = field(repr=False, default=())
     initial_states: int | None = None
+    # answered from the cache of runs of the same inputs (toolledger.check.tlccache)
+    cached: bool = False
 
     @property
     def ok(self) -> bool:

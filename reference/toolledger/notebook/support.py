@@ -38,6 +38,7 @@ from toolledger.check.mapping import from_spec
 from toolledger.check.stategraph import StateGraph, load_dot
 from toolledger.check.system import CallConfig, ModelConfig
 from toolledger.check.tlc import Outcome, TLCResult, TraceStep, parse_cfg, run_tlc
+from toolledger.check.tlccache import cache_from_env
 from toolledger.check.tracecheck import config_module
 from toolledger.notebook.figures import bfs_depths
 from toolledger.notebook.figures_matrix import (
@@ -555,11 +556,14 @@ def run_manifest_model(manifest: Manifest, name: str) -> ModelRun:
     """Run model ``name`` of ``model/manifest.toml`` and require the answer the manifest records.
 
     Raises ``AssertionError`` naming the difference if TLC's outcome, violated
-    invariant or number of distinct states is not the manifest's.
+    invariant or number of distinct states is not the manifest's.  Under
+    ``make test`` (``TOOLLEDGER_TLC_CACHE``) a run of inputs ``make check`` or
+    a test already model-checked is answered from that run's output
+    (:mod:`toolledger.check.tlccache`).
     """
     entry = manifest.get(name)
     result = run_tlc(entry.module, entry.cfg_path, search_dirs=manifest.search_dirs,
-                     check_deadlock=entry.check_deadlock)
+                     check_deadlock=entry.check_deadlock, cache=cache_from_env())
     if result.outcome is not entry.expected_outcome:
         raise AssertionError(f"{name}: TLC says {result.outcome}, the manifest expects "
                              f"{entry.expected_outcome}")

@@ -1,0 +1,263 @@
+"""Where the time of ``make test``'s pytest run goes: per test file and per kind.
+
+``python benchmarks/bench_suite.py`` runs what ``make pytest`` runs (the same
+plugins, the tests and the notebooks, ``HYPOTHESIS_PROFILE=ci``) with the
+recording plugin :mod:`benchmarks.suite_times` (each test's wall seconds and
+the CPU seconds of the pytest process and the children it waited for), then
+prints, like pytest's ``--durations``, the slowest test files, the time per
+kind and the slowest tests, and rewrites the block between
+``<!-- suite:begin -->`` and ``<!-- suite:end -->`` of benchmarks/README.md.
+``--from PATH`` renders a recorded run instead of running one (PATH is the
+plugin's JSON lines); ``--smoke`` runs three small tests and writes nothing.
+
+The kind of a test (the first that applies, from what the plugin recorded):
+
+- ``notebooks``: a notebook run by nbmake;
+- ``crash campaign``: tests/test_crash_campaign.py and tests/test_power_loss.py
+  (SIGKILLed child processes);
+- ``TLC runs``: the test started ``java`` or the ``toolledger`` command;
+- ``PostgreSQL``: the test uses the ``pg_cluster`` fixture or started a
+  server program (``initdb``, ``pg_ctl``, ``postgres``);
+- ``Hypothesis``: a ``@given`` test or a Hypothesis state machine;
+- ``other``.
+
+Session- and module-scoped fixtures are charged to the first test that uses
+them (as in ``--durations``).  Wall time depends on the load of the machine,
+CPU time much less: both are shown, and the load average with them.
+
+Goal: ``make test`` <= 10 minutes on 2 cores (issue 24).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import ROOT, Result, heading, machine_info, rounded
+
+README = ROOT / "benchmarks" / "README.md"
+BEGIN, END = "<!-- suite:begin -->", "<!-- suite:end -->"
+KINDS = ("TLC runs", "notebooks", "crash campaign", "PostgreSQL", "Hypothesis", "other")
+CRASH_FILES = frozenset({"tests/test_crash_campaign.py", "tests/test_power_loss.py"})
+PG_PROGRAMS = frozenset({"initdb", "pg_ctl", "postgres"})
+TLC_PROGRAMS = frozenset({"java", "toolledger"})
+GOAL_SECONDS = 600.0
+TOP_FILES = 25
+TOP_TESTS = 15
+# what `make pytest` loads (Makefile: PYTEST_PLUGIN_ARGS)
+PLUGINS = ("-p", "_hypothesis_pytestplugin", "-p", "nbmake")
+# --smoke: one test of three kinds (a tiny TLC run, a Hypothesis test, a plain one)
+SMOKE_TESTS = (
+    "tests/test_tlc_runner.py::test_invariant_violated_by_initial_state",
+    "tests/test_tlavalues.py::test_round_trip_parse_serialize",
+    "tests/test_layout.py::test_every_core_module_imports_only_the_standard_library_and_the_core",
+)
+
+
+def kind_of(record: dict[str, Any]) -> str:
+    """The kind of one recorded test (see the module doc)."""
+    node = str(record["nodeid"])
+    path = node.split("::", 1)[0]
+    launched = set(record.get("launched", ()))
+    if path.endswith(".ipynb"):
+        return "notebooks"
+    if path in CRASH_FILES:
+        return "crash campaign"
+    if launched & TLC_PROGRAMS:
+        return "TLC runs"
+    if "pg_cluster" in record.get("fixtures", ()) or launched & PG_PROGRAMS:
+        return "PostgreSQL"
+    if record.get("hypothesis"):
+        return "Hypothesis"
+    return "other"
+
+
+def load_records(path: Path) -> list[dict[str, Any]]:
+    """The plugin's JSON lines; a line that is not a record is a clear error."""
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            float(rec["wall"]), float(rec["cpu"]), str(rec["nodeid"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"{path}:{n}: not a record of benchmarks/suite_times.py ({e}); "
+                             "record a run with `python benchmarks/bench_suite.py`") from e
+        out.append(rec)
+    if not out:
+        raise SystemExit(f"{path}: no test was recorded")
+    return out
+
+
+def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Per file, per kind and per test: tests, wall and CPU seconds, sorted by wall."""
+    files: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"tests": 0, "wall": 0.0, "cpu": 0.0, "kinds": defaultdict(float)})
+    kinds: dict[str, dict[str, Any]] = {k: {"tests": 0, "wall": 0.0, "cpu": 0.0} for k in KINDS}
+    tests = []
+    for r in records:
+        path, kind = str(r["nodeid"]).split("::", 1)[0], kind_of(r)
+        for bucket in (files[path], kinds[kind]):
+            bucket["tests"] += 1
+            bucket["wall"] += float(r["wall"])
+            bucket["cpu"] += float(r["cpu"])
+        files[path]["kinds"][kind] += float(r["wall"])
+        tests.append({"nodeid": r["nodeid"], "kind": kind, "wall": float(r["wall"]),
+                      "cpu": float(r["cpu"])})
+
+    def main_kind(seconds: dict[str, float]) -> str:  # the kind with the most wall time
+        return max(KINDS, key=lambda k: (seconds.get(k, 0.0), -KINDS.index(k)))
+
+    file_rows = sorted(
+        ({"file": f, "tests": v["tests"], "wall": rounded(v["wall"], 1),
+          "cpu": rounded(v["cpu"], 1), "kind": main_kind(v["kinds"])} for f, v in files.items()),
+        key=lambda x: (-x["wall"], x["file"]))
+    kind_rows = [{"kind": k, "tests": v["tests"], "wall": rounded(v["wall"], 1),
+                  "cpu": rounded(v["cpu"], 1)} for k, v in kinds.items()]
+    kind_rows.sort(key=lambda x: (-x["wall"], KINDS.index(x["kind"])))
+    tests.sort(key=lambda x: (-x["wall"], x["nodeid"]))
+    return {
+        "tests": len(tests),
+        "wall_seconds": rounded(sum(t["wall"] for t in tests), 1),
+        "cpu_seconds": rounded(sum(t["cpu"] for t in tests), 1),
+        "files": file_rows,
+        "kinds": kind_rows,
+        "slowest": [{**t, "wall": rounded(t["wall"], 1), "cpu": rounded(t["cpu"], 1)}
+                    for t in tests[:TOP_TESTS]],
+    }
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f} %" if whole else "-"
+
+
+def render(s: dict[str, Any], note: str) -> str:
+    """The Markdown block of benchmarks/README.md (tables of :func:`summarize`)."""
+    wall, cpu = s["wall_seconds"], s["cpu_seconds"]
+    lines = [
+        f"{s['tests']:,} tests and notebooks: {wall:,.1f} s wall, {cpu:,.1f} s CPU "
+        f"(summed over the tests; CPU of pytest and the children it waited for). {note}",
+        "",
+        "| kind | tests | wall s | share | CPU s |",
+        "| --- | ---: | ---: | ---: | ---: |",
+        *(f"| {k['kind']} | {k['tests']:,} | {k['wall']:,.1f} | {_pct(k['wall'], wall)} | "
+          f"{k['cpu']:,.1f} |" for k in s["kinds"]),
+        "",
+        "| test file | kind | tests | wall s | share | CPU s |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    shown, rest = s["files"][:TOP_FILES], s["files"][TOP_FILES:]
+    lines += [f"| `{f['file']}` | {f['kind']} | {f['tests']:,} | {f['wall']:,.1f} | "
+              f"{_pct(f['wall'], wall)} | {f['cpu']:,.1f} |" for f in shown]
+    if rest:
+        rw, rc = sum(f["wall"] for f in rest), sum(f["cpu"] for f in rest)
+        lines.append(f"| {len(rest)} other files | | {sum(f['tests'] for f in rest):,} | "
+                     f"{rw:,.1f} | {_pct(rw, wall)} | {rc:,.1f} |")
+    lines += ["", "| slowest tests | kind | wall s | CPU s |", "| --- | --- | ---: | ---: |"]
+    lines += [f"| `{t['nodeid']}` | {t['kind']} | {t['wall']:,.1f} | {t['cpu']:,.1f} |"
+              for t in s["slowest"]]
+    return "\n".join(lines)
+
+
+def rewrite_readme(block: str, readme: Path = README) -> None:
+    """Replace what is between the markers; refuse if they are missing."""
+    text = readme.read_text(encoding="utf-8")
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise SystemExit(f"{readme}: needs one {BEGIN} and one {END} line, in that order")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(f"{head}{BEGIN}\n{block}\n{END}{tail}", encoding="utf-8")
+
+
+def record_run(out: Path, paths: Sequence[str]) -> dict[str, Any]:
+    """Run pytest as ``make pytest`` does, recording into ``out``: wall and CPU
+    of the whole run and the 1-minute load average sampled every 10 s."""
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "HYPOTHESIS_PROFILE": "ci"}
+    cmd = [sys.executable, "-m", "pytest", *PLUGINS, "-p", "benchmarks.suite_times",
+           f"--suite-times={out}", "-q", *paths]
+    loads: list[float] = [os.getloadavg()[0]]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(10.0):
+            loads.append(os.getloadavg()[0])
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    before = os.times()
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, env=env, check=False)
+    wall = time.perf_counter() - t0
+    after = os.times()
+    stop.set()
+    loads.append(os.getloadavg()[0])
+    cpu = (after.children_user - before.children_user) + (after.children_system
+                                                          - before.children_system)
+    return {"command": ["pytest", *cmd[3:]], "exit_status": done.returncode,
+            "wall_seconds": rounded(wall, 1), "cpu_seconds": rounded(cpu, 1),
+            "load_average": {"min": rounded(min(loads), 2), "max": rounded(max(loads), 2),
+                             "mean": rounded(sum(loads) / len(loads), 2)}}
+
+
+def run(smoke: bool = False, source: Path | None = None, note: str | None = None,
+        write_readme: bool = True) -> Result:
+    run_info: dict[str, Any] | None = None
+    with tempfile.TemporaryDirectory(prefix="bench-suite-") as tmp:
+        if source is None:
+            notebooks = sorted(str(p.relative_to(ROOT))
+                               for p in (ROOT / "notebooks").glob("*.ipynb"))
+            paths = list(SMOKE_TESTS) if smoke else ["tests", "--nbmake", *notebooks]
+            source = Path(tmp) / "times.jsonl"
+            run_info = record_run(source, paths)
+        records = load_records(source)
+    s = summarize(records)
+    if note is None:
+        if run_info is not None:
+            la = run_info["load_average"]
+            note = (f"The whole run: {run_info['wall_seconds']:,.1f} s wall, "
+                    f"{run_info['cpu_seconds']:,.1f} s CPU; 1-minute load average "
+                    f"{la['min']:.2f} to {la['max']:.2f} (mean {la['mean']:.2f}) on "
+                    f"{os.cpu_count()} cores.")
+        else:
+            note = "Load average: not recorded with this run."
+    block = render(s, note)
+    heading("make test's pytest run, per kind, per file, slowest tests")
+    print(block)
+    if write_readme and not smoke:
+        rewrite_readme(block)
+    return {"machine": machine_info(), "run": run_info, "note": note, **s,
+            "goal_seconds": GOAL_SECONDS}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--smoke", action="store_true", help="three small tests; writes nothing")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON at the end")
+    p.add_argument("--from", dest="source", type=Path, default=None, metavar="PATH",
+                   help="render this recorded run (benchmarks/suite_times.py's JSON lines)")
+    p.add_argument("--note", default=None,
+                   help="the line under the totals (with --from: how loaded the machine was)")
+    p.add_argument("--no-readme", action="store_true", help="do not rewrite benchmarks/README.md")
+    args = p.parse_args(argv)
+    result = run(smoke=args.smoke, source=args.source, note=args.note,
+                 write_readme=not args.no_readme)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

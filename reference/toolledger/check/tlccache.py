@@ -1,0 +1,123 @@
+"""A content-addressed cache of TLC runs: the same inputs are model-checked once.
+
+CI runs ``make check`` and then ``make test``, and both check every CI model
+with TLC: the same modules, the same ``.cfg``, the same options, the same
+jar.  TLC's answer depends on nothing else (``-workers 1``, ``-fp 0``,
+``-lncheck final``: see :func:`toolledger.check.tlc.run_tlc`), so the second
+run of identical inputs can only repeat the first.  With a cache directory
+(``toolledger check --tlc-cache DIR``; in the tests the
+``TOOLLEDGER_TLC_CACHE`` variable, set by ``make``), :func:`run_tlc` keeps
+TLC's raw output of each finished run under a digest of its inputs and, for
+the same digest, parses that output again instead of starting a JVM: the
+result is exactly what parsing the original run gave (``cached`` is True).
+
+The digest covers every byte TLC reads: the module name, the ``.cfg`` and
+every ``.tla`` copied next to it (names and contents), TLC's options
+(workers, deadlock check, fingerprint, liveness mode, extra arguments), the
+jar's contents and the java binary and version.  JVM flags (``-Xss``, C1/C2)
+are not in it: they change how fast TLC runs, not what it finds.  Only
+complete verdicts are kept (pass, invariant or property violated,
+deadlock); a timeout, an error, a parse error or a cancelled run never is,
+and neither is a run that dumps its state graph (the dump is the point).
+Entries are written atomically (a temporary file, then a rename), so a
+crashed run leaves no half-written entry; an unreadable entry is a miss.
+
+See docs/models.md ("What `make check` and `make test` share").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+__all__ = ["CACHE_ENV", "Entry", "cache_from_env", "key", "load", "store"]
+
+CACHE_ENV = "TOOLLEDGER_TLC_CACHE"
+_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What a run left in the cache: TLC's output, its exit code, its time."""
+
+    output: str
+    exit_code: int
+    wall_seconds: float
+    command: tuple[str, ...]
+
+
+def cache_from_env() -> Path | None:
+    """The directory named by ``TOOLLEDGER_TLC_CACHE``, or None (no cache)."""
+    value = os.environ.get(CACHE_ENV, "").strip()
+    return Path(value) if value else None
+
+
+@lru_cache(maxsize=8)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _digest_of(path: Path) -> str:
+    st = path.stat()
+    return _file_digest(str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+
+def key(*, module: str, cfg: Path, files: Mapping[str, Path], options: Sequence[str],
+        jar: Path, java: str, java_major: int) -> str:
+    """The digest of everything a TLC run reads (see the module doc)."""
+    h = hashlib.sha256()
+    head = {"v": _VERSION, "module": module, "cfg": cfg.name, "options": list(options),
+            "jar": _digest_of(jar), "java": str(Path(java).resolve()), "java_major": java_major}
+    h.update(json.dumps(head, sort_keys=True).encode())
+    h.update(b"\0cfg\0" + cfg.read_bytes())
+    for name in sorted(files):
+        h.update(f"\0file\0{name}\0".encode() + hashlib.sha256(files[name].read_bytes()).digest())
+    return h.hexdigest()
+
+
+def _path(directory: Path, digest: str) -> Path:
+    return directory / digest[:2] / f"{digest}.json"
+
+
+def load(directory: Path, digest: str) -> Entry | None:
+    """The entry for ``digest``, or None (absent, unreadable or of another version)."""
+    try:
+        data = json.loads(_path(directory, digest).read_text(encoding="utf-8"))
+        if data.get("v") != _VERSION or data.get("key") != digest:
+            return None
+        return Entry(output=str(data["output"]), exit_code=int(data["exit_code"]),
+                     wall_seconds=float(data["wall_seconds"]),
+                     command=tuple(str(c) for c in data["command"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def store(directory: Path, digest: str, entry: Entry) -> None:
+    """Write the entry atomically; a cache that cannot be written is skipped."""
+    target = _path(directory, digest)
+    data = {"v": _VERSION, "key": digest, "output": entry.output, "exit_code": entry.exit_code,
+            "wall_seconds": entry.wall_seconds, "command": list(entry.command)}
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(data, f)
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError:
+        return

@@ -1,0 +1,139 @@
+"""The cache of TLC runs (toolledger.check.tlccache) answers only identical inputs.
+
+Oracles: TLC's own result of the same run (a cached answer must equal it
+field by field, the counterexample included), and a JVM that must start
+again whenever any input changes (a byte of a module, the cfg, an option).
+A cached answer is marked ``cached``; nothing but complete verdicts is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checker_support import ROOT
+from toolledger.check import tlccache
+from toolledger.check.tlc import Outcome, TLCResult, run_tlc
+from toolledger.cli import main
+
+FIXTURES = Path(__file__).parent / "fixtures" / "tla"
+
+
+def _copy(tmp: Path) -> Path:
+    d = tmp / "tla"
+    shutil.copytree(FIXTURES, d)
+    return d
+
+
+def _run(d: Path, cfg: str, cache: Path | None, **kw: object) -> TLCResult:
+    return run_tlc("Ledger", d / f"{cfg}.cfg", search_dirs=[d], check_deadlock=True,
+                   cache=cache, **kw)  # type: ignore[arg-type]
+
+
+def _same(a: TLCResult, b: TLCResult) -> None:
+    assert replace(a, cached=False) == replace(b, cached=False)
+
+
+def _entries(cache: Path) -> list[Path]:
+    return sorted(cache.rglob("*.json"))
+
+
+def test_a_second_identical_run_is_answered_from_the_cache(tmp_path: Path) -> None:
+    d, cache = _copy(tmp_path), tmp_path / "cache"
+    first = _run(d, "LedgerRetry", cache)
+    assert first.outcome is Outcome.INVARIANT_VIOLATED and not first.cached and first.trace
+    assert len(_entries(cache)) == 1
+    again = _run(d, "LedgerRetry", cache)
+    assert again.cached
+    _same(first, again)  # the same verdict, counts and counterexample
+    # an option TLC reads is an input: another key, a real run
+    other = _run(d, "LedgerRetry", cache, fp=1)
+    assert not other.cached and other.violated == first.violated
+    assert len(_entries(cache)) == 2
+
+
+def test_any_changed_input_is_a_new_run(tmp_path: Path) -> None:
+    d, cache = _copy(tmp_path), tmp_path / "cache"
+    passed = _run(d, "LedgerPass", cache)
+    assert passed.outcome is Outcome.PASS and not passed.cached
+    # a module TLC does not even read is copied next to the cfg: still an input
+    (d / "Stuck.tla").write_text((d / "Stuck.tla").read_text() + "\n\\* a comment\n")
+    assert not _run(d, "LedgerPass", cache).cached
+    cfg = d / "LedgerPass.cfg"
+    cfg.write_text(cfg.read_text() + "\n")
+    assert not _run(d, "LedgerPass", cache).cached
+    assert _run(d, "LedgerPass", cache).cached
+
+
+def test_only_complete_verdicts_and_no_dumps_are_kept(tmp_path: Path) -> None:
+    d, cache = _copy(tmp_path), tmp_path / "cache"
+    timed_out = run_tlc("Ledger", d / "LedgerBig.cfg", search_dirs=[d], check_deadlock=False,
+                        timeout=2, cache=cache)
+    assert timed_out.outcome is Outcome.TIMEOUT
+    broken = run_tlc("Broken", d / "Broken.cfg", search_dirs=[d], check_deadlock=True,
+                     cache=cache)
+    assert broken.outcome is Outcome.PARSE_ERROR
+    dumped = _run(d, "LedgerPass", cache, dump_dot=tmp_path / "g.dot")
+    assert dumped.outcome is Outcome.PASS and (tmp_path / "g.dot").stat().st_size > 0
+    assert _entries(cache) == []
+
+
+def test_a_damaged_entry_is_a_miss_and_is_replaced(tmp_path: Path) -> None:
+    d, cache = _copy(tmp_path), tmp_path / "cache"
+    first = _run(d, "LedgerPass", cache)
+    [entry] = _entries(cache)
+    entry.write_text("{not json")
+    again = _run(d, "LedgerPass", cache)
+    assert not again.cached  # a real run: same verdict, its own time and output
+    assert (again.outcome, again.distinct_states) == (first.outcome, first.distinct_states)
+    data = json.loads(entry.read_text())
+    assert data["key"] == entry.stem and data["v"] == 1
+    # an entry under another key's name is not trusted either
+    data["key"] = "0" * 64
+    entry.write_text(json.dumps(data))
+    assert not _run(d, "LedgerPass", cache).cached
+
+
+def test_no_cache_without_the_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(tlccache.CACHE_ENV, raising=False)
+    assert tlccache.cache_from_env() is None
+    monkeypatch.setenv(tlccache.CACHE_ENV, str(tmp_path))
+    assert tlccache.cache_from_env() == tmp_path
+
+
+def test_check_with_tlc_cache_marks_the_rows_it_did_not_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cache = tmp_path / "cache"
+    args = ["check", "--root", str(ROOT), "--model", "CancelIgnored", "--tlc-cache", str(cache)]
+
+    def row() -> dict[str, Any]:
+        assert main([*args, "--json"]) == 0
+        rows: list[dict[str, Any]] = json.loads(capsys.readouterr().out)
+        [r] = [r for r in rows if (r["model"], r["check"]) == ("CancelIgnored", "tlc")]
+        return r
+
+    cold, warm = row(), row()
+    assert (cold["cached"], warm["cached"]) == (False, True)
+    assert warm["status"] == "ok" and warm["distinct_states"] == cold["distinct_states"] == 5
+    assert main(args) == 0
+    assert " cached  ok" in capsys.readouterr().out  # the table says so too
+
+
+def test_the_notebooks_manifest_runs_use_the_cache_of_make_test(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from toolledger.check.manifest import load_manifest
+    from toolledger.notebook.support import run_manifest_model
+
+    monkeypatch.setenv(tlccache.CACHE_ENV, str(tmp_path / "cache"))
+    manifest = load_manifest(ROOT)
+    first = run_manifest_model(manifest, "CancelIgnored").result
+    again = run_manifest_model(manifest, "CancelIgnored").result
+    assert (first.cached, again.cached) == (False, True)
+    assert again.violated == first.violated == "CancelledNeverInvoked"
