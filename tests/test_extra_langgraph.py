@@ -176,16 +176,21 @@ def test_approval_is_an_interrupt_bound_to_one_execution(tmp_path: Path) -> None
     # an answer for another execution does not count: asked again, nothing runs
     out = _invoke(graph, Command(resume={"tlx1-someone-else": "approve", ask["key"]: "maybe"}))
     assert [a["key"] for a in _asks(out)] == [ask["key"]] and outbox == []
-    out = _invoke(graph, Command(resume={ask["key"]: "approve"}))
+    out = _invoke(graph, Command(resume={ask["key"]: {"type": "approve", "by": "alice"}}))
     assert out["messages"][-1].content == "done: sent to ada" and outbox == ["ada"]
+    [approved] = [r for r in node.session("t1").audit() if r.kind == "approved"]
+    assert approved.by == "alice"  # who answered, in the approval's audit row
 
     # rejected: the model gets a denial, nothing is sent
     other: Any = {"configurable": {"thread_id": "t2"}}
     graph2 = _graph(node, Script([_call("bob")]), saver)
     out = graph2.invoke({"messages": [("user", "mail bob")]}, other)
     [ask2] = _asks(out)
-    out = graph2.invoke(Command(resume={ask2["key"]: "reject"}), other)
+    out = graph2.invoke(Command(resume={ask2["key"]: {"type": "reject", "by": "carol",
+                                                      "note": "wrong person"}}), other)
     assert "denied" in out["messages"][-1].content and outbox == ["ada"]
+    [rejected] = [r for r in node.session("t2").audit() if r.kind == "rejected"]
+    assert (rejected.by, rejected.human_note) == ("carol", "wrong person")
 
 
 def test_an_approval_is_used_once_a_retry_that_reuses_the_call_id_asks_again(

@@ -672,34 +672,36 @@ def _request(s: CallStatus) -> dict[str, Any]:
 
 
 def _apply(session: Session, asks: Sequence[CallStatus], answer: object) -> None:
-    """Apply a human's answer: ``{key: decision}``; a decision for another key (an old
-    execution's, a stale resume) or one that is not allowed is ignored: that call asks
-    again, nothing runs on it."""
+    """Apply a human's answer: ``{key: decision}``, a decision a string or
+    ``{"type": decision, "result": ..., "note": ..., "by": who}`` (``by`` goes to
+    the audit row of the answer); a decision for another key (an old execution's,
+    a stale resume) or one that is not allowed is ignored: that call asks again,
+    nothing runs on it."""
     if not isinstance(answer, Mapping):
         return
     for s in asks:
         raw = answer.get(s.key)
-        decision, result, note = _decision(raw)
+        decision, result, note, by = _decision(raw)
         if decision is None:
             continue
         if s.next is Next.AWAIT_APPROVAL and decision in APPROVAL_DECISIONS:
             if decision == "approve":
-                session.approve(s.key)
+                session.approve(s.key, by=by, note=note)
             else:
-                session.reject(s.key)
+                session.reject(s.key, by=by, note=note)
         elif s.next is Next.HALTED and decision in RESOLUTIONS:
-            session.resolve(s.key, decision, result=result, note=note)
+            session.resolve(s.key, decision, result=result, note=note, by=by)
 
 
-def _decision(raw: object) -> tuple[str | None, str | None, str]:
+def _decision(raw: object) -> tuple[str | None, str | None, str, str | None]:
     if isinstance(raw, str):
-        return raw, None, ""
+        return raw, None, "", None
     if isinstance(raw, Mapping) and isinstance(raw.get("type"), str):
-        result = raw.get("result")
-        note = raw.get("note", "")
+        result, note, by = raw.get("result"), raw.get("note", ""), raw.get("by")
         return (str(raw["type"]), None if result is None else str(result),
-                note if isinstance(note, str) else str(note))
-    return None, None, ""
+                note if isinstance(note, str) else str(note),
+                None if by is None else str(by))
+    return None, None, "", None
 
 
 def open_saver(path: str | Path) -> SqliteSaver:
