@@ -805,3 +805,40 @@ def test_the_stall_benchmark_runs_and_counts_the_same_commits() -> None:
     assert modes["Session"]["commits_per_call"] == modes["AsyncSession"]["commits_per_call"] > 2
     assert modes["no ledger"]["commits_per_call"] == 0
     assert all(set(m) == set(modes["Session"]) for m in modes.values())
+
+
+def test_a_forked_child_runs_its_steps_on_a_pool_of_its_own() -> None:
+    """A pre-fork server's worker (or a crash harness's child) forked after the parent used
+    an AsyncSession inherits the shared store pool's object but none of its threads: every
+    step would wait for ever.  The child gets its own pool (the control: the parent's pool
+    object, restored in the child, never runs the step)."""
+    import os
+    import signal
+
+    from toolledger._core import async_session as mod
+
+    async def one(store: MemoryStore) -> None:
+        s = await AsyncSession.open(store, SID, {TOOL: "manual"})
+        await one_call(s)
+
+    run(lambda: one(MemoryStore()))  # the parent's pool now has threads
+    inherited = mod._pool
+    assert inherited is not None
+
+    def in_child(restore: bool) -> int:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                signal.alarm(3)  # a hung child dies of SIGALRM
+                if restore:
+                    mod._pool = inherited
+                asyncio.run(one(MemoryStore()))
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+    assert in_child(restore=False) == 0
+    assert in_child(restore=True) == -signal.SIGALRM

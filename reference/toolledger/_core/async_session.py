@@ -66,6 +66,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import os
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -97,6 +98,18 @@ def _shared_pool() -> concurrent.futures.Executor:
             _pool = concurrent.futures.ThreadPoolExecutor(
                 max_workers=_POOL_SIZE, thread_name_prefix="toolledger-store")
         return _pool
+
+
+def _forget_pool_in_child() -> None:
+    """A forked child has none of the pool's threads (a pre-fork server's workers, a
+    crash harness's children): a pool inherited from the parent would queue every step
+    for threads that do not exist and hang.  The child starts its own on first use."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
 class _Lane:
