@@ -15,7 +15,7 @@ from pathlib import Path
 
 from checker_support import ROOT
 from toolledger.check.manifest import load_manifest
-from toolledger.check.tlc import Cancellation
+from toolledger.check.tlc import Cancellation, parse_cfg
 from toolledger.cli import _CheckRun, _Job, job_cost
 
 MANIFEST = load_manifest(ROOT)
@@ -59,7 +59,9 @@ def test_the_jobs_know_what_they_dump_and_check(tmp_path: Path) -> None:
     for j in jobs:
         host = j.batch.host if j.batch is not None else j.entries[0]
         assert j.dumps == (host is not None and host.name in conform), j.name
-        assert j.temporal == (j.name in {"Liveness", "LivenessNoHumanFairness"}), j.name
+        # temporal: its cfg checks PROPERTIES (the liveness models and their twins)
+        assert j.temporal == bool(parse_cfg(j.entries[0].cfg_path).properties), j.name
+    assert {"Liveness", "LivenessNoHumanFairness"} <= {j.name for j in jobs if j.temporal}
 
 
 def test_the_rows_most_likely_to_fail_start_first(tmp_path: Path) -> None:

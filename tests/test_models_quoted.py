@@ -34,7 +34,8 @@ DOCS = ("docs/protocol.md", "docs/models.md")
 # SQL, an environment variable, another library's name
 NOTATION = {"L1", "L2", "Li", "Ln", "WF", "L", "COMMIT", "PYTHONPATH", "RemoveMessage",
             # real APIs' names in docs/protocol.md's table of key answers
-            "ClientToken", "IdempotentParameterMismatch"}
+            "ClientToken", "IdempotentParameterMismatch",
+            "TOOLLEDGER_TLC_CACHE"}  # an environment variable (docs/models.md)
 # (file, quoted count) -> what it counts: variants with no manifest row
 NOT_IN_MANIFEST = {
     ("MCSameTurn.tla", "130k"): "SameTurn with one crash: a variant outside CI",

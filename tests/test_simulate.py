@@ -61,7 +61,7 @@ def test_sigkill_after_external_success_ledger_manual_halts_on_the_real_store(
     assert CountingExternalSystem(Path(f"{db}.external.jsonl")).effects() == 1
     with SqliteStore(db) as store:
         assert [(a.kind, a.attempt) for a in store.audit("sim-session")] == [
-            ("dispatch", 1), ("recovery_required", 1)]
+            ("approved", 1), ("dispatch", 1), ("recovery_required", 1)]
 
 
 def test_sigkill_while_the_call_is_out_ledger_idempotent_retries_same_id(tmp_path: Path) -> None:

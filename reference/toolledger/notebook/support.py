@@ -316,9 +316,16 @@ def spec_excerpt_markdown(spec: str, names: Iterable[str], *, source: str) -> st
 def models_of_spec(manifest: Manifest, spec: str = "DurableToolExecution") -> list[ModelEntry]:
     """The manifest's models whose module extends ``spec`` (the others model another spec,
     e.g. ``LegacyResume``, whose invariants share some names)."""
-    extends = re.compile(rf"^EXTENDS\b[^\n]*\b{re.escape(spec)}\b", re.MULTILINE)
-    return [m for m in manifest.models
-            if extends.search((m.cfg_path.parent / f"{m.module}.tla").read_text())]
+    def extended(module: str, seen: frozenset[str] = frozenset()) -> set[str]:
+        """``module``'s EXTENDS, transitively (MC modules may extend one another)."""
+        path = manifest.root / "model" / f"{module}.tla"
+        if module in seen or not path.is_file():
+            return set()
+        m = re.search(r"^EXTENDS\b([^\n]*)", path.read_text(), re.MULTILINE)
+        names = set(re.findall(r"\w+", m.group(1))) if m else set()
+        return names.union(*(extended(n, seen | {module}) for n in names))
+
+    return [m for m in manifest.models if spec in extended(m.module)]
 
 
 def invariants_of(entry: ModelEntry) -> tuple[str, ...]:
