@@ -34,7 +34,6 @@ import argparse
 import hashlib
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -176,16 +175,7 @@ MUTANTS: tuple[Mutant, ...] = (
 )
 
 
-def _children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
-def _toolledger() -> list[str]:
-    script = Path(sys.executable).parent / "toolledger"
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-c", "import sys; from toolledger.cli import main; sys.exit(main())"]
+from benchmarks.bench_check import _children_cpu, _toolledger  # noqa: E402
 
 
 def _git(repo: Path, *args: str) -> str:

@@ -324,34 +324,33 @@ INVARIANTS: Final[Mapping[str, Check]] = {
 }
 
 
-def settled(cfg: ModelConfig, s: SystemState) -> list[str]:
-    """The state predicate of ``EventuallySettled``: every call has a result
-    or is in recovery_required (calls not emitted yet are not settled)."""
+def _unfinished(cfg: ModelConfig, s: SystemState, halted_counts: bool) -> list[str]:
+    """The calls with no result in the conversation (``halted_counts``: a call in
+    recovery_required is finished too); calls not emitted yet never are."""
     by_pos = {c.position: c for c in s.session.calls}
     out = []
     for cc in cfg.calls:
         c = by_pos.get(cc.position)
         if c is None:
             out.append(f"{cc.name}: not emitted")
-        elif c.result is None and (
-            s.session.record(c.execution_id).status is not p.LedgerStatus.RECOVERY_REQUIRED
-        ):
-            out.append(f"{cc.name}: neither answered nor in recovery_required ({c.stage.value})")
+        elif c.result is None and not (halted_counts and s.session.record(
+                c.execution_id).status is p.LedgerStatus.RECOVERY_REQUIRED):
+            what = "neither answered nor in recovery_required" if halted_counts else (
+                "no result in the conversation")
+            out.append(f"{cc.name}: {what} ({c.stage.value})")
     return out
+
+
+def settled(cfg: ModelConfig, s: SystemState) -> list[str]:
+    """The state predicate of ``EventuallySettled``: every call has a result
+    or is in recovery_required (calls not emitted yet are not settled)."""
+    return _unfinished(cfg, s, halted_counts=True)
 
 
 def answered(cfg: ModelConfig, s: SystemState) -> list[str]:
     """The state predicate of ``EventuallyAnswered``: every call has a result in
     the conversation (a call in recovery_required is settled, not answered)."""
-    by_pos = {c.position: c for c in s.session.calls}
-    out = []
-    for cc in cfg.calls:
-        c = by_pos.get(cc.position)
-        if c is None:
-            out.append(f"{cc.name}: not emitted")
-        elif c.result is None:
-            out.append(f"{cc.name}: no result in the conversation ({c.stage.value})")
-    return out
+    return _unfinished(cfg, s, halted_counts=False)
 
 
 PROPERTIES: Final[Mapping[str, Check]] = {
