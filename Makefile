@@ -59,9 +59,15 @@ typecheck: $(SETUP)
 # of every start. Hypothesis' plugin and nbmake are named here; the connector
 # kit's plugin (toolledger.extra.pytest) is loaded by the tests whose subject
 # it is (tests/test_extra_pytest.py). The same set collects the same tests.
-PYTEST_PLUGIN_ARGS := -p _hypothesis_pytestplugin -p nbmake
+PYTEST_PLUGIN_ARGS := -p _hypothesis_pytestplugin -p nbmake -p xdist
+# The tests and notebooks run on every core (pytest-xdist), a test file per
+# worker at a time (--dist loadfile: a module's fixtures, such as the
+# TwoCalls state graph of test_conformance, are built once). Every test is
+# derandomized (HYPOTHESIS_PROFILE=ci), so which worker runs it changes
+# nothing; `make pytest PYTEST_WORKERS=0` runs them in one process.
+PYTEST_WORKERS ?= auto
 pytest: $(SETUP)
-	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 TOOLLEDGER_TLC_CACHE=$(TLC_CACHE) $(BIN)/python -m pytest $(PYTEST_PLUGIN_ARGS) tests $(if $(NOTEBOOKS),--nbmake $(NOTEBOOKS))
+	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 TOOLLEDGER_TLC_CACHE=$(TLC_CACHE) $(BIN)/python -m pytest $(PYTEST_PLUGIN_ARGS) -n $(PYTEST_WORKERS) --dist loadfile tests $(if $(NOTEBOOKS),--nbmake $(NOTEBOOKS))
 
 bench: $(SETUP)
 	$(BIN)/python benchmarks/run_all.py

@@ -56,7 +56,10 @@ TLC_PROGRAMS = frozenset({"java", "toolledger"})
 GOAL_SECONDS = 600.0
 TOP_FILES = 25
 TOP_TESTS = 15
-# what `make pytest` loads (Makefile: PYTEST_PLUGIN_ARGS)
+# what `make pytest` loads (Makefile: PYTEST_PLUGIN_ARGS), in one process:
+# the recording plugin charges each test its own CPU (make pytest spreads the
+# same tests over every core with pytest-xdist, so its wall time is about
+# this run's CPU over the cores, never this run's wall time)
 PLUGINS = ("-p", "_hypothesis_pytestplugin", "-p", "nbmake")
 # --smoke: one test of three kinds (a tiny TLC run, a Hypothesis test, a plain one)
 SMOKE_TESTS = (

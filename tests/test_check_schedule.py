@@ -21,11 +21,17 @@ from toolledger.cli import _CheckRun, _Job, job_cost
 MANIFEST = load_manifest(ROOT)
 
 
-def _ci_plan(tmp_path: Path) -> tuple[_CheckRun, list[_Job]]:
-    models = MANIFEST.ci_models()
-    conform = [e for e in models if e.conformance and e.conformance_tier == "check"]
+def _ci_plan(tmp_path: Path, every_tier: bool = False, every_conformance: bool | None = None
+             ) -> tuple[_CheckRun, list[_Job]]:
+    """The jobs of `make check` (``toolledger check``), or of ``check --all``
+    (``every_tier``); ``every_conformance=False`` keeps the conformance rows
+    of the check tier only."""
+    models = MANIFEST.ci_models() if every_tier else MANIFEST.check_models()
+    every_conformance = every_tier if every_conformance is None else every_conformance
+    conform = [e for e in models if e.conformance
+               and (every_conformance or e.conformance_tier == "check")]
     args = argparse.Namespace(jobs=2, trace=False, timeout=None, json=False,
-                              no_conformance=False, all=False, model=None)
+                              no_conformance=False, all=every_tier, model=None)
     run = _CheckRun(MANIFEST, models, conform, None, tmp_path, args, Cancellation())
     run.to_run = list(models)
     return run, run._plan()
@@ -41,7 +47,8 @@ def test_a_temporal_property_and_a_state_graph_dump_cost_more() -> None:
 
 
 def test_the_liveness_runs_and_the_conformance_chain_start_first(tmp_path: Path) -> None:
-    _, jobs = _ci_plan(tmp_path)
+    # every TLC row (the big liveness models are of the test tier), the check's conformance
+    _, jobs = _ci_plan(tmp_path, every_tier=True, every_conformance=False)
     order = [j.name for j in sorted(jobs, key=_Job.cost, reverse=True)]
     assert {"Liveness", "LivenessNoHumanFairness"} <= set(order[:3]), order[:6]
     # the biggest check-tier conformance model's TLC run (it dumps its graph,
@@ -61,7 +68,19 @@ def test_the_jobs_know_what_they_dump_and_check(tmp_path: Path) -> None:
         assert j.dumps == (host is not None and host.name in conform), j.name
         # temporal: its cfg checks PROPERTIES (the liveness models and their twins)
         assert j.temporal == bool(parse_cfg(j.entries[0].cfg_path).properties), j.name
-    assert {"Liveness", "LivenessNoHumanFairness"} <= {j.name for j in jobs if j.temporal}
+    assert {"LivenessReconcile", "LivenessKeyExpiry"} <= {j.name for j in jobs if j.temporal}
+
+
+def test_make_check_leaves_the_test_tier_to_make_test(tmp_path: Path) -> None:
+    """The rows of ``tier = "test"`` are not jobs of `make check` (their probes
+    are, run without their host), and are jobs of ``check --all``."""
+    left = {e.name for e in MANIFEST.ci_models() if e.tier == "test"}
+    assert {"TwoCalls", "Liveness"} <= left
+    for every_tier in (False, True):
+        _, jobs = _ci_plan(tmp_path / str(every_tier), every_tier)
+        names = {e.name for j in jobs for e in j.entries}
+        assert (left <= names) if every_tier else not (left & names), sorted(left & names)
+        assert "Witness_ReusedIdsInvoked" in names  # TwoCalls' probe, in both
 
 
 def test_the_rows_most_likely_to_fail_start_first(tmp_path: Path) -> None:

@@ -937,6 +937,47 @@ def test_a_conformance_row_left_to_make_test_runs_with_all(tmp_path: Path) -> No
     assert "--all and --no-conformance contradict each other" in both.stderr + both.stdout
 
 
+def test_a_tlc_row_left_to_make_test_runs_with_all(tmp_path: Path) -> None:
+    """tier = "test": `toolledger check` does not run the model and says so on
+    its last line; --all and --model NAME run it."""
+    other = copy_repo(tmp_path / "other")
+    entries = [t for t in (REPO / "model" / "manifest.toml").read_text().split("[[model]]")
+               if 'name = "SuccessOnlyRecord"' in t or 'name = "AuditOnlyHalts"' in t]
+    assert len(entries) == 2 and all("ci = true" in t for t in entries)
+    left = entries[0].replace("ci = true", 'ci = true\ntier = "test"', 1)
+    (other / "model" / "manifest.toml").write_text("[[model]]" + left + "[[model]]" + entries[1])
+    name = next(n for n in ("SuccessOnlyRecord", "AuditOnlyHalts") if f'"{n}"' in left)
+    kept = "AuditOnlyHalts" if name == "SuccessOnlyRecord" else "SuccessOnlyRecord"
+    plain = run_cli("check", "--json", cwd=other)
+    assert plain.returncode == 0, plain.stderr
+    assert [r["model"] for r in json.loads(plain.stdout)] == [kept]
+    assert f"the TLC rows of {name} are left to make test" in plain.stderr
+    for args in (["--all"], ["--model", name]):
+        done = run_cli("check", "--json", *args, cwd=other)
+        assert done.returncode == 0, done.stderr
+        assert name in [r["model"] for r in json.loads(done.stdout)]
+        assert "left to make test" not in done.stderr
+
+
+@pytest.mark.parametrize(("line", "says"), [
+    ('tier = "nightly"', "tier = 'nightly' must be one of 'check', 'test'"),
+    ('ci = false\ntier = "test"', "tier needs ci = true"),
+    ('tier = "test"', 'tier = "test" with a conformance row make check runs'),
+])
+def test_tier_is_validated(tmp_path: Path, line: str, says: str) -> None:
+    other = copy_repo(tmp_path / "other")
+    manifest = other / "model" / "manifest.toml"
+    text = manifest.read_text()
+    entry = next(t for t in text.split("[[model]]") if 'name = "Renumbered"' in t)
+    assert "ci = true\n" in entry
+    body = entry.replace("ci = true\n", "", 1) if line.startswith("ci = false") else entry
+    manifest.write_text(text.replace(entry, body.replace(
+        "distinct_states = 1416", f"distinct_states = 1416\n{line}", 1), 1))
+    done = run_cli("check", "--model", "Renumbered", cwd=other)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert says in done.stdout + done.stderr
+
+
 def test_conformance_tier_is_validated(tmp_path: Path) -> None:
     other = copy_repo(tmp_path / "other")
     manifest = other / "model" / "manifest.toml"
@@ -950,12 +991,17 @@ def test_conformance_tier_is_validated(tmp_path: Path) -> None:
         done.stdout + done.stderr)
 
 
-def test_tlc_runs_c1_only_except_for_temporal_properties() -> None:
+def test_tlc_runs_c1_only_except_for_big_temporal_checks() -> None:
     """C1 only (short runs: C2's compilations cost more than they save),
-    except where TLC checks temporal PROPERTIES on the whole graph."""
-    from toolledger.cli import _TLC_JVM_ARGS, _tlc_jvm_args
+    except where TLC checks temporal PROPERTIES on a big graph."""
+    from toolledger.cli import _TLC_JVM_ARGS, C2_MIN_STATES, _tlc_jvm_args
 
+    states = {m.name: m.distinct_states for m in load_manifest(REPO).models}
     assert _TLC_JVM_ARGS == ("-XX:TieredStopAtLevel=1",)
-    assert _tlc_jvm_args(REPO / "model" / "TwoCalls.cfg") == _TLC_JVM_ARGS
-    for cfg in ("Liveness.cfg", "LivenessNoHumanFairness.cfg"):
-        assert _tlc_jvm_args(REPO / "model" / cfg) == ()
+    assert _tlc_jvm_args(REPO / "model" / "TwoCalls.cfg", states["TwoCalls"]) == _TLC_JVM_ARGS
+    for name in ("Liveness", "LivenessNoHumanFairness"):
+        assert states[name] >= C2_MIN_STATES
+        assert _tlc_jvm_args(REPO / "model" / f"{name}.cfg", states[name]) == ()
+    for name in ("LivenessReconcile", "LivenessKeyExpiry"):  # temporal, but small
+        assert states[name] < C2_MIN_STATES
+        assert _tlc_jvm_args(REPO / "model" / f"{name}.cfg", states[name]) == _TLC_JVM_ARGS

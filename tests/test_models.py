@@ -36,10 +36,12 @@ def _dumped_by_make_check(b: Batch) -> bool:
 
 
 def _batches() -> dict[str, Batch]:
-    """Row name -> its batch in ``toolledger check``'s plan of the whole CI set
-    (a batch hosted by a conformance model of the "test" tier included: make
-    check runs it without a dump; its host's own row is test_conformance's)."""
-    batches, _ = plan(MANIFEST.ci_models())
+    """Row name -> its batch in ``toolledger check``'s plan of the rows make
+    check runs (a batch hosted by a conformance model of the "test" tier
+    included: make check runs it without a dump; its host's own row is
+    test_conformance's).  The rows make check leaves to this module
+    (``tier = "test"``) run alone."""
+    batches, _ = plan(MANIFEST.check_models())
     return {e.name: b for b in batches if not _dumped_by_make_check(b) for e in b.entries}
 
 
@@ -76,12 +78,14 @@ def test_the_batches_here_are_those_of_make_check() -> None:
     """Every batch used here is one of ``toolledger check``'s, under its generated
     module name (what makes the cache keys of the two equal), and every CI row
     outside them runs alone."""
-    batches, alone = plan(MANIFEST.ci_models())
+    batches, alone = plan(MANIFEST.check_models())
     used = {b.module: b for b in BATCH_OF.values()}
     assert used and all(b in batches for b in used.values())
     hosted = {e.name for b in used.values() for e in b.entries}
+    left_to_test = {e.name for e in CI_MODELS if e.tier == "test"}
+    assert not hosted & left_to_test
     assert {e.name for e in CI_MODELS} - hosted <= {e.name for e in alone} | {
-        e.name for b in batches if _dumped_by_make_check(b) for e in b.probes}
+        e.name for b in batches if _dumped_by_make_check(b) for e in b.probes} | left_to_test
 
 
 def test_ci_set_covers_what_the_issue_asks() -> None:
@@ -169,10 +173,11 @@ def test_make_check_runs_the_inputs_this_module_runs(
     monkeypatch.setitem(globals(), "run_tlc", recorder(here))  # what _run calls
     monkeypatch.setitem(globals(), "_RESULTS", {})
     for entry in CI_MODELS:
-        _run(entry, tmp_path)
+        if entry.tier == "check":  # the others are this module's alone
+            _run(entry, tmp_path)
     assert len(here) >= len(BATCH_OF) // 2 and by_check
     # the probes of a batch make check runs with a dump run alone here; all else is shared
-    alone_probes = {e.name for b in plan(MANIFEST.ci_models())[0] if _dumped_by_make_check(b)
+    alone_probes = {e.name for b in plan(MANIFEST.check_models())[0] if _dumped_by_make_check(b)
                     for e in b.probes}
     missing = here - by_check
     assert {m[0] for m in missing} <= {MANIFEST.get(n).module for n in alone_probes}, missing

@@ -281,8 +281,8 @@ def _configure_check(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--all",
         action="store_true",
-        help='also the conformance rows the manifest leaves to make test '
-        '(conformance_tier = "test")',
+        help='also the rows the manifest leaves to make test: TLC rows (tier = "test") '
+        'and conformance rows (conformance_tier = "test")',
     )
     p.add_argument(
         "--tlc-cache",
@@ -623,7 +623,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             )
         models = [manifest.get(n) for n in dict.fromkeys(args.model)]  # once each, in order
     else:
-        models = manifest.ci_models()
+        models = manifest.ci_models() if args.all else manifest.check_models()
         if not models:
             raise UsageError(f"{manifest.path} has no model with ci = true: nothing to check")
     if args.all and args.no_conformance:
@@ -774,7 +774,7 @@ def _cmd_exercises(args: argparse.Namespace) -> int:
         return e, run_tlc(e.module, e.cfg_path, search_dirs=manifest.search_dirs,
                           check_deadlock=e.check_deadlock, workers=e.workers,
                           extra_args=("-coverage", "1"), cancel=cancel,
-                          jvm_args=_tlc_jvm_args(e.cfg_path))
+                          jvm_args=_tlc_jvm_args(e.cfg_path, e.distinct_states))
 
     with _Interrupt(cancel) as interrupt, concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         futures = {pool.submit(one, e) for e in sorted(ci, key=lambda e: -e.distinct_states)}
@@ -813,11 +813,20 @@ NOT_CHECKED = "NOT CHECKED"
 _TLC_JVM_ARGS = ("-XX:TieredStopAtLevel=1",)
 
 
-def _tlc_jvm_args(cfg: Path) -> tuple[str, ...]:
-    """C1 only, except for a model that checks temporal PROPERTIES: TLC's
-    liveness check on the whole graph is long enough for C2 to pay off
-    (Liveness, 40,574 states: 42.8 s CPU with C1 only, 28.4 s with C2)."""
-    return () if parse_cfg(cfg).properties else _TLC_JVM_ARGS
+# Below this many distinct states (the manifest's count) even a temporal
+# check is too short for C2 to pay off.
+C2_MIN_STATES = 20_000
+
+
+def _tlc_jvm_args(cfg: Path, states: int) -> tuple[str, ...]:
+    """C1 only, except for a big model (``states``, the manifest's count) that
+    checks temporal PROPERTIES: TLC's liveness check on the whole graph is
+    then long enough for C2 to pay off (Liveness, 40,574 states: 42.8 s CPU
+    with C1 only, 28.4 s with C2); on small ones C2 costs (TLC CPU seconds,
+    C2 vs C1: LivenessKeyExpiry, 3,627 states, 4.45 vs 2.15; LivenessReconcile,
+    285 states, 2.16 vs 1.16)."""
+    big = states >= C2_MIN_STATES
+    return () if big and parse_cfg(cfg).properties else _TLC_JVM_ARGS
 
 
 # Rough costs of ``toolledger check``'s jobs in CPU seconds, measured on
@@ -1059,7 +1068,7 @@ class _CheckRun:
             timeout=self.args.timeout,
             on_progress=seen,
             cancel=self.cancel,
-            jvm_args=_tlc_jvm_args(cfg),
+            jvm_args=_tlc_jvm_args(cfg, entry.distinct_states),
             cache=getattr(self.args, "tlc_cache", None),
         )
         if job.batch is None:
@@ -1224,11 +1233,17 @@ class _CheckRun:
                 + ("" if self.args.no_conformance else self._left_to_test()))
 
     def _left_to_test(self) -> str:
+        line = ""
+        if not any(getattr(self.args, a, None) for a in ("model", "all", "quick")):
+            rows = [e.name for e in self.manifest.ci_models() if e.tier != "check"]
+            if rows:
+                line += (f"; the TLC rows of {', '.join(rows)} are left to make test "
+                         '(tier = "test"; toolledger check --all runs them)')
         left = [e.name for e in self.models if e.conformance and e not in self.conform]
-        if not left or self.args.no_conformance:
-            return ""
-        return (f"; the conformance of {', '.join(left)} is left to make test "
-                '(conformance_tier = "test"; toolledger check --all runs it)')
+        if left and not self.args.no_conformance:
+            line += (f"; the conformance of {', '.join(left)} is left to make test "
+                     '(conformance_tier = "test"; toolledger check --all runs it)')
+        return line
 
     def _interrupted_line(self, total: float, signal_name: str) -> str:
         if not self.parsed:

@@ -16,6 +16,10 @@
                                       # (`make check` runs the conformance row) or
                                       # "test" (`make test` runs it; `toolledger
                                       # check --all` runs every row)
+    tier = "check"                    # optional, ci models: "check" (`make check`
+                                      # runs the TLC row) or "test" (an exhaustive
+                                      # row `make test` runs: tests/test_models.py;
+                                      # `toolledger check --all` runs every row)
     workers = 1                       # optional (default 1)
     witnesses = ["AtMostOnceEffect"]  # optional: a broken twin; the invariants
                                       # it shows can fail (expect is one of them)
@@ -83,6 +87,7 @@ _FIELDS: dict[str, tuple[type, bool]] = {
     "question": (str, True),
     "conformance": (bool, False),
     "conformance_tier": (str, False),
+    "tier": (str, False),
     "workers": (int, False),
     "witnesses": (list, False),
     "antecedent_of": (list, False),
@@ -92,6 +97,8 @@ WITNESS_PREFIX = "Witness_"
 # "check": `make check` (toolledger check) runs the conformance row; "test":
 # `make test` does (toolledger check --all runs every row)
 CONFORMANCE_TIERS = ("check", "test")
+# the same for a model's TLC row (`tier`): every CI run checks both tiers
+TIERS = CONFORMANCE_TIERS
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+\Z")
 _MODULE_RE = re.compile(r"[A-Za-z0-9_]+\Z")
 
@@ -121,6 +128,8 @@ class ModelEntry:
     assumptions: str = ""
     # who runs the conformance row: "check" (`make check`) or "test" (`make test`)
     conformance_tier: str = "check"
+    # who runs the TLC row: "check" (`make check`) or "test" (`make test`)
+    tier: str = "check"
 
     @property
     def expected_violation(self) -> str | None:
@@ -151,6 +160,11 @@ class Manifest:
 
     def ci_models(self) -> list[ModelEntry]:
         return [m for m in self.models if m.ci]
+
+    def check_models(self) -> list[ModelEntry]:
+        """The CI rows `make check` runs (``tier = "check"``); the others are
+        `make test`'s (tests/test_models.py) and ``toolledger check --all``'s."""
+        return [m for m in self.models if m.ci and m.tier == "check"]
 
     def get(self, name: str) -> ModelEntry:
         """The model called ``name``; ``KeyError`` listing the valid names otherwise."""
@@ -369,6 +383,16 @@ def _validate(
     elif "conformance_tier" in table and not table.get("conformance", False):
         problems.append(f"{where}: conformance_tier needs conformance = true: "
                         "remove it or check the model's conformance")
+    row_tier = table.get("tier", "check")
+    if row_tier not in TIERS:
+        problems.append(f"{where}: tier = {row_tier!r} must be one of "
+                        f"{', '.join(repr(t) for t in TIERS)}")
+    elif row_tier != "check" and not table.get("ci", False):
+        problems.append(f"{where}: tier needs ci = true (only CI rows are run by a tier): "
+                        "remove it or set ci = true")
+    elif row_tier == "test" and tier == "check" and table.get("conformance", False):
+        problems.append(f"{where}: tier = \"test\" with a conformance row make check runs: "
+                        "the row's graph comes from its TLC run; set conformance_tier = \"test\"")
     if len(problems) > before or outcome is None:
         return None
     return ModelEntry(
@@ -388,6 +412,7 @@ def _validate(
         antecedent_of=tuple(antecedents),
         assumptions=table.get("assumptions", "").strip(),
         conformance_tier=tier,
+        tier=row_tier,
     )
 
 
@@ -440,9 +465,15 @@ def markdown_table(manifest: Manifest) -> str:
             "yes" if m.conformance_tier == "check" else "in `make test`")
         lines.append(
             f"| `{m.name}` | {m.question} | {expect} | {m.distinct_states:,} | "
-            f"{'yes' if m.ci else 'no'} | {conform} |"
+            f"{_in_ci(m)} | {conform} |"
         )
     return "\n".join(lines)
+
+
+def _in_ci(m: ModelEntry) -> str:
+    if not m.ci:
+        return "no"
+    return "yes" if m.tier == "check" else "in `make test`"
 
 
 def _names(names: Iterable[str]) -> str:
