@@ -80,7 +80,7 @@ class ModelConfig:
     key_by_position: bool = True
     fence_on_reconcile: bool = True
     # False: the model's .cfg writes decision rows without their inputs
-    # (AuditDecisionWithoutInputs), so the mapping drops them too
+    # (RowInputs <- WithoutInputs), so the mapping drops them too
     decision_rows_with_inputs: bool = True
     # bounds of the conversation's rewrites (the spec's MaxRepairs and
     # MaxRenumbers; 0 unless the model overrides them)
