@@ -18,7 +18,7 @@ MCMaxAttempts == 3
 MCKeyByPosition == TRUE
 MCFenceOnReconcile == TRUE
 \* Its .cfg writes decision rows without their inputs
-\* (AuditDecisionWithoutInputs), which keeps the model at its size;
+\* (RowInputs <- WithoutInputs), which keeps the model at its size;
 \* AuditRecomputable is checked on the models whose rows carry the inputs.
 MCDecisionRowsWithInputs == FALSE
 =============================================================================

@@ -20,6 +20,6 @@ MCKeyByPosition == TRUE
 MCFenceOnReconcile == TRUE
 
 \* Liveness.cfg and LivenessNoHumanFairness.cfg write decision rows without
-\* their inputs (AuditDecisionWithoutInputs: sound for EventuallySettled).
+\* their inputs (RowInputs <- WithoutInputs: sound for EventuallySettled).
 MCDecisionRowsWithInputs == FALSE
 =============================================================================

@@ -9,7 +9,7 @@
 (* position, and a human may retry any halted record) a human retry sends  *)
 (* attempt 2 of an execution whose outcome a human declared known          *)
 (* (HaltRebindsRecord twin: NoReinvokeAfterKnownOutcome after 14 steps,  *)
-(* 1,243 states).  With                                                     *)
+(* 1,309 states).  With                                                     *)
 (* approvals bound to the position only, the other call is dispatched on   *)
 (* the lost call's approval (ApprovalByPosition twin: ApprovalBoundToArgs).*)
 (* Every constant is a literal: the Python checkers read them from here.   *)

@@ -3,7 +3,7 @@
 (* A reconcile call whose arguments may change before the call is durable, *)
 (* then a readonly call that needs no approval; one crash.                 *)
 (* ReconcileReadonly with one crash instead of two (11,722 states, not     *)
-(* 38,695): the size whose conformance check make check can afford; the    *)
+(* 43,287): the size whose conformance check make check can afford; the    *)
 (* two-crash model's conformance runs in make test.                        *)
 (* Every constant is a literal: the Python checkers read them from here.   *)
 (***************************************************************************)

@@ -36,7 +36,7 @@ WitnessTwoInFlight ==
         /\ Rec(c).status = "dispatched" /\ Rec(d).status = "dispatched"
         /\ result[c] = NoResult /\ result[d] = NoResult
 \* Its .cfg writes decision rows without their inputs
-\* (AuditDecisionWithoutInputs), which keeps the model at its size;
+\* (RowInputs <- WithoutInputs), which keeps the model at its size;
 \* AuditRecomputable is checked on the models whose rows carry the inputs.
 MCDecisionRowsWithInputs == FALSE
 =============================================================================

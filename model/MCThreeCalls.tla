@@ -19,6 +19,6 @@ MCMaxAttempts == 2
 MCKeyByPosition == TRUE
 MCFenceOnReconcile == TRUE
 \* ThreeCalls.cfg writes decision rows without their inputs
-\* (AuditDecisionWithoutInputs), as TwoCalls does.
+\* (RowInputs <- WithoutInputs), as TwoCalls does.
 MCDecisionRowsWithInputs == FALSE
 =============================================================================

@@ -100,6 +100,26 @@ AuditNextAttempt(e, d, n, i) ==
     LET row == IF d = "retry_same_id" THEN [i EXCEPT !.attempt = @ + 1] ELSE i IN
     audit' = IF HasRow(e, d, n) THEN audit
              ELSE [audit EXCEPT ![e] = @ \cup {<<d, n, row>>}]
+(* AuditFirstRowOnly: the old keying, the audit keeps one decision row    *)
+(* per (execution, kind, attempt): a decision taken again for the same    *)
+(* attempt (a halted call re-decided after a crash) is dropped when an     *)
+(* earlier row has that kind and attempt.  Breaks AuditComplete (the      *)
+(* repeated decision has no row of its own).                               *)
+AuditFirstRowOnly(e, d, n, i) ==
+    audit' = IF HasRow(e, d, n) THEN audit
+             ELSE [audit EXCEPT ![e] = @ \cup {<<d, n, i>>}]
+
+(* ReHaltAbandoned: a call a human abandoned is halted for a human again   *)
+(* (recovery_required) instead of reconstructed: the human's give-up is    *)
+(* overridden by a new question.  Nothing is sent, so only the audit can  *)
+(* show it: the repeated decision (recovery_required for attempt 1, as    *)
+(* the first halt) recomputes to reconstruct.  Breaks AuditRecomputable;  *)
+(* under the old keying (AuditFirstRowOnly) its row is dropped and every   *)
+(* invariant holds.                                                        *)
+DecideReHaltsAbandoned(c) ==
+    LET i == DecisionInputs(c) IN
+    IF ~i.hasResult /\ i.status = "abandoned" THEN "recovery_required" ELSE Decide(i)
+
 (* RetryAfterKeyExpiry: recovery retries an idempotent call with the same  *)
 (* id without asking whether the external system still holds its key (it  *)
 (* ignores keyRetained).  After the retention window the key may be gone:  *)

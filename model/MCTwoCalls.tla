@@ -22,7 +22,7 @@ MCMaxAttempts == 2
 MCKeyByPosition == TRUE
 MCFenceOnReconcile == TRUE
 \* TwoCalls.cfg writes decision rows without their inputs
-\* (AuditDecisionWithoutInputs), which keeps this biggest conformance model
+\* (RowInputs <- WithoutInputs), which keeps this biggest conformance model
 \* at its size; AuditRecomputable is checked on ReconcileReadonly and
 \* LegacyUpgrade, whose rows carry the inputs.
 MCDecisionRowsWithInputs == FALSE

@@ -59,7 +59,7 @@
 (*    humanRetries (by execution id),                                      *)
 (*    crashes, sent (requests per attempt), knownOutcome and              *)
 (*    sentAfterOutcome (NoReinvokeAfterKnownOutcome), decided (every      *)
-(*    decision taken, AuditComplete), effects (effects[c]: how many times *)
+(*    decision taken, with the row it must have, AuditComplete), effects (effects[c]: how many times *)
 (*    the request of CALL c itself was applied; a request answered from   *)
 (*    another call's deduplicated key is not c's effect), droppedAnswers  *)
 (*    (by execution id and attempt: an applied answer the engine dropped  *)
@@ -249,7 +249,7 @@ VARIABLES
     sent,         \* sent[c][n]: requests sent for attempt n of CALL c
     knownOutcome, \* calls whose succeeded/failed/abandoned outcome was ever durable
     sentAfterOutcome, \* sentAfterOutcome[c]: requests of c sent after that
-    decided,      \* decided[c]: <<kind, attempt>> of every decision taken on c
+    decided,      \* decided[c]: <<kind, attempt, inputs>> of every decision on c
     \* --- positions and the conversation's rewrites ----------------------
     turnOf,       \* turnOf[c]: the turn the engine reads for c (conversation)
     storedId,     \* storedId[c]: the id the ledger store keeps for c, or NoId
@@ -321,7 +321,7 @@ TypeOK ==
     /\ sent \in [Calls -> [1..MaxAttempts -> Nat]]
     /\ knownOutcome \subseteq Calls
     /\ sentAfterOutcome \in [Calls -> Nat]
-    /\ decided \in [Calls -> SUBSET (AuditKinds \X (0..MaxAttempts))]
+    /\ decided \in [Calls -> SUBSET (AuditKinds \X (0..MaxAttempts) \X Inputs)]
     /\ turnOf \in [Calls -> Nat]
     /\ \A c \in Calls : turnOf[c] \in Renumberings(c)
     /\ storedId \in [Calls -> ExecIds \cup {NoId}]
@@ -409,8 +409,22 @@ PriorTurnsAnswered(c) ==
 \* carries inputs (DecisionInputs), every other row NoInputs.
 Audited(e, kind, n) == audit' = [audit EXCEPT ![e] = @ \cup {<<kind, n, NoInputs>>}]
 HasRow(e, kind, n) == \E row \in audit[e] : row[1] = kind /\ row[2] = n
-\* A decision taken on call c (the history AuditComplete checks against).
-Decided(c, kind, n) == decided' = [decided EXCEPT ![c] = @ \cup {<<kind, n>>}]
+\* The inputs column of a decision's row (and of its decided entry).
+\* WithoutInputs is an abstraction for the models that do not check
+\* AuditRecomputable (they override RowInputs with it in their .cfg:
+\* decision rows without inputs).  Sound for every other
+\* invariant and for EventuallySettled: no action and no other invariant
+\* reads a row's inputs (HasRow reads kind and attempt only), so states that
+\* differ only in rows' inputs take the same steps, and a step changes the
+\* state exactly when it does with inputs.
+RowInputs(i) == i
+WithoutInputs(i) == NoInputs
+\* A decision taken on call c, with the row it must have in the audit (the
+\* history AuditComplete checks against): a recovery decision's row carries
+\* its inputs (DecidedOn), every other decision's NoInputs.
+Decided(c, kind, n) == decided' = [decided EXCEPT ![c] = @ \cup {<<kind, n, NoInputs>>}]
+DecidedOn(c, kind, n, i) ==
+    decided' = [decided EXCEPT ![c] = @ \cup {<<kind, n, RowInputs(i)>>}]
 \* A succeeded, failed or abandoned outcome of c becomes durable
 \* (NoReinvokeAfterKnownOutcome): a human's "give up" is as final as an answer.
 OutcomeKnown(c) == knownOutcome' = knownOutcome \cup {c}
@@ -920,22 +934,15 @@ Halt(c) ==
 HumanMayRetry(c) ==
     ~HaltKeepsRecord \/ (Rec(c).result = NoResult /\ Rec(c).args = args[c])
 
-\* The decision's row, with its inputs.  The store's audit key is
-\* (execution, kind, attempt): a decision taken again for the same attempt
-\* (after another crash) is covered by the first row and keeps its inputs.
-AuditDecision(e, d, n, i) ==
-    audit' = IF HasRow(e, d, n) THEN audit
-             ELSE [audit EXCEPT ![e] = @ \cup {<<d, n, i>>}]
-
-\* The same row without its inputs: an abstraction for the models that do
-\* not check AuditRecomputable (they override AuditDecision with it in their
-\* .cfg).  Sound for every other invariant and for EventuallySettled: no
-\* action and no other invariant reads a row's inputs (HasRow reads kind and
-\* attempt only), so states that differ only in rows' inputs take the same
-\* steps, and a step changes the state exactly when it does with inputs.
-AuditDecisionWithoutInputs(e, d, n, i) ==
-    audit' = IF HasRow(e, d, n) THEN audit
-             ELSE [audit EXCEPT ![e] = @ \cup {<<d, n, NoInputs>>}]
+\* The decision's row, with its inputs.  EVERY decision is kept: a decision
+\* taken again for the same attempt (after another crash, or after a human
+\* resolved the call) is a row of its own, so AuditRecomputable and
+\* AuditComplete are about every decision, not the first one per attempt.
+\* (The store appends each row with its own id; two decisions with the same
+\* kind, attempt and inputs are one row here: they say the same.)  The old
+\* rule kept only the first row per (execution, kind, attempt), which hides
+\* a repeated, wrong decision: twins AuditFirstRowOnly, ReHaltAbandoned.
+AuditDecision(e, d, n, i) == audit' = [audit EXCEPT ![e] = @ \cup {<<d, n, RowInputs(i)>>}]
 
 Recover(c) ==
     LET e == ExecId(c)
@@ -948,7 +955,7 @@ Recover(c) ==
     /\ IF Policy[c] = "readonly" \/ d = "skip"
        THEN UNCHANGED <<audit, decided>>
        ELSE /\ AuditDecision(e, d, Rec(c).attempt, DecisionInputs(c))
-            /\ Decided(c, d, Rec(c).attempt)
+            /\ DecidedOn(c, d, Rec(c).attempt, DecisionInputs(c))
     /\ UNCHANGED <<msg, args, result, approval, approvalArgs, marker>>
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
@@ -1425,16 +1432,20 @@ ExecutionIdStable ==
 (* AuditComplete: every invocation has its dispatch row, and every        *)
 (* decision the engine or a human took on a call (the ghost decided: each  *)
 (* recovery decision of Recover but skip, each connector answer, each      *)
-(* human resolution) has its row, of that kind for that attempt, in the   *)
-(* call's execution audit.  Approvals are recorded in approval itself.    *)
+(* human resolution) has its own row in the call's execution audit: that  *)
+(* kind, that attempt and, for a recovery decision, the inputs it was      *)
+(* computed from.  A decision taken again for the same attempt needs its  *)
+(* own row: one dropped (the first row kept) or overwritten (the last row *)
+(* kept) is missing.  Approvals are recorded in approval itself.          *)
 AuditComplete ==
     \A c \in Calls :
         /\ \A i \in invocations[c] : HasRow(i[1], "dispatch", i[2])
-        /\ \A d \in decided[c] : HasRow(ExecId(c), d[1], d[2])
+        /\ \A d \in decided[c] : d \in audit[ExecId(c)]
 
 (* AuditRecomputable: every recovery-decision row carries the inputs the   *)
 (* decision was computed from, and recomputing Decide on them gives the   *)
-(* row's decision: anyone can check the engine's choice from the audit.   *)
+(* row's decision: anyone can check the engine's choice from the audit,   *)
+(* every choice (AuditDecision keeps a row per decision).                  *)
 AuditRecomputable ==
     \A e \in ExecIds : \A row \in audit[e] :
         row[1] \in Decisions => Decide(row[3]) = row[1]

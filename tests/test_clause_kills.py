@@ -23,8 +23,8 @@ SURVIVORS = [
     ("NoBlindReplay", "fenced[i[1]] >= i[2] - 1", ""),
     ("EventuallySettled", "<>[]Settled(c)", "<>Settled(c)"),
     ("LegacyConservative", 'row[1] = "human_retry"', ""),
-    ("AuditComplete", "HasRow(ExecId(c), d[1], d[2])",
-     'd[1] = "recovery_required" \\/ HasRow(ExecId(c), d[1], d[2])'),
+    ("AuditComplete", "d \\in audit[ExecId(c)]",
+     'd[1] = "recovery_required" \\/ d \\in audit[ExecId(c)]'),
     ("ExternalApply", "~Fenced(e, n)", ""),
 ]
 

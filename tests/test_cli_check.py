@@ -553,7 +553,7 @@ def test_a_second_checkout_checks_its_own_reference(tmp_path: Path) -> None:
     # --root relative to the current directory: the checker runs elsewhere.
     # The one-crash model has the same reconcile and readonly calls as
     # ReconcileReadonly (whose conformance test_conformance checks) at 11,722
-    # states instead of 38,695: a crash after the dispatch reaches the rule.
+    # states instead of 43,287: a crash after the dispatch reaches the rule.
     done = run_cli("check", "--root", "other", "--model", MODEL, cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     rows = {ln.split("  ")[0].strip(): ln for ln in done.stdout.splitlines()}
@@ -982,8 +982,8 @@ def test_conformance_tier_is_validated(tmp_path: Path) -> None:
     other = copy_repo(tmp_path / "other")
     manifest = other / "model" / "manifest.toml"
     text = manifest.read_text()
-    manifest.write_text(text.replace('distinct_states = 1416\nconformance = true',
-                                     'distinct_states = 1416\nconformance = true\n'
+    manifest.write_text(text.replace('distinct_states = 1544\nconformance = true',
+                                     'distinct_states = 1544\nconformance = true\n'
                                      'conformance_tier = "nightly"', 1))
     done = run_cli("check", "--model", "Renumbered", cwd=other)
     assert done.returncode == 2

@@ -11,7 +11,10 @@ name the problem on the broken one.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+
+import pytest
 
 from checker_support import model_config
 from toolledger._core import protocol as p
@@ -72,7 +75,8 @@ def test_no_reinvoke_is_about_history() -> None:
 
 def test_audit_complete_needs_a_row_for_every_decision() -> None:
     s = walk(CFG, *SENT, A.EngineTimeout, A.Recover)
-    assert s.ghosts.decisions("c1") == {("recovery_required", 1)}
+    [(kind, n, inputs)] = s.ghosts.decisions("c1")
+    assert (kind, n) == ("recovery_required", 1) and inputs is not None
     assert AuditComplete(CFG, s) == []
     e = CFG.exec_ids["c1"]
     unaudited = replace(
@@ -88,11 +92,13 @@ def test_audit_recomputable_recomputes_every_decision_row() -> None:
     s = walk(CFG, *SENT, A.EngineTimeout, A.Recover)
     e = CFG.exec_ids["c1"]
     key = (e, "recovery_required", 1)
-    inputs = s.audit_inputs[key]
+    [inputs] = s.audit_inputs[key]
     assert inputs.status is p.LedgerStatus.DISPATCHED and inputs.policy is p.RecoveryPolicy.MANUAL
     assert AuditRecomputable(CFG, s) == []
     # inputs that decide something else: an idempotent tool would be retried
-    wrong = replace(s, audit_inputs={key: replace(inputs, policy=p.RecoveryPolicy.IDEMPOTENT)})
+    wrong = replace(
+        s, audit_inputs={key: frozenset({replace(inputs, policy=p.RecoveryPolicy.IDEMPOTENT)})}
+    )
     assert AuditRecomputable(CFG, wrong) == [
         f"audit row recovery_required (attempt 1) of {e} recomputes to retry_same_id"
     ]
@@ -196,3 +202,121 @@ def test_answered_is_stronger_than_settled() -> None:
     name = next(cc.name for cc in CFG.calls if cc.position == halted[0].position)
     assert not any(line.startswith(f"{name}:") for line in settled(CFG, s))
     assert any(line.startswith(f"{name}: no result") for line in answered(CFG, s))
+
+
+# A halted manual call (recovery_required, attempt 1) that a crash hands to
+# Recover again: the same decision for the same attempt, on other inputs (the
+# record is halted now, not dispatched).
+HALTED_TWICE = (*SENT, A.EngineTimeout, A.Recover, A.Crash, A.Recover)
+
+
+def test_every_decision_keeps_its_row() -> None:
+    """Issue 25 point 2: a decision taken again for the same attempt is a row of
+    its own (the audit key, execution/kind/attempt, is the same), and so is a
+    decision of the complete model, through the mapping and back."""
+    from toolledger.check.mapping import from_spec, to_spec
+
+    full = replace(CFG, decision_rows_with_inputs=True)
+    s = walk(full, *HALTED_TWICE)
+    key = (full.exec_ids["c1"], "recovery_required", 1)
+    rows = s.audit_inputs[key]
+    assert {i.status for i in rows} == {p.LedgerStatus.DISPATCHED,
+                                        p.LedgerStatus.RECOVERY_REQUIRED}
+    assert {i for _, _, i in s.ghosts.decisions("c1")} == rows
+    spec_rows = [r for r in _spec_rows(full, s) if r[0] == "recovery_required"]
+    assert len(spec_rows) == 2
+    back = from_spec(full, to_spec(full, s))
+    assert back.audit_inputs == s.audit_inputs and back.ghosts.decided == s.ghosts.decided
+
+
+def _spec_rows(cfg: ModelConfig, s: SystemState) -> list[tuple[object, ...]]:
+    from toolledger.check.mapping import to_spec
+
+    audit = to_spec(cfg, s)["audit"]
+    assert isinstance(audit, FnValue)
+    rows = audit[cfg.spec_exec_ids["c1"]]
+    assert isinstance(rows, frozenset)
+    return [r for r in rows if isinstance(r, tuple)]
+
+
+Rows = Mapping[p.AuditKey, frozenset[p.RecoveryInputs]]
+
+
+def _first_row_only(rows: Rows, key: p.AuditKey | None, inputs: p.RecoveryInputs) -> Rows:
+    """A broken store: the old keying, one decision row per audit key."""
+    if key is None or key in rows:
+        return rows
+    return {**rows, key: frozenset({inputs})}
+
+
+def _last_row_only(rows: Rows, key: p.AuditKey | None, inputs: p.RecoveryInputs) -> Rows:
+    """A broken store: a decision row written over the earlier one of its key."""
+    return rows if key is None else {**rows, key: frozenset({inputs})}
+
+
+def test_audit_complete_catches_a_store_that_drops_or_overwrites_a_repeated_row(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from toolledger.check import system
+
+    assert check_all(CFG, walk(CFG, *HALTED_TWICE)) == {}
+    for broken, lost in ((_first_row_only, p.LedgerStatus.RECOVERY_REQUIRED),
+                         (_last_row_only, p.LedgerStatus.DISPATCHED)):
+        with monkeypatch.context() as m:
+            m.setattr(system, "append_decision_row", broken)
+            s = initial_states(CFG)[0]
+            for action in HALTED_TWICE:
+                s = next(n for a, n in successors(CFG, s) if a is action)
+        assert check_all(CFG, s) == {"AuditComplete": [
+            f"c1: decision recovery_required (attempt 1) on status {lost.value} has no "
+            "audit row of its own"
+        ]}, broken.__name__
+
+
+def _re_halts_abandoned(i: p.RecoveryInputs) -> p.RecoveryDecision:
+    """A broken core (the ReHaltAbandoned twin): a call a human abandoned is
+    halted for a human again instead of reconstructed."""
+    got = _DECIDE(i)
+    if not i.has_result and i.status is p.LedgerStatus.ABANDONED:
+        return replace(got, decision=p.Decision.RECOVERY_REQUIRED)
+    return got
+
+
+_DECIDE = p.decide_recovery
+ABANDON_THEN_RECOVER = (*SENT, A.EngineTimeout, A.Recover, A.HumanResolveAbandon, A.Recover)
+
+
+def test_audit_recomputable_sees_a_repeated_wrong_decision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The issue's case: a wrong decision taken again for an attempt that an
+    earlier row of that kind covers.  With every row kept AuditRecomputable
+    sees it; with the old keying (first row only) it cannot, and only the
+    complete AuditComplete notices the dropped row."""
+    from toolledger.check import system
+
+    def run(*patches: tuple[object, str, object]) -> SystemState:
+        with monkeypatch.context() as m:
+            for target, name, value in patches:
+                m.setattr(target, name, value)
+            s = initial_states(CFG)[0]
+            for action in ABANDON_THEN_RECOVER:
+                s = next(n for a, n in successors(CFG, s) if a is action)
+            return s
+
+    # the core's Recover, its audit key and the checker's ghost all read it
+    broken = [(p, "decide_recovery", _re_halts_abandoned)]
+    s = run(*broken)
+    assert s.session.record(CFG.exec_ids["c1"]).status is p.LedgerStatus.RECOVERY_REQUIRED
+    e = CFG.exec_ids["c1"]
+    assert check_all(CFG, s) == {"AuditRecomputable": [
+        f"audit row recovery_required (attempt 1) of {e} recomputes to reconstruct"
+    ]}
+    # the old keying: the repeated row is dropped, so AuditRecomputable cannot
+    # see the decision (with the old AuditComplete, by kind and attempt only,
+    # nothing did); the complete AuditComplete names the row that is missing
+    hidden = run(*broken, (system, "append_decision_row", _first_row_only))
+    assert check_all(CFG, hidden) == {"AuditComplete": [
+        "c1: decision recovery_required (attempt 1) on status abandoned has no audit row "
+        "of its own"
+    ]}

@@ -368,6 +368,33 @@ def test_recover_row_carries_decision_and_recomputable_inputs(harness: Harness) 
     assert recompute(decision_row.inputs) is p.Decision.RECOVERY_REQUIRED
 
 
+def test_a_decision_taken_again_for_the_same_attempt_keeps_its_own_row(
+    harness: Harness,
+) -> None:
+    """Issue 25 point 2: the audit key (execution, kind, attempt) of a halted
+    call re-decided after a restart is the first halt's, yet the second
+    decision is a row of its own, with its own inputs (the record is halted
+    now): the audit shows every decision, so a repeated wrong one recomputes
+    wrong (AuditRecomputable).  The old facade derived rows from new keys only
+    and wrote nothing here."""
+    ledger = Ledger.create(harness.store, SID)
+    pos = (0, 0)
+    dispatch_protected(ledger, pos, MANUAL)
+    ledger.crash()
+    ledger.step(E(A.Recover, pos))
+    commits = counts(harness.store)[0]
+    ledger.crash()
+    ledger.step(E(A.Recover, pos))
+    assert counts(harness.store)[0] == commits + 1  # an audit-only commit
+    assert_durable_agrees(harness, ledger)
+    rows = harness.restart().audit(SID)
+    decisions = [r for r in rows if r.kind == "recovery_required"]
+    assert [(r.attempt, r.inputs["status"]) for r in decisions] == [
+        (1, "dispatched"), (1, "recovery_required"),
+    ]
+    assert all(recompute(r.inputs) is p.Decision.RECOVERY_REQUIRED for r in decisions)
+
+
 def test_idempotent_retry_is_audited_as_policy_authorized(harness: Harness) -> None:
     ledger = Ledger.create(harness.store, SID)
     pos = (0, 0)

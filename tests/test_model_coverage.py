@@ -289,8 +289,8 @@ def test_the_issue_28_survivors_have_killers() -> None:
     assert by[("NoBlindReplay", "fenced[i[1]] >= i[2] - 1", "")] == "UnfencedRetry"
     assert by[("EventuallySettled", "<>[]Settled(c)", "<>Settled(c)")] == "RepollForever"
     assert by[("LegacyConservative", 'row[1] = "human_retry"', "")] == "LegacyRetried"
-    assert by[("AuditComplete", "HasRow(ExecId(c), d[1], d[2])",
-               'd[1] = "recovery_required" \\/ HasRow(ExecId(c), d[1], d[2])')] == "AuditSkipsHalts"
+    assert by[("AuditComplete", "d \\in audit[ExecId(c)]",
+               'd[1] = "recovery_required" \\/ d \\in audit[ExecId(c)]')] == "AuditSkipsHalts"
     assert by[("ExternalApply", "~Fenced(e, n)", "")] == "OneReconcile"
 
 

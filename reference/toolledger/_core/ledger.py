@@ -29,7 +29,9 @@ crash before any commit); after it the session is as if it had been
 created first and the step committed next.
 
 Audit rows are derived from the audit keys the transition adds
-(``after.audit - before.audit``), enriched with the call (tool_call_id,
+(``after.audit - before.audit``, and the key of every ``Recover`` decision,
+also one taken again for an attempt a row of that kind covers:
+:func:`~toolledger._core.protocol.decision_audit_key`), enriched with the call (tool_call_id,
 position), the attempt's authorization, the recovery decision the row
 belongs to and the :class:`~toolledger._core.protocol.RecoveryInputs` of the state
 the transition was made in, so anyone can recompute a decision with
@@ -93,6 +95,7 @@ from .protocol import (
     args_digest,
     check_call_position,
     decide_recovery,
+    decision_audit_key,
     new_session,
     recovery_inputs,
 )
@@ -834,8 +837,16 @@ class Ledger:
         decisions: Mapping[CallPosition, str],
         human_note: str | None,
     ) -> list[AuditRow]:
+        added = set(after.audit - before.audit)
+        if ev.action is Action.Recover and ev.position is not None:
+            # every decision has its own row: one taken again for an attempt an
+            # earlier row of that kind covers is written too (its key is not new)
+            call_before = before.call(ev.position)
+            key = None if call_before is None else decision_audit_key(before, call_before)
+            if key is not None:
+                added.add(key)
         # dispatch rows after the decision/resolution rows they follow from
-        keys = sorted(after.audit - before.audit, key=lambda k: (k[1] == "dispatch", k))
+        keys = sorted(added, key=lambda k: (k[1] == "dispatch", k))
         by_eid = {c.execution_id: c for c in before.calls}
         rows = []
         for eid, kind, attempt in keys:

@@ -107,6 +107,7 @@ __all__ = [
     "args_digest",
     "check_call_position",
     "decide_recovery",
+    "decision_audit_key",
     "derive_execution_id",
     "durable_changes",
     "enabled",
@@ -591,6 +592,23 @@ def _halt_record(state: SessionState, c: CallState) -> ExecutionRecord:
 
 
 
+def decision_audit_key(state: SessionState, call: CallState) -> AuditKey | None:
+    """The audit key of the decision ``Recover`` takes on ``call`` in ``state``.
+
+    ``None`` where ``Recover`` audits nothing (a readonly tool, or ``skip``).
+    EVERY decision gets its own audit row, also one taken again for an
+    attempt that an earlier row of the same kind covers (after another crash,
+    or after a human resolved the call): the key is then already in
+    ``state.audit`` and the facade writes the row all the same, with this
+    decision's inputs, so ``AuditRecomputable`` and ``AuditComplete`` are
+    about every decision (docs/protocol.md#invariants).
+    """
+    d = decide_recovery(recovery_inputs(state, call)).decision
+    if not call.tool.protected or d is Decision.SKIP:
+        return None
+    return (call.execution_id, d.value, state.record(call.execution_id).attempt)
+
+
 @_handles(Action.Recover)
 def _recover(state: SessionState, ev: Event) -> SessionState:
     c = _call(state, ev)
@@ -600,8 +618,9 @@ def _recover(state: SessionState, ev: Event) -> SessionState:
     out = state._with_call(replace(c, stage=_STAGE_AFTER[d]))
     if d is Decision.RECOVERY_REQUIRED and rec.status is not LedgerStatus.RECOVERY_REQUIRED:
         out = out._with_record(_halt_record(state, c))
-    if c.tool.protected and d is not Decision.SKIP:
-        out = out._with_audit((c.execution_id, d.value, rec.attempt))
+    key = decision_audit_key(state, c)
+    if key is not None:
+        out = out._with_audit(key)
     return out
 
 

@@ -251,7 +251,12 @@ def ExecutionIdStable(cfg: ModelConfig, s: SystemState) -> list[str]:
 
 
 def AuditComplete(cfg: ModelConfig, s: SystemState) -> list[str]:
-    """Every invocation has its dispatch row; every decision taken on a call has its row."""
+    """Every invocation has its dispatch row; every decision taken on a call has its own row.
+
+    A recovery decision's row is the one with its inputs: a decision taken
+    again for the same attempt needs a row of its own, so a store that kept
+    only the first row of a key, or wrote the last one over it, is caught.
+    """
     out = []
     audit = s.session.audit
     for c in cfg.calls:
@@ -259,9 +264,14 @@ def AuditComplete(cfg: ModelConfig, s: SystemState) -> list[str]:
         for ie, n, _ in s.ghosts.invoked(c.name):
             if (ie, "dispatch", n) not in audit:
                 out.append(f"{c.name}: attempt {n} invoked with no dispatch row")
-        for kind, n in sorted(s.ghosts.decisions(c.name)):
+        for kind, n, inputs in sorted(s.ghosts.decisions(c.name), key=repr):
             if (e, kind, n) not in audit:
                 out.append(f"{c.name}: decision {kind} (attempt {n}) has no audit row")
+            elif inputs is not None and inputs not in s.audit_inputs.get((e, kind, n), ()):
+                out.append(
+                    f"{c.name}: decision {kind} (attempt {n}) on status {inputs.status.value} "
+                    "has no audit row of its own"
+                )
     return out
 
 
@@ -269,19 +279,24 @@ _DECISIONS = frozenset(d.value for d in p.Decision)
 
 
 def AuditRecomputable(cfg: ModelConfig, s: SystemState) -> list[str]:
-    """Every recovery-decision row carries its inputs, and they recompute to its decision."""
+    """Every recovery-decision row carries its inputs, and they recompute to its decision.
+
+    Every row: a decision taken again for the same attempt is a row of its own
+    (``SystemState.audit_inputs`` keeps the inputs of each).
+    """
     out = []
     for key in sorted(s.session.audit):
         e, kind, n = key
         if kind not in _DECISIONS:
             continue
-        inputs = s.audit_inputs.get(key)
-        if inputs is None:
+        rows = s.audit_inputs.get(key)
+        if not rows:
             out.append(f"audit row {kind} (attempt {n}) of {e} has no inputs")
             continue
-        got = p.decide_recovery(inputs).decision.value
-        if got != kind:
-            out.append(f"audit row {kind} (attempt {n}) of {e} recomputes to {got}")
+        for inputs in sorted(rows, key=repr):
+            got = p.decide_recovery(inputs).decision.value
+            if got != kind:
+                out.append(f"audit row {kind} (attempt {n}) of {e} recomputes to {got}")
     return out
 
 

@@ -21,7 +21,7 @@ from typing import Final
 
 from .._core import protocol as p
 from .._core.ledger import APPROVAL_KINDS
-from .system import ExternalState, Ghosts, ModelConfig, SystemState
+from .system import Decided, ExternalState, Ghosts, ModelConfig, SystemState
 from .tlavalues import FnValue, Value
 
 __all__ = ["NO_INPUTS", "SPEC_VARIABLES", "from_spec", "spec_key", "to_spec"]
@@ -195,7 +195,10 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
             gh.sent_count(cc.name, n) for n in range(1, cfg.max_attempts + 1)
         )
         after_outcome[cc.name] = gh.sent_after_outcome.get(cc.name, 0)
-        decided[cc.name] = frozenset(gh.decisions(cc.name))
+        decided[cc.name] = frozenset(
+            (kind, n, _inputs(i if cfg.decision_rows_with_inputs else None))
+            for kind, n, i in gh.decisions(cc.name)
+        )
         turn_of[cc.name] = cc.position[0] + s.turn_shift.get(cc.name, 0)
         # the core keeps the id it derived at emit; the ledger store keeps it
         # for every call ever persisted (the spec's NoId is the empty tuple)
@@ -214,10 +217,14 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
         approval[se] = session.approval(e).value
         approval_args[se] = t.arg(session.approval_digest(e))
         ledger[se] = t.record(session.record(e))
+        # one row per decision written under a key (the inputs of each), one
+        # NoInputs row for a key with none (every other row, or no inputs kept)
         audit[se] = frozenset(
-            (k, n, _inputs(s.audit_inputs.get((ae, k, n)) if with_inputs else None))
+            (k, n, _inputs(i))
             for (ae, k, n) in session.audit
             if ae == e and k not in APPROVAL_KINDS  # the facade's rows: no spec action
+            for i in (sorted(s.audit_inputs.get((ae, k, n), ()), key=repr) if with_inputs
+                      else ()) or (None,)
         )
         inflight[se] = ext.requests(e)
         fenced[se] = ext.fence(e)
@@ -324,7 +331,7 @@ def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
     approval_digests: dict[str, str] = {}
     ledger: dict[str, p.ExecutionRecord] = {}
     audit: set[p.AuditKey] = set()
-    audit_inputs: dict[p.AuditKey, p.RecoveryInputs] = {}
+    audit_inputs: dict[p.AuditKey, frozenset[p.RecoveryInputs]] = {}
     inflight: dict[str, frozenset[int]] = {}
     numbers: dict[str, dict[str, int]] = {"fenced": {}, "applied": {}, "humanRetries": {}}
     for se, a in _fn(state, "approval").items():
@@ -354,7 +361,7 @@ def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
             audit.add(key)
             decision_inputs = _inputs_back(row_inputs, cfg.max_attempts)
             if decision_inputs is not None:
-                audit_inputs[key] = decision_inputs
+                audit_inputs[key] = audit_inputs.get(key, frozenset()) | {decision_inputs}
         reqs = _set(_fn(state, "inflight")[se])
         if reqs:
             inflight[e] = frozenset(_int(n) for n in reqs)
@@ -378,9 +385,12 @@ def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
     after_outcome = {
         str(name): _int(k) for name, k in _fn(state, "sentAfterOutcome").items() if _int(k)
     }
-    decided: dict[str, frozenset[tuple[str, int]]] = {}
+    decided: dict[str, frozenset[Decided]] = {}
     for name, rows in _fn(state, "decided").items():
-        found_rows = frozenset((str(_tuple(r)[0]), _int(_tuple(r)[1])) for r in _set(rows))
+        found_rows = frozenset(
+            (str(kind), _int(n), _inputs_back(i, cfg.max_attempts))
+            for kind, n, i in (_tuple(r) for r in _set(rows))
+        )
         if found_rows:
             decided[str(name)] = found_rows
     session = p.SessionState(

@@ -80,7 +80,7 @@ class ModelConfig:
     key_by_position: bool = True
     fence_on_reconcile: bool = True
     # False: the model's .cfg writes decision rows without their inputs
-    # (AuditDecisionWithoutInputs), so the mapping drops them too
+    # (RowInputs <- WithoutInputs), so the mapping drops them too
     decision_rows_with_inputs: bool = True
     # bounds of the conversation's rewrites (the spec's MaxRepairs and
     # MaxRenumbers; 0 unless the model overrides them)
@@ -242,6 +242,10 @@ class ExternalState:
         )
 
 
+# A decision taken on a call: (kind, attempt, inputs its row must carry).
+Decided = tuple[str, int, p.RecoveryInputs | None]
+
+
 @dataclass(frozen=True)
 class Ghosts:
     """History the invariants need and no implementation keeps.
@@ -262,8 +266,10 @@ class Ghosts:
     # of each sent after that (NoReinvokeAfterKnownOutcome)
     known_outcome: frozenset[str] = frozenset()
     sent_after_outcome: Mapping[str, int] = field(default_factory=dict)
-    # call -> (kind, attempt) of every decision taken on it (AuditComplete)
-    decided: Mapping[str, frozenset[tuple[str, int]]] = field(default_factory=dict)
+    # call -> (kind, attempt, inputs) of every decision taken on it, with the
+    # inputs its row must carry (a recovery decision's; None for the others):
+    # AuditComplete
+    decided: Mapping[str, frozenset[Decided]] = field(default_factory=dict)
     # call -> how many times the call's OWN request was applied (a request
     # deduplicated on another call's key is not the call's effect)
     effects: Mapping[str, int] = field(default_factory=dict)
@@ -279,7 +285,7 @@ class Ghosts:
     def sent_count(self, call: str, attempt: int) -> int:
         return self.sent.get((call, attempt), 0)
 
-    def decisions(self, call: str) -> frozenset[tuple[str, int]]:
+    def decisions(self, call: str) -> frozenset[Decided]:
         return self.decided.get(call, frozenset())
 
 
@@ -289,9 +295,11 @@ class SystemState:
     external: ExternalState
     ghosts: Ghosts
     # The inputs column of the recovery-decision audit rows, as the stores
-    # write it (the core keeps only the audit keys): the inputs of the
-    # decision that added the key (AuditRecomputable).
-    audit_inputs: Mapping[p.AuditKey, p.RecoveryInputs] = field(default_factory=dict)
+    # write it (the core keeps only the audit keys): the inputs of EVERY
+    # decision written under the key, one row each (a decision taken again
+    # for the same attempt appends its own row: AuditRecomputable,
+    # AuditComplete).
+    audit_inputs: Mapping[p.AuditKey, frozenset[p.RecoveryInputs]] = field(default_factory=dict)
     # What the conversation's rewrites change outside the core (the spec's
     # turnOf, renumbers, repairs): how far each call's turn moved, and how
     # many rewrites happened.  The core never reads them: it keeps the id it
@@ -459,20 +467,21 @@ def _call_step(cfg: ModelConfig, s: SystemState, call: p.CallState, action: p.Ac
     inputs = s.audit_inputs
     if action in _DECISION_KIND or action is p.Action.Recover:
         kind = _DECISION_KIND.get(action)
-        new_keys = nxt.audit - s.session.audit
-        for key in new_keys:
-            if key[1] in _RECOVERY_DECISIONS:
-                # the store writes the decision's row with the inputs it was computed from
-                inputs = _upd(inputs, key, p.recovery_inputs(s.session, call))  # type: ignore[arg-type,assignment]
+        taken: p.RecoveryInputs | None = None
         if action is p.Action.Recover:
             # the decision taken (audited or not: AuditComplete compares the two)
-            d = p.decide_recovery(p.recovery_inputs(s.session, call)).decision
+            taken = p.recovery_inputs(s.session, call)
+            d = p.decide_recovery(taken).decision
             if call.tool.protected and d is not p.Decision.SKIP:
                 kind = d.value
+            # the store appends the decision's row with the inputs it was computed
+            # from (the facade writes one per decision: Ledger._rows)
+            inputs = append_decision_row(inputs, p.decision_audit_key(s.session, call), taken)
         if kind is not None:
             n = nxt.record(eid).attempt if action is p.Action.HumanResolveRetry \
                 else s.session.record(eid).attempt
-            gh = replace(gh, decided=_upd(gh.decided, name, gh.decisions(name) | {(kind, n)}))  # type: ignore[arg-type]
+            got = gh.decisions(name) | {(kind, n, taken if kind in _RECOVERY_DECISIONS else None)}
+            gh = replace(gh, decided=_upd(gh.decided, name, got))  # type: ignore[arg-type]
     if action in _OUTCOME_KNOWN:
         gh = replace(gh, known_outcome=gh.known_outcome | {name})
     if action is p.Action.EngineInvokeAdapter:
@@ -499,6 +508,26 @@ def _call_step(cfg: ModelConfig, s: SystemState, call: p.CallState, action: p.Ac
         ext = replace(ext, fenced=_upd(ext.fenced, eid, s.session.record(eid).attempt))  # type: ignore[arg-type]
     stored = s.stored | {name} if action is p.Action.EnginePersistCall else s.stored
     return replace(s, session=nxt, external=ext, ghosts=gh, audit_inputs=inputs, stored=stored)
+
+
+def append_decision_row(
+    rows: Mapping[p.AuditKey, frozenset[p.RecoveryInputs]],
+    key: p.AuditKey | None,
+    inputs: p.RecoveryInputs,
+) -> Mapping[p.AuditKey, frozenset[p.RecoveryInputs]]:
+    """The stores' decision rows after ``Recover`` appended the row of ``key``.
+
+    Every decision keeps its row (the stores append, never replace): a
+    decision taken again for an attempt a row of that kind covers adds its
+    own inputs beside the earlier ones.  Module-level so that a checker test
+    can swap in a broken store (one that drops or overwrites the repeated
+    row) and see ``AuditComplete`` and ``AuditRecomputable`` catch it.
+    """
+    if key is None:
+        return rows
+    out = dict(rows)
+    out[key] = rows.get(key, frozenset()) | {inputs}
+    return out
 
 
 # Per-call actions that take a decision, with the decision's audit kind

@@ -225,7 +225,7 @@ TraceStartsInInit == tIdx = 1 => Init
 def _trace_cfg(cfg: ModelConfig) -> str:
     subs = "\n".join(f"    {c} <- MC{c}" for c in _CONSTANTS)
     if not cfg.decision_rows_with_inputs:  # as the model's own .cfg does
-        subs += "\n    AuditDecision <- AuditDecisionWithoutInputs"
+        subs += "\n    RowInputs <- WithoutInputs"
     # definitions, 0 unless overridden, as the LostConversation and
     # Renumbered models' .cfg files do
     if cfg.max_repairs:
