@@ -480,9 +480,10 @@ def run_kills(manifest: Manifest, entries: Sequence[ClauseEntry], directory: Pat
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m toolledger.check.clauses [OPERATOR ...]``: run the kills of
-    model/clauses.toml (all, or those of the operators named) and print the
-    clause table; exit 1 if a clause is not killed."""
+    """``python -m toolledger.check.clauses [NAME ...]``: run the kills of
+    model/clauses.toml (all, or those of the operators or spec modules named,
+    e.g. ``ConcurrentResumers``) and print the clause table; exit 1 if a
+    clause is not killed."""
     import sys
     import tempfile
 
@@ -491,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     root = find_root()
     manifest = load_manifest(root)
-    entries = [e for e in load_clauses(root) if e.twin and (not args or e.operator in args)]
+    entries = [e for e in load_clauses(root) if e.twin and (not args or e.operator in args or e.spec in args)]
     with tempfile.TemporaryDirectory(prefix="toolledger-clauses-") as tmp:
         kills = run_kills(manifest, entries, Path(tmp))
     for k in kills:
