@@ -63,7 +63,12 @@ def render(doc: dict[str, Any]) -> str:
         "medians of repeated runs, and every ratio compares two things measured side by side "
         "in the same run.  All figures, per run, are in `benchmarks/results.json`; each comes "
         "from one script in `benchmarks/` that can be rerun alone "
-        "(`python benchmarks/bench_sqlite.py`).",
+        "(`python benchmarks/bench_sqlite.py`)."
+        + "".join(f"  `{n}` was rerun alone since (`run_all.py --only {n}`, "
+                  f"{r['seconds']:.0f} s) on {r['date'][:10]}, commit `{r['commit']}`"
+                  + (f" (with uncommitted changes in {', '.join(r['uncommitted'])})"
+                     if r.get("uncommitted") else "") + f", {r['cpu']}."
+                  for n, r in (doc.get("reruns") or {}).items()),
         "",
         _md(("goal", "target", "measured", "met"),
             [(g["goal"], g["target"], g["measured"] or "-", _yes(g["met"]))
@@ -225,6 +230,7 @@ def render(doc: dict[str, Any]) -> str:
                 + (": " + "; ".join(f"{n} x {kind}" for kind, n in
                                     (fz.get("unhandled_kinds") or {}).items())
                    if fz.get("unhandled") else "") + "."]
+    out += _power_loss(b.get("power_loss") or {})
     ra = b.get("races") or {}
     if "stores" in ra:
         out += ["", f"**Races** (`bench_races.py`): {ra['workers']} worker processes load the "
@@ -277,6 +283,32 @@ def render(doc: dict[str, Any]) -> str:
     if "cells" in sc:
         out += _scale(sc)
     return "\n".join(out)
+
+
+def _power_loss(pl: dict[str, Any]) -> list[str]:
+    """The power-loss harness: crash states explored and each outcome counted, per
+    workload, for the real store and each planted bug (benchmarks/power_loss.py)."""
+    rows = pl.get("rows") or []
+    if not rows:
+        return []
+    kinds = ("no_store", "recovered", "failed_closed", "lost", "wrong", "unbacked",
+             "duplicate", "error")
+    found = pl.get("planted_found") or {}
+    benign = pl.get("benign") or {}
+    out = ["", f"**Power loss** (`power_loss.py`): the SQLite store's workloads under `strace`, "
+           f"then every crash state a power cut may leave (any unsynced suffix lost, a write "
+           f"torn at sector boundaries, unsynced directory entries missing), each opened and "
+           f"judged: {pl['states_explored']:,} states explored, {pl['real_incorrect']} incorrect "
+           f"recoveries on the real store ({pl['real_failed_closed']} failed closed); planted "
+           f"bugs found: {', '.join(v for v, f in found.items() if f) or 'none'}"
+           + "".join(f"; `{v}` not found, benign by design: {why}" for v, why in benign.items())
+           + ".", ""]
+    out.append(_md(("variant", "workload", "operations", "syncs", "crash states",
+                    *kinds, "incorrect"),
+                   [(r["variant"], r["workload"], r["operations"], r["syncs"], r["states"],
+                     *(r["outcomes"].get(k, 0) for k in kinds), r["incorrect"])
+                    for r in rows], right=tuple(range(2, 6 + len(kinds)))))
+    return out
 
 
 def _check(ck: dict[str, Any]) -> list[str]:

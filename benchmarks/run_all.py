@@ -265,9 +265,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     out_path: Path | None = a.out or (None if a.smoke else RESULTS)
 
-    previous: dict[str, Any] = {}
+    previous_doc: dict[str, Any] = {}
     if a.only and out_path is not None and out_path.exists():
-        previous = json.loads(out_path.read_text()).get("benchmarks", {})
+        previous_doc = json.loads(out_path.read_text())
+    previous: dict[str, Any] = previous_doc.get("benchmarks", {})
     names = a.only or list(BENCHMARKS)
     code_before = code_state()
     started = time.perf_counter()
@@ -285,9 +286,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         seconds[name] = round(time.perf_counter() - t0, 1)
 
     code_after = code_state()
+    machine = machine_info()
     doc: dict[str, Any] = {
         "generated_by": "python benchmarks/run_all.py" + (" --smoke" if a.smoke else ""),
-        "machine": machine_info(),
+        "machine": machine,
         # The in-process benchmarks run the code imported at the start; child
         # processes import it again: if it changed during the run, say so.
         "code": {"at_start": code_before, "at_end": code_after,
@@ -296,6 +298,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "goals": goals(results),
         "benchmarks": results,
     }
+    if previous_doc:
+        # --only: the other figures keep the run, machine and code they were measured
+        # on; the benchmarks rerun alone are listed with theirs (docs/benchmarks.md
+        # says so under its header).
+        doc["generated_by"] = previous_doc.get("generated_by", doc["generated_by"])
+        doc["machine"], doc["code"] = previous_doc["machine"], previous_doc["code"]
+        doc["seconds"] = {**previous_doc.get("seconds", {}), **seconds,
+                          "total": previous_doc.get("seconds", {}).get("total", 0.0)}
+        doc["reruns"] = {**previous_doc.get("reruns", {}), **{
+            n: {"date": machine["date"], "commit": code_before["commit"],
+                "uncommitted": code_before["uncommitted"], "cpu": machine["cpu"],
+                "seconds": seconds[n]} for n in names}}
+    doc = {k: doc[k] for k in ("generated_by", "machine", "code", "reruns", "seconds", "goals",
+                               "benchmarks") if k in doc}
     print("\n== summary")
     print(f"machine: {doc['machine']['nproc']} cores ({doc['machine']['cpu']}), "
           f"Python {doc['machine']['python']}, {doc['machine']['java']}, "
@@ -306,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "-" if g["met"] is None else ("yes" if g["met"] else "NO"))
                  for g in doc["goals"]]))
     print("time per benchmark: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()))
-    if doc["code"]["changed_during_run"]:
+    if code_before != code_after:  # this run's code, also under --only
         print(f"WARNING: the code changed during the run ({code_before} -> {code_after}): "
               "rerun for figures of one version")
     elif code_before["uncommitted"]:

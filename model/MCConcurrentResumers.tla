@@ -19,4 +19,86 @@ DispatchedSpec == Init /\ rec.status = "dispatched" /\ [][Next]_vars
 (* EpochOnQueryOnly twin: the old rule, the epoch reaches the external     *)
 (* side only with a request or a reconcile query (EpochOnTake = FALSE).    *)
 MCEpochOnTakeOff == FALSE
+
+(* Clause twins (model/clauses.toml): each the spec with ONE mistake that  *)
+(* breaks an invariant through one clause only (the main spec's twins of  *)
+(* model/MCTwins.tla, here with two processes).                           *)
+\* ConcurrentApprovalReusedRetry, ConcurrentApprovalReusedReconcile: a
+\* policy retry is authorized by the call's approval again.
+AuthReusesApproval(p) == FirstAuth
+\* ConcurrentManualRetry: recovery retries a manual call found dispatched.
+DecideRetriesManual(p) ==
+    LET i == InputsOf(view[p]) IN
+    IF ~i.hasResult /\ i.policy = "manual" /\ i.status = "dispatched"
+       /\ i.attempt < MaxAttempts
+    THEN "retry_same_id" ELSE Decide(i)
+\* ConcurrentReconcileManual: recovery reconciles a manual call found
+\* dispatched (fenced, then policy-retried).
+DecideReconcilesManual(p) ==
+    LET i == InputsOf(view[p]) IN
+    IF ~i.hasResult /\ i.policy = "manual" /\ i.status = "dispatched"
+    THEN "reconcile" ELSE Decide(i)
+\* ConcurrentUnfencedRetry: recovery retries a reconcile call found
+\* dispatched under its id, without the connector's query-and-fence.
+DecideRetriesReconcile(p) ==
+    LET i == InputsOf(view[p]) IN
+    IF ~i.hasResult /\ i.policy = "reconcile" /\ i.status = "dispatched"
+       /\ i.attempt < MaxAttempts
+    THEN "retry_same_id" ELSE Decide(i)
+\* ConcurrentRetryKnown: a succeeded idempotent call is retried (with one
+\* attempt, the retry is held and never sent).
+DecideRetriesKnown(p) ==
+    LET i == InputsOf(view[p]) IN
+    IF ~i.hasResult /\ i.policy = "idempotent" /\ i.status = "succeeded"
+    THEN "retry_same_id" ELSE Decide(i)
+\* ConcurrentHaltKeepsLive: a halt leaves the process live (about to
+\* dispatch) although the record says recovery_required.
+StageAfterKeepsLive(d) ==
+    CASE d = "skip" -> "idle"
+      [] d = "execute" -> "live"
+      [] d = "reconstruct" -> "recorded"
+      [] d = "retry_same_id" -> "retry"
+      [] d = "reconcile" -> "reconciling"
+      [] d = "recovery_required" -> "live"
+\* ConcurrentResendAfterOutcome: a resume path re-sends the last attempt of
+\* a call whose record succeeded, before deciding (no retry is held).
+ResendAfterOutcome(p) ==
+    LET n == view[p].rec.attempt IN
+    /\ pc[p] = "resume" /\ view[p].rec.status = "succeeded" /\ sent[n] < 2
+    /\ inflight' = inflight \cup {<<n, held[p], p>>}
+    /\ sent' = [sent EXCEPT ![n] = @ + 1]
+    /\ invocations' = invocations \cup {<<n, view[p].rec.auth, p, held[p]>>}
+    /\ sentAfterOutcome' = IF knownOutcome /\ ~Refusable(held[p])
+                          THEN sentAfterOutcome + 1 ELSE sentAfterOutcome
+    /\ pc' = [pc EXCEPT ![p] = "waiting"]
+    /\ UNCHANGED durable /\ UNCHANGED <<view, held, fenced, extEpoch>>
+    /\ UNCHANGED <<applied, humanRetries, crashes, staleCommits, refusals,
+                   staleDropped, knownOutcome, droppedAfterOutcome, staleViewCommits>>
+ResendSpec == Init /\ [][Next \/ \E p \in Procs : ResendAfterOutcome(p)]_vars
+\* ConcurrentTimeoutAsOk: the adapter takes a time-out for success.
+TimeoutAsOk(p) ==
+    /\ pc[p] = "waiting"
+    /\ pc' = [pc EXCEPT ![p] = "got_ok"]
+    /\ UNCHANGED durable /\ UNCHANGED <<view, held>> /\ UNCHANGED external
+    /\ UNCHANGED ghosts
+\* ConcurrentDispatchUnaudited: dispatched is committed without its dispatch
+\* audit row (PersistDispatched with no rows).
+PersistDispatchedUnaudited(p) ==
+    LET n == view[p].rec.attempt + 1
+        auth == AttemptAuth(p)
+    IN
+    /\ pc[p] \in {"live", "retry"} /\ n <= MaxAttempts
+    /\ Commit(p, Dispatched(n, auth), view[p].res, {})
+    /\ pc' = [pc EXCEPT ![p] = "dispatched"]
+    /\ UNCHANGED external
+    /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
+                   refusals, staleDropped, sentAfterOutcome,
+                   droppedAfterOutcome>>
+\* ConcurrentTimeoutFails: the adapter takes a time-out for a definite
+\* failure (the request may have been applied).
+TimeoutAsFailure(p) ==
+    /\ pc[p] = "waiting"
+    /\ pc' = [pc EXCEPT ![p] = "got_fail"]
+    /\ UNCHANGED durable /\ UNCHANGED <<view, held>> /\ UNCHANGED external
+    /\ UNCHANGED ghosts
 =============================================================================

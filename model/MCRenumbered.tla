@@ -29,4 +29,13 @@ MCMaxRenumbers == 1
 (* next request goes out under a key the external system never saw (no     *)
 (* record, no approval, no deduplication behind it).                       *)
 MCUseStoredId == FALSE
+
+(* ResultUnderDerivedId twin: the engine stamps a result with the id it    *)
+(* derives from the call's position when it writes the result, not with   *)
+(* the execution's (stored) id: after a renumbering the result names      *)
+(* another execution.  Nothing but the stamp changes (only ResultFidelity *)
+(* reads a result's exec), so it breaks ResultFidelity through its exec   *)
+(* clause alone (model/clauses.toml).                                      *)
+CallOfId(e) == CHOOSE c \in Calls : e \in {IdAt(c, t) : t \in Renumberings(c)}
+ResultUnderDerivedId(k, e, a) == [kind |-> k, exec |-> DerivedId(CallOfId(e)), args |-> a]
 =============================================================================

@@ -333,9 +333,12 @@ Recover(p) ==
                    droppedAfterOutcome>>
 
 \* dispatched(attempt n) is made durable before the adapter is invoked.
+\* Who authorizes it: the recovery policy for a retry, else the approval
+\* (the main spec's AttemptAuth; a clause twin's cfg overrides this name).
+AttemptAuth(p) == IF pc[p] = "retry" THEN "policy" ELSE FirstAuth
 PersistDispatched(p) ==
     LET n == view[p].rec.attempt + 1
-        auth == IF pc[p] = "retry" THEN "policy" ELSE FirstAuth
+        auth == AttemptAuth(p)
     IN
     /\ pc[p] \in {"live", "retry"} /\ n <= MaxAttempts
     /\ Commit(p, Dispatched(n, auth), view[p].res, {<<"dispatch", n>>})

@@ -29,14 +29,9 @@ MANIFEST = load_manifest(ROOT)
 CONCURRENT = (ROOT / "spec" / "ConcurrentResumers.tla").read_text()
 CONCURRENT_MODULES = {"MCConcurrentResumers", "MCConcurrentDecideTie"}
 # Invariants of ConcurrentResumers no twin of that module violates, and why.
-CONCURRENT_NO_TWIN = {
-    "NoBlindReplay": "holds even with blind writes: a second process's retry is still a "
-    "policy retry of a fenced (reconcile) or deduplicated (idempotent) attempt; the main "
-    "spec's twins (model/MCTwins.tla) show it can fail",
-    "AuditComplete": "its one clause here (every invocation has its dispatch row) holds by "
-    "construction: the dispatch row is in the commit that makes the send possible, and audit "
-    "rows are inserts no interleaving loses; the main spec's twins show it can fail",
-}
+# Empty: every one has a twin there (the clause twins of model/clauses.toml
+# gave NoBlindReplay and AuditComplete theirs).
+CONCURRENT_NO_TWIN: dict[str, str] = {}
 
 
 # spec/ResponsePlacement.tla is a spec of its own too (the ledger places the
@@ -210,17 +205,23 @@ def test_execution_id_unique_is_checked_not_assumed() -> None:
 
 # --- clause-level twins (model/clauses.toml, toolledger.check.clauses) -------
 
-from toolledger.check.clauses import ClauseEntry, clauses, load_clauses, weakened_text  # noqa: E402
+from toolledger.check.clauses import (  # noqa: E402
+    ClauseEntry,
+    bounds,
+    clauses,
+    load_clauses,
+    weakened_text,
+)
 from toolledger.check.tlc import parse_cfg  # noqa: E402
 
 CLAUSES = load_clauses(ROOT)
 LEGACY = (ROOT / "spec" / "LegacyResume.tla").read_text()
-# (spec module, its text, the operators whose every clause needs a twin);
-# ConcurrentResumers is not covered yet.
+# (spec module, its text, the operators whose every clause needs a twin).
 CLAUSE_SCOPE = (
     ("DurableToolExecution", SPEC, (*safety_invariants(), *PROPERTIES)),
     ("LegacyResume", LEGACY, ("AtMostOnceEffect",)),
     ("ResponsePlacement", PLACEMENT, tuple(safety_invariants(PLACEMENT))),
+    ("ConcurrentResumers", CONCURRENT, tuple(safety_invariants(CONCURRENT))),
 )
 
 
@@ -232,6 +233,55 @@ def undeclared_clauses(spec_name: str, spec: str, operators: tuple[str, ...],
     return [f"{op}: {c.text}" + (f" (occurrence {c.occurrence})" if c.occurrence > 1 else "")
             for op in operators for c in clauses(spec, op)
             if (op, c.text, c.occurrence) not in declared]
+
+
+# Each bound of a safety invariant (toolledger.check.clauses.bounds) gets both
+# narrowings an off-by-one of a loop over its domain makes: "rest" (every
+# value but the first) and "first" (the first value alone).
+NARROWINGS = ("rest", "first")
+
+
+def undeclared_bounds(spec_name: str, spec: str, operators: tuple[str, ...],
+                      entries: tuple[ClauseEntry, ...]) -> list[str]:
+    """Narrowings of the bounds of ``operators`` in ``spec`` with no entry."""
+    declared = {(e.operator, " ".join(e.clause.split()), e.occurrence, e.weakened or "rest")
+                for e in entries if e.spec == spec_name and e.kind == "bound"}
+    return [f"{op}: {b.text} -> {w}" for op in operators for b in bounds(spec, op)
+            for w in NARROWINGS if (op, b.text, b.occurrence, w) not in declared]
+
+
+def test_every_bound_of_every_invariant_has_both_narrowings() -> None:
+    missing = [m for name, spec, ops in CLAUSE_SCOPE
+               for m in undeclared_bounds(name, spec, tuple(o for o in ops
+                                                            if o not in PROPERTIES), CLAUSES)]
+    assert missing == [], (
+        f"quantifier bounds without an entry in model/clauses.toml: {missing}; add a "
+        '[[clause]] with kind = "bound" and weakened = "rest" or "first", naming the ci twin '
+        "whose violations lie only in what the narrowing drops, or the reason none can")
+
+
+def test_the_bound_reader_finds_every_descended_quantifier() -> None:
+    assert [b.text for b in bounds(SPEC, "NoBlindReplay")] == [
+        "c \\in Calls", "i \\in invocations[c]"]
+    assert [b.text for b in bounds(SPEC, "AuditComplete")] == [
+        "c \\in Calls", "i \\in invocations[c]", "d \\in decided[c]"]
+    assert [b.text for b in bounds(CONCURRENT, "RecoveryRequiredHalts")] == ["p \\in Procs"]
+    assert bounds(CONCURRENT, "AtMostOnceEffect") == []
+    _, rest = weakened_text(SPEC, ClauseEntry("DurableToolExecution", "AttemptSentOnce",
+                                              "n \\in 1..MaxAttempts", kind="bound"))
+    assert "\\A n \\in (LET TLDomain == (1..MaxAttempts) IN" in rest
+    assert "TLDomain \\ {CHOOSE TLValue \\in TLDomain : TRUE}" in rest
+    _, first = weakened_text(SPEC, ClauseEntry("DurableToolExecution", "AttemptSentOnce",
+                                               "n \\in 1..MaxAttempts", weakened="first",
+                                               kind="bound"))
+    assert "ELSE {CHOOSE TLValue \\in TLDomain : TRUE})" in first
+    spec = SPEC.replace("\\A n \\in 1..MaxAttempts : sent[c][n] <= 1",
+                        "\\A n \\in 1..MaxAttempts : \\A m \\in 1..n : sent[c][m] <= 1", 1)
+    assert spec != SPEC  # a new quantifier is noticed
+    before = set(undeclared_bounds("DurableToolExecution", SPEC, ("AttemptSentOnce",), CLAUSES))
+    after = undeclared_bounds("DurableToolExecution", spec, ("AttemptSentOnce",), CLAUSES)
+    assert [m for m in after if m not in before] == [
+        "AttemptSentOnce: m \\in 1..n -> rest", "AttemptSentOnce: m \\in 1..n -> first"]
 
 
 def test_the_clause_reader_splits_junctions_implications_and_quantifiers() -> None:

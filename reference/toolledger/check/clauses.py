@@ -18,6 +18,15 @@ names the reason instead of a twin.
 Action guards can be listed too (``operator`` an action, ``kind = "guard"``):
 then deleting the guard must make its ``twin`` (any ci row) drift.
 
+Quantifier bounds (``kind = "bound"``, :func:`bounds`): ``\\A x \\in S : P``
+is ``\\A x : x \\in S => P``, so narrowing ``S`` weakens the invariant as
+deleting a clause does.  Every ``\\A`` the clause reader descends through
+has its bound (``clause = "x \\in S"``) listed twice, once per narrowing an
+off-by-one of a loop over ``S`` makes (``weakened``): ``"rest"``, every value
+but the first (TLC's ``CHOOSE`` of ``S`` in each state), and ``"first"``, the
+first value alone.  A twin kills a narrowing as it kills a clause: its
+violations all lie in what the narrowing drops, so with it the twin passes.
+
 ``tests/test_model_coverage.py`` checks that every clause of the spec has an
 entry naming a ci twin of that invariant (no TLC).  :func:`run_kills` (``python
 -m toolledger.check.clauses``; ``tests/test_clause_kills.py`` for issue 28's
@@ -46,6 +55,7 @@ __all__ = [
     "ClauseEntry",
     "ClauseError",
     "Kill",
+    "bounds",
     "clauses",
     "definition",
     "kill_files",
@@ -60,7 +70,17 @@ _NOTE = "toolledger-clause"
 _NOTE_RE = re.compile(r'<<"' + _NOTE + r'", (\d+)>>')
 _FIELDS = {"spec", "operator", "clause", "occurrence", "weakened", "twin", "reason", "kind",
            "kill"}
-_KINDS = ("invariant", "property", "guard")
+_KINDS = ("invariant", "property", "guard", "bound")
+# A bound's two narrowings (``weakened`` of a ``kind = "bound"`` entry): the
+# off-by-ones of a loop over the domain, "rest" (every value but the first:
+# the default) and "first" (the first value alone); "first" is TLC's CHOOSE
+# of the domain, in each state.
+_NARROWINGS = {
+    "rest": "(LET TLDomain == ({dom}) IN IF TLDomain = {{}} THEN TLDomain "
+            "ELSE TLDomain \\ {{CHOOSE TLValue \\in TLDomain : TRUE}})",
+    "first": "(LET TLDomain == ({dom}) IN IF TLDomain = {{}} THEN TLDomain "
+             "ELSE {{CHOOSE TLValue \\in TLDomain : TRUE}})",
+}
 # "pass": with the clause weakened the twin's whole state space satisfies the
 # invariant (its row's outcome flips); "drift": the twin's first violation
 # (the row's pinned state) satisfies the weakened invariant, so a run of it
@@ -173,7 +193,11 @@ def _matching(body: str, s: int, e: int) -> int:
     return -1
 
 
-def _leaves(body: str, s: int, e: int, positive: bool, out: list[tuple[int, int, bool]]) -> None:
+def _leaves(body: str, s: int, e: int, positive: bool, out: list[tuple[int, int, bool]],
+            bounds: list[tuple[int, int, int, bool]] | None = None) -> None:
+    """Collect the leaves (clauses) of body[s:e] into ``out``; into ``bounds``,
+    each ``\\A x \\in S :`` the walk descends through (binder start, domain
+    start, domain end, positive)."""
     s, e = _trim(body, s, e)
     toks = _tokens(body, s, e)
     if not toks:
@@ -182,7 +206,15 @@ def _leaves(body: str, s: int, e: int, positive: bool, out: list[tuple[int, int,
     off, tok, _ = toks[0]
     if off == s and tok in ("\\A", "\\E"):
         colon = next(o for o, t, d in toks if t == ":" and d == 0)
-        _leaves(body, colon + 1, e, positive, out)
+        if bounds is not None and tok == "\\A" and positive:
+            binder = body[s + 2:colon]
+            at = binder.find("\\in")
+            if at < 0 or binder.count("\\in") > 1:
+                raise ClauseError(f"quantifier {_norm(body[s:colon])}: the clause reader "
+                                  "reads one bound per quantifier (x \\in S or x, y \\in S): "
+                                  "split it into nested quantifiers")
+            bounds.append((s + 2, s + 2 + at + 3, colon, positive))
+        _leaves(body, colon + 1, e, positive, out, bounds)
         return
     if off == s and tok == "LET":
         level = 0
@@ -192,14 +224,14 @@ def _leaves(body: str, s: int, e: int, positive: bool, out: list[tuple[int, int,
             elif d == 0 and t == "IN":
                 level -= 1
                 if level == 0:
-                    _leaves(body, o + 2, e, positive, out)
+                    _leaves(body, o + 2, e, positive, out, bounds)
                     return
     if off == s and tok in ("/\\", "\\/"):
         col = _column(body, s)
         starts = [s, *(o for o, t, d in toks[1:] if t == tok and d == 0
                        and _column(body, o) == col and _first_on_line(body, o))]
         for a, b in zip(starts, [*starts[1:], e], strict=True):
-            _leaves(body, a + 2, b, positive, out)
+            _leaves(body, a + 2, b, positive, out, bounds)
         return
     implies = -1
     junctions: list[int] = []
@@ -214,11 +246,11 @@ def _leaves(body: str, s: int, e: int, positive: bool, out: list[tuple[int, int,
         if t in ("/\\", "\\/"):
             junctions.append(o)
     if implies >= 0:
-        _leaves(body, s, implies, not positive, out)
-        _leaves(body, implies + 2, e, positive, out)
+        _leaves(body, s, implies, not positive, out, bounds)
+        _leaves(body, implies + 2, e, positive, out, bounds)
     elif junctions:
         for a, b in zip([s - 2, *junctions], [*junctions, e], strict=True):
-            _leaves(body, a + 2, b, positive, out)
+            _leaves(body, a + 2, b, positive, out, bounds)
     else:
         out.append((s, e, positive))
 
@@ -241,9 +273,43 @@ def clauses(spec: str, name: str) -> list[Clause]:
     return out
 
 
+def bounds(spec: str, name: str) -> list[Clause]:
+    """The bounds of the ``\\A`` quantifiers of ``name``'s definition that the
+    clause reader descends through (those at the head of the definition or
+    of one of its ``/\\``, ``\\/``, ``=>`` operands, outside an antecedent):
+    each as a Clause whose text is the binder (``c \\in Calls``) and whose
+    span is its domain (``Calls``), in text order.  ``\\A x \\in S : P`` is
+    ``\\A x : x \\in S => P``, so narrowing S weakens the invariant as
+    deleting a clause does; see :data:`_NARROWINGS`."""
+    _, body = definition(spec, name)
+    found: list[tuple[int, int, int, bool]] = []
+    _leaves(body, 0, len(body), True, [], found)
+    seen: dict[str, int] = {}
+    out: list[Clause] = []
+    for b, ds, de, pos in found:
+        text = _norm(body[b:de])
+        seen[text] = seen.get(text, 0) + 1
+        ds, de = _trim(body, ds, de)
+        out.append(Clause(text, ds, de, pos, seen[text]))
+    return out
+
+
 def weakened_text(spec: str, entry: ClauseEntry) -> tuple[str, str]:
-    """(params, body) of ``entry.operator`` with the entry's clause weakened."""
+    """(params, body) of ``entry.operator`` with the entry's clause weakened
+    (a bound: its domain narrowed)."""
     params, body = definition(spec, entry.operator)
+    if entry.kind == "bound":
+        how = entry.weakened or "rest"
+        if how not in _NARROWINGS:
+            raise ClauseError(f"{entry.label}: a bound's weakened is one of "
+                              f"{sorted(_NARROWINGS)} (default rest)")
+        for c in bounds(spec, entry.operator):
+            if c.text == _norm(entry.clause) and c.occurrence == entry.occurrence:
+                new = _NARROWINGS[how].format(dom=body[c.start:c.end])
+                return params, body[:c.start] + new + body[c.end:]
+        raise ClauseError(
+            f"{entry.label}: no such bound in spec/{entry.spec}.tla; its bounds are: "
+            + "; ".join(c.text for c in bounds(spec, entry.operator)))
     for c in clauses(spec, entry.operator):
         if c.text == _norm(entry.clause) and c.occurrence == entry.occurrence:
             new = entry.weakened or ("TRUE" if c.positive else "FALSE")
@@ -282,9 +348,10 @@ def load_clauses(root: Path) -> tuple[ClauseEntry, ...]:
             continue
         if entry.kind not in _KINDS:
             problems.append(f"{where}: kind {entry.kind!r} is not one of {_KINDS}")
-        if entry.kill not in _KILLS or (entry.kill == "drift" and entry.kind != "invariant"):
+        if entry.kill not in _KILLS or (
+                entry.kill == "drift" and entry.kind not in ("invariant", "bound")):
             problems.append(f"{where}: kill {entry.kill!r} must be one of {_KILLS} "
-                            "(\"drift\" only for an invariant)")
+                            "(\"drift\" only for an invariant or a bound)")
         if bool(entry.twin) == bool(entry.reason):
             problems.append(f"{where} ({entry.label}): give exactly one of twin "
                             "(the ci row that kills it) or reason (why none can)")
@@ -420,8 +487,8 @@ def run_kills(manifest: Manifest, entries: Sequence[ClauseEntry], directory: Pat
         if e.twin:
             specs.setdefault(e.spec, (manifest.root / "spec" / f"{e.spec}.tla")
                              .read_text(encoding="utf-8"))
-            key = (e.twin, e.operator, e.kind)
-            if e.kind == "invariant" and e.kill == "pass":
+            key = (e.twin, e.operator, "invariant" if e.kind == "bound" else e.kind)
+            if e.kind in ("invariant", "bound") and e.kill == "pass":
                 groups.setdefault(key, []).append(e)
             else:
                 groups[(*key[:2], f"{e.kind}{e.kill}{len(groups)}")] = [e]
@@ -480,9 +547,10 @@ def run_kills(manifest: Manifest, entries: Sequence[ClauseEntry], directory: Pat
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m toolledger.check.clauses [OPERATOR ...]``: run the kills of
-    model/clauses.toml (all, or those of the operators named) and print the
-    clause table; exit 1 if a clause is not killed."""
+    """``python -m toolledger.check.clauses [NAME ...]``: run the kills of
+    model/clauses.toml (all, or those of the operators or spec modules named,
+    e.g. ``ConcurrentResumers``) and print the clause table; exit 1 if a
+    clause is not killed."""
     import sys
     import tempfile
 
@@ -491,7 +559,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     root = find_root()
     manifest = load_manifest(root)
-    entries = [e for e in load_clauses(root) if e.twin and (not args or e.operator in args)]
+    entries = [e for e in load_clauses(root)
+               if e.twin and (not args or e.operator in args or e.spec in args)]
     with tempfile.TemporaryDirectory(prefix="toolledger-clauses-") as tmp:
         kills = run_kills(manifest, entries, Path(tmp))
     for k in kills:
