@@ -17,6 +17,7 @@ import pytest
 
 import toolledger._core.session
 from toolledger import InvalidInput, MemoryStore, Next, NotApplied, Session
+from toolledger._core.legacy import legacy_calls
 
 SEND = {"id": "call_0", "name": "send_email", "arguments": {"to": "ada"}}
 BOB = {"id": "call_1", "name": "send_email", "arguments": {"to": "bob"}}
@@ -98,9 +99,8 @@ def test_control_without_the_answered_call_the_legacy_message_is_a_dead_end(
 ) -> None:
     # broken on purpose (adoption before this change): only the unanswered call is
     # written, the message has a gap, is no candidate, and the resume is refused
-    real = toolledger._core.session.legacy_calls
-    monkeypatch.setattr(toolledger._core.session, "legacy_calls", lambda *a: [
-        lc for lc in real(*a) if lc.answer is None])
+    monkeypatch.setattr("toolledger._core.session.legacy_calls", lambda *a: [
+        lc for lc in legacy_calls(*a) if lc.answer is None])
     s = adopted(BOB, {**SEND, "id": "call_2"}, answered=("call_1",))
     with pytest.raises(InvalidInput, match="unanswered"):
         s.record([BOB, {**SEND, "id": "call_2"}], seen=[])
