@@ -17,6 +17,7 @@ import pytest
 
 import toolledger._core.session
 from toolledger import InvalidInput, MemoryStore, Next, NotApplied, Session
+from toolledger._core.legacy import legacy_calls
 
 SEND = {"id": "call_0", "name": "send_email", "arguments": {"to": "ada"}}
 BOB = {"id": "call_1", "name": "send_email", "arguments": {"to": "bob"}}
@@ -76,16 +77,47 @@ def test_another_response_never_supersedes_an_open_legacy_call() -> None:
     assert [st.next for st in s.recover()] == [Next.HALTED]
 
 
-def test_a_partly_answered_legacy_message_is_found_call_by_call() -> None:
-    # slot 0 was answered before the ledger: only slot 1 is written, and the
-    # message is no re-record candidate (its slots have a gap)
+def test_a_partly_answered_legacy_message_is_rerecorded_with_its_answer() -> None:
+    # slot 0 was answered before the ledger: it is written settled, with the old
+    # tool message's content as its result, so the message keeps its slots and the
+    # engine's re-record finds both calls: the answered one is never run again
+    s = adopted(BOB, {**SEND, "id": "call_2"}, answered=("call_1",))
+    answered, open_ = s.record([BOB, {**SEND, "id": "call_2"}], seen=[])
+    assert answered.next is Next.RESULT and answered.result_value() == "ok"
+    assert answered.call.position == (1, 0) and open_.call.position == (1, 1)
+    assert open_.next is Next.AWAIT_APPROVAL  # its approval was not in the old inbox
+    assert [st.next for st in s.recover()] == [Next.RESULT, Next.AWAIT_APPROVAL]
+    found = s.find({**SEND, "id": "call_2"})
+    assert found is not None and found.key == open_.key  # one by one, too
+    done = s.execute(s.approve(open_.key).key, lambda a: "sent")
+    [new] = s.record([SEND], seen=[done.key])  # its result in the history: a new response
+    assert new.call.position == (s.marker, 0) and new.next is Next.AWAIT_APPROVAL
+
+
+def test_control_without_the_answered_call_the_legacy_message_is_a_dead_end(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # broken on purpose (adoption before this change): only the unanswered call is
+    # written, the message has a gap, is no candidate, and the resume is refused
+    monkeypatch.setattr("toolledger._core.session.legacy_calls", lambda *a: [
+        lc for lc in legacy_calls(*a) if lc.answer is None])
     s = adopted(BOB, {**SEND, "id": "call_2"}, answered=("call_1",))
     with pytest.raises(InvalidInput, match="unanswered"):
         s.record([BOB, {**SEND, "id": "call_2"}], seen=[])
-    s.recover()
-    found = s.find({**SEND, "id": "call_2"})
-    assert found is not None and found.call.position == (1, 1)
-    assert found.next is Next.AWAIT_APPROVAL  # its approval was not in the old inbox
+
+
+def test_a_repeated_id_is_answered_once_per_tool_message() -> None:
+    # two calls with the id "" (an OpenAI stream), one tool message "": the first
+    # call is answered, the second stays open (it is never taken as answered)
+    ada, bob = ({"id": "", "name": "send_email", "arguments": {"to": w}} for w in ("ada", "bob"))
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "email both"}, {"role": "assistant", "tool_calls": [ada, bob]},
+        {"role": "tool", "tool_call_id": "", "content": "sent to ada"}]
+    s = Session.open(MemoryStore(), "s1", {"send_email": "manual"}, legacy_messages=messages,
+                     legacy_approvals={"": "approved"})
+    first, second = s.record([ada, bob], seen=[])
+    assert first.result_value() == "sent to ada"
+    assert second.next is Next.HALTED  # approved, unanswered: a human decides, no replay
 
 
 def test_result_value_decodes_json_and_keeps_text() -> None:

@@ -707,7 +707,9 @@ def test_a_legacy_session_is_adopted_with_the_conservative_rule(files: Files) ->
     assert [(t.call.position, t.call.tool_call_id, t.next, t.decision) for t in todo] == [
         ((3, 0), "call_0", Next.HALTED, Decision.RECOVERY_REQUIRED),  # approved: may have run
         ((3, 1), "call_1", Next.AWAIT_APPROVAL, Decision.EXECUTE),  # never approved: never ran
+        ((3, 2), "call_2", Next.RESULT, Decision.SKIP),  # answered before the ledger: settled
     ]
+    assert todo[2].result_value() == "numbers"  # the old tool message is its result
     assert all(t.inputs is not None and t.inputs.legacy for t in todo)
     assert todo[0].call.arguments == {"to": "bob"}
     s.approve(todo[1].key)

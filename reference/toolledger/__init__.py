@@ -36,6 +36,7 @@ The package is laid out by who uses what:
   verify-store).
 """
 
+from ._core.answers import answered_calls
 from ._core.async_session import AsyncSession
 from ._core.calls import (
     Attempt,
@@ -118,4 +119,5 @@ __all__ = [
     "UnsupportedSchema",
     "WasApplied",
     "__version__",
+    "answered_calls",
 ]

@@ -480,7 +480,9 @@ class Session(LedgerGuard):
         approval one call at a time, with no position): the most recent
         recorded call with that id, name and arguments, among the calls the
         engine can still act on (the latest message and every call without a
-        result).  Record the response first: a call the model repeats is only
+        result); :class:`InvalidInput` if its message holds that call more
+        than once (an empty or reused id): one equal call is never given the
+        other's status.  Record the response first: a call the model repeats is only
         found as the new one once it is recorded.  Nothing is written; a call
         that is the same call as a dispatched call of a lost response gives
         that call's status.
@@ -512,6 +514,15 @@ class Session(LedgerGuard):
             for c in sorted(st.calls, key=lambda c: c.position, reverse=True):
                 if (c.message is MessageState.DURABLE
                         and (c.tool_call_id, c.tool.name, c.args_digest) == wanted_one):
+                    there = self._turn(c.position[0], last_durable_turn(st))
+                    slots = [d.position[1] for d in there.calls
+                             if (d.tool_call_id, d.tool.name, d.args_digest) == wanted_one]
+                    if len(slots) > 1:  # never one equal call's status for the other
+                        raise InvalidInput(
+                            f"find(call): message {c.position[0]} holds this call "
+                            f"{len(slots)} times (slots {slots}, the same id, name and "
+                            "arguments): the call alone cannot tell them apart; use the "
+                            "statuses record() returned, in slot order; nothing was written")
                     return self._status_of(c)
             return None
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
-from .. import CallStatus, Next, Session, SqliteStore, Tool
+from .. import CallStatus, Next, Session, SqliteStore, Tool, answered_calls
 from .toyworker import ALLOWING, PermissionRequest, ToolCall, ToyWorker
 
 __all__ = ["LedgerWorker"]
@@ -26,36 +26,37 @@ __all__ = ["LedgerWorker"]
 class LedgerWorker(ToyWorker):  # ToyWorker, its tool calls protected by toolledger
     def __init__(self, *args: Any, tools: Mapping[str, Tool | str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.tools, self.status, self.asking = dict(tools), dict[int, CallStatus](), ""
+        self.tools = {n: t for n, t in tools.items() if n in self.registry}  # unknown: no call
+        self.status, self.asking, self.placed = dict[int, CallStatus](), "", list[ToolCall]()
         old = {i["tool_call_id"]: ("approved" if i["resolution"] in ALLOWING else "rejected")
                if i["resolution"] else "pending" for i in reversed(self.inbox.items)
                if i["session_id"] == self.session_id}  # the old engine's inbox: legacy
         self.session = Session.open(SqliteStore(self.base / "ledger.sqlite3"), self.session_id,
                                     self.tools, legacy_approvals=old, legacy_messages=[  # ours
-                                        {**m, "tool_calls": self.ours(m)} for m in self.messages])
+                                        {**m, "tool_calls": [asdict(c) for c in self.ours(
+                                            self.parse(m))]} for m in self.messages])
 
-    def ours(self, message: Mapping[str, Any]) -> list[dict[str, Any]]:  # what the ledger
-        return [asdict(c) for c in self.parse(message)  # protects: declared, parsed calls
-                if c.name in self.tools and c.name in self.registry and c.arguments is not None]
+    def ours(self, calls: list[ToolCall]) -> list[ToolCall]:  # what the ledger protects
+        return [c for c in calls if c.name in self.tools and c.arguments is not None]
 
-    def handle_tool_calls(self, calls: list[ToolCall]) -> str:
-        at, message = self.trailing() or (0, {})  # the response these calls came in
+    def handle_tool_calls(self, calls: list[ToolCall]) -> str:  # a resume's: placed already
+        return super().handle_tool_calls(calls if calls is self.placed else self.place())
+
+    def place(self) -> list[ToolCall]:  # the trailing response's calls, each its own status
+        at, message = self.trailing() or (0, {})
+        mine = self.ours(calls := self.parse(message))
         statuses = self.session.record(  # placed by the ledger; again: nothing is written
-            every := self.ours(message),
+            [asdict(c) for c in mine],
             seen=[k for m in self.messages[:at] for k in m.get("ledger_seen", [])],
-            requires_approval=[self.permissions.evaluate(c["name"]) != "allow" for c in every])
-        pool, self.status = list(zip(every, statuses, strict=True)), {}
-        for call in calls:  # per call, in slot order (equal calls too): the call's own status
-            for j in [j for j, (c, _) in enumerate(pool) if c == asdict(call)][:1]:
-                self.status[id(call)] = pool.pop(j)[1]
-        return super().handle_tool_calls(calls)
+            requires_approval=[self.permissions.evaluate(c.name) != "allow" for c in mine])
+        self.status = dict(zip(map(id, mine), statuses, strict=True))
+        return calls
 
     def inbox_key(self, request: PermissionRequest) -> tuple[str, str]:
         return request.session_id, self.asking  # the execution id, never a reused call id
 
     def authorize(self, call: ToolCall, status: CallStatus | None = None) -> str:
-        status = status or self.status.get(id(call))
-        if status is None:
+        if (status := status or self.status.get(id(call))) is None:
             return super().authorize(call)
         if status.next is Next.AWAIT_APPROVAL:  # the permission engine (grants, mode), else
             self.asking = status.key  # the approver, its inbox item keyed by this call's key
@@ -69,19 +70,16 @@ class LedgerWorker(ToyWorker):  # ToyWorker, its tool calls protected by toolled
                                   "recovery", {"tool": call.name, "arguments": call.arguments})
             if item["state"] == "pending":
                 return "wait"
-            status = self.session.resolve(status.key, item["resolution"],
-                                          result=item.get("result"))
+            status = self.session.resolve(status.key, item["resolution"], result=item.get("result"))
         self.status[id(call)] = status
         return "allow"  # execute_sync runs it, or gives the result the ledger holds
 
     def execute_sync(self, call: ToolCall) -> dict[str, Any] | None:
-        status = self.status.get(id(call))
-        if status is None:
+        if (status := self.status.get(id(call))) is None:
             return super().execute_sync(call)
         if status.next in (Next.EXECUTE, Next.RETRY):  # an idempotent tool gets its key
             status = self.session.execute(status.key, lambda a: self.registry[call.name](
-                **a.arguments, **({"idempotency_key": a.idempotency_key}
-                                  if a.idempotency_key else {})))
+                **a.arguments, **{k: v for k, v in [("idempotency_key", a.idempotency_key)] if v}))
         if status.next is Next.HALTED:  # no "halted" turn: Stop it, park the call
             self.stop()
             self.authorize(call, status)
@@ -97,8 +95,7 @@ class LedgerWorker(ToyWorker):  # ToyWorker, its tool calls protected by toolled
             self.messages[-1]["ledger_seen"] = [self.status[id(call)].key]
 
     def skip(self, call: ToolCall) -> None:
-        status = self.status.get(id(call))
-        if status is None:
+        if (status := self.status.get(id(call))) is None:
             return super().skip(call)
         cancel = status.next is Next.EXECUTE  # the user's Stop: approved, never dispatched
         self.record_result(call, self.result(self.session.cancel(status.key) if cancel else status))
@@ -110,7 +107,11 @@ class LedgerWorker(ToyWorker):  # ToyWorker, its tool calls protected by toolled
     def unanswered(self) -> list[ToolCall]:
         at, message = self.trailing() or (0, {})  # only results AFTER it answer its calls
         after = self.messages[at + 1:]
-        answered = {m.get("tool_call_id") for m in after}
-        stale = not message or any(m["role"] == "user" for m in after)  # a later turn
-        return [] if stale else [c for c in self.parse(message) if c.id not in answered]
+        if not message or any(m["role"] == "user" for m in after):  # a later turn
+            return []
+        calls = self.place()  # a ledger call is answered by its key, never by a reused id
+        results = [(m.get("tool_call_id"), m.get("ledger_seen", [None])[0]) for m in after]
+        done = answered_calls([(c.id, self.status.get(id(c))) for c in calls], results)
+        self.placed = [c for c, answered in zip(calls, done, strict=True) if not answered]
+        return self.placed
 # glue:end
