@@ -105,7 +105,7 @@ def next_of(state: SessionState, c: CallState, *, running: bool) -> Next:
         return Next.RUNNING
     nxt = {
         Stage.RETRY: Next.RETRY,
-        Stage.DISPATCHED: Next.RETRY,  # a human's retry: dispatched, not yet run
+        Stage.DISPATCHED: Next.RETRY,  # dispatched, not yet run
         Stage.RECONCILING: Next.RECONCILE,
         Stage.WAITING: Next.RUNNING,
         Stage.GOT_OK: Next.RUNNING,

@@ -1449,7 +1449,7 @@ class Session(LedgerGuard):
             attempt = Attempt(
                 ref, rec.attempt + 1 if dispatch else rec.attempt, key_, self._ledger.epoch
             )
-            if dispatch:  # DISPATCHED: a human's retry, already durable
+            if dispatch:  # else DISPATCHED: recorded by an earlier step, not sent yet
                 self._step_many([Event(Action.EnginePersistDispatched, pos)])  # commit 1
             assert self._ledger.state.record(c.execution_id).attempt == attempt.attempt
             self._running.add(key)

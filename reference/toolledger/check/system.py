@@ -470,8 +470,8 @@ def _call_step(cfg: ModelConfig, s: SystemState, call: p.CallState, action: p.Ac
             if call.tool.protected and d is not p.Decision.SKIP:
                 kind = d.value
         if kind is not None:
-            n = nxt.record(eid).attempt if action is p.Action.HumanResolveRetry \
-                else s.session.record(eid).attempt
+            # a human's retry grants the attempt after the record's
+            n = s.session.record(eid).attempt + (action is p.Action.HumanResolveRetry)
             gh = replace(gh, decided=_upd(gh.decided, name, gh.decisions(name) | {(kind, n)}))  # type: ignore[arg-type]
     if action in _OUTCOME_KNOWN:
         gh = replace(gh, known_outcome=gh.known_outcome | {name})
