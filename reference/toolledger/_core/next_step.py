@@ -61,9 +61,10 @@ def approval_round(state: SessionState, execution_id: str) -> int:
 
 def approval_withdrawn(state: SessionState, c: CallState) -> bool:
     """``c``'s latest approval expired before it was dispatched (an ``approval_expired``
-    row of its round): it authorizes nothing, the call waits for a new approval."""
+    row of its round; round 0: an approval from before approvals had rows, expired
+    under an approval_ttl): it authorizes nothing, the call waits for a new approval."""
     n = approval_round(state, c.execution_id)
-    return n > 0 and (c.execution_id, APPROVAL_EXPIRED, n) in state.audit
+    return (c.execution_id, APPROVAL_EXPIRED, n) in state.audit
 
 
 def recovery_decision(state: SessionState, c: CallState) -> RecoveryDecision:
