@@ -207,8 +207,7 @@ HonourRetryGrantOff == FALSE
 (* grant.  Breaks AtMostOnceEffect (one grant, two extra effects).        *)
 RetryGrantedAnyRow(c) ==
     /\ msg[c] = "durable" /\ result[c] = NoResult
-    /\ Rec(c).status = "recovery_required"
-    /\ Rec(c).result = NoResult /\ Rec(c).args = args[c]
+    /\ Rec(c).status = "recovery_required" /\ HumanMayRetry(c)
     /\ \E n \in 1..MaxAttempts : HasRow(ExecId(c), "human_retry", n)
 
 (* DispatchUnaudited: the engine persists a dispatched record without its *)

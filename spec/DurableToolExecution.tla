@@ -538,14 +538,40 @@ EngineRecordDenied(c) ==
     /\ UNCHANGED extVars
 
 (***************************************************************************)
+(* A halt never rebinds a record to another call.  The record keeps the    *)
+(* argument digest it was written for and, if its outcome was known (a     *)
+(* succeeded, failed or abandoned record halted on a digest mismatch), its *)
+(* result: the record's result is what says "the outcome of this execution *)
+(* was known".  Only a call with no record yet (a legacy call) is bound to *)
+(* the arguments at its position by its halt.  HumanMayRetry: a human may  *)
+(* send another attempt only of a halted record whose outcome is unknown   *)
+(* and whose digest matches the call at its position; elsewhere the only   *)
+(* human choices (HumanResolveApplied, HumanResolveAbandon) invoke         *)
+(* nothing, and they bind the record to the call they resolve.             *)
+(* HaltKeepsRecord is a design switch: FALSE is the old rule (a halt       *)
+(* rebinds the record to the call now at its position and a human may      *)
+(* retry any halted record), the HaltRebindsRecord twin, which overrides   *)
+(* it in its .cfg: no other model has to name it.                          *)
+(***************************************************************************)
+HaltKeepsRecord == TRUE
+
+Halt(c) ==
+    IF HaltKeepsRecord /\ Rec(c).status # "none"
+    THEN [Rec(c) EXCEPT !.status = "recovery_required"]
+    ELSE [Rec(c) EXCEPT !.status = "recovery_required", !.args = args[c], !.call = c]
+
+HumanMayRetry(c) ==
+    ~HaltKeepsRecord \/ (Rec(c).result = NoResult /\ Rec(c).args = args[c])
+
+(***************************************************************************)
 (* A human's retry is a durable GRANT, not a dispatch.  HumanResolveRetry  *)
 (* writes only its "human_retry" audit row, for the attempt after the      *)
 (* halted record's (n+1): the human (an operator's command line, another   *)
 (* process) never dispatches.  RetryGranted(c): the grant stands and is    *)
 (* unused: the record is still halted at attempt n, its outcome unknown,   *)
-(* its digest the call's (as for HumanMayRetry).  Recover honours it: its  *)
-(* halt decision sends the call to the "retry" stage instead of back to    *)
-(* the human, and the dispatch of attempt n+1 is authorized "human"        *)
+(* its digest the call's (HumanMayRetry).  Recover honours it: its halt   *)
+(* decision sends the call to the "retry" stage instead of back to the    *)
+(* human, and the dispatch of attempt n+1 is authorized "human"         *)
 (* (AttemptAuth).  Whichever engine runs Recover next, in the resolving    *)
 (* process or after a restart, reads the grant from the ledger store       *)
 (* alone.  One grant is at most one attempt: once attempt n+1 is           *)
@@ -561,8 +587,7 @@ HonourRetryGrant == TRUE
 
 RetryGranted(c) ==
     /\ msg[c] = "durable" /\ result[c] = NoResult
-    /\ Rec(c).status = "recovery_required"
-    /\ Rec(c).result = NoResult /\ Rec(c).args = args[c]
+    /\ Rec(c).status = "recovery_required" /\ HumanMayRetry(c)
     /\ HasRow(ExecId(c), "human_retry", Rec(c).attempt + 1)
 
 \* dispatched(attempt n) is made durable, with its audit row, BEFORE the
@@ -923,31 +948,6 @@ StageAfter(d) ==
       [] d = "reconcile" -> "reconciling"
       [] d = "recovery_required" -> "none"
 
-(***************************************************************************)
-(* A halt never rebinds a record to another call.  The record keeps the    *)
-(* argument digest it was written for and, if its outcome was known (a     *)
-(* succeeded, failed or abandoned record halted on a digest mismatch), its *)
-(* result: the record's result is what says "the outcome of this execution *)
-(* was known".  Only a call with no record yet (a legacy call) is bound to *)
-(* the arguments at its position by its halt.  HumanMayRetry: a human may  *)
-(* send another attempt only of a halted record whose outcome is unknown   *)
-(* and whose digest matches the call at its position; elsewhere the only   *)
-(* human choices (HumanResolveApplied, HumanResolveAbandon) invoke         *)
-(* nothing, and they bind the record to the call they resolve.             *)
-(* HaltKeepsRecord is a design switch: FALSE is the old rule (a halt       *)
-(* rebinds the record to the call now at its position and a human may      *)
-(* retry any halted record), the HaltRebindsRecord twin, which overrides   *)
-(* it in its .cfg: no other model has to name it.                          *)
-(***************************************************************************)
-HaltKeepsRecord == TRUE
-
-Halt(c) ==
-    IF HaltKeepsRecord /\ Rec(c).status # "none"
-    THEN [Rec(c) EXCEPT !.status = "recovery_required"]
-    ELSE [Rec(c) EXCEPT !.status = "recovery_required", !.args = args[c], !.call = c]
-
-HumanMayRetry(c) ==
-    ~HaltKeepsRecord \/ (Rec(c).result = NoResult /\ Rec(c).args = args[c])
 
 \* The decision's row, with its inputs.  The store's audit key is
 \* (execution, kind, attempt): a decision taken again for the same attempt
@@ -1079,7 +1079,7 @@ HumanResolveRetry(c) ==
     IN
     /\ msg[c] = "durable" /\ result[c] = NoResult
     /\ Rec(c).status = "recovery_required" /\ stage[c] = "none" /\ n <= MaxAttempts
-    /\ HumanMayRetry(c) /\ ~RetryGranted(c)
+    /\ HumanMayRetry(c) /\ ~HasRow(e, "human_retry", n)
     /\ Audited(e, "human_retry", n)
     /\ Decided(c, "human_retry", n)
     /\ humanRetries' = [humanRetries EXCEPT ![e] = @ + 1]

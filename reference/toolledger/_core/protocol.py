@@ -704,7 +704,8 @@ def _human_retry(state: SessionState, ev: Event) -> SessionState:
         "(the conversation lost that call): a retry would send these arguments under "
         "the other call's execution id and approval; resolve it as applied or abandon it",
     )
-    _require(not retry_granted(state, c), ev, f"a retry (attempt {n}) is granted already")
+    _require((c.execution_id, "human_retry", n) not in state.audit, ev,
+             f"a retry (attempt {n}) is granted already")
     # the grant only: the record stays halted at attempt n-1 until the engine's
     # Recover honours the grant (retry_granted) and dispatches attempt n
     return (
