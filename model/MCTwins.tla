@@ -207,32 +207,28 @@ DecideRetriesLegacy(c) ==
     IF ~i.hasResult /\ i.status = "none" /\ i.legacy /\ i.policy = "idempotent"
     THEN "retry_same_id" ELSE Decide(i)
 
-(* HumanRetryAsPolicy: the record of a human's retry says "policy" (the   *)
-(* engine labels the attempt a policy retry of itself).  Breaks           *)
-(* LegacyConservative through its ordering clause only: a policy request  *)
-(* whose human retry is not an EARLIER attempt.                            *)
-HumanRetryAuth == "policy"
-HumanRetryLabelled(c) ==
-    LET e == ExecId(c)
-        n == Rec(c).attempt + 1
-    IN
+(* HumanRetryAsPolicy: the dispatch of a human's granted retry says      *)
+(* "policy" (the engine labels the attempt a policy retry of itself).      *)
+(* Breaks LegacyConservative through its ordering clause only: a policy   *)
+(* request whose human retry is not an EARLIER attempt.                    *)
+AuthGrantAsPolicy(c) ==
+    IF stage[c] = "retry" THEN "policy"
+    ELSE IF NeedsApproval[c] THEN "approval" ELSE "auto"
+
+(* RetryGrantForgotten: the old rule.  A human's retry is not a durable   *)
+(* grant the next engine honours: the engine that reloads the session     *)
+(* (after the operator answered from the command line) halts the call     *)
+(* again.  Breaks RetryGrantHonoured.                                      *)
+HonourRetryGrantOff == FALSE
+
+(* RetryGrantReused: a grant read from any human_retry row of the         *)
+(* execution, not the one for the attempt after the record's: the retry   *)
+(* it authorized halts, and a restart sends another attempt on the same   *)
+(* grant.  Breaks AtMostOnceEffect (one grant, two extra effects).        *)
+RetryGrantedAnyRow(c) ==
     /\ msg[c] = "durable" /\ result[c] = NoResult
-    /\ Rec(c).status = "recovery_required" /\ stage[c] = "none" /\ n <= MaxAttempts
-    /\ HumanMayRetry(c)
-    /\ ledger' = [ledger EXCEPT ![e] = [status |-> "dispatched", attempt |-> n,
-                      args |-> args[c], auth |-> HumanRetryAuth, result |-> NoResult,
-                      call |-> c]]
-    /\ audit' = [audit EXCEPT ![e] = @ \cup {<<"human_retry", n, NoInputs>>,
-                                             <<"dispatch", n, NoInputs>>}]
-    /\ Decided(c, "human_retry", n)
-    /\ humanRetries' = [humanRetries EXCEPT ![e] = @ + 1]
-    /\ stage' = [stage EXCEPT ![c] = "dispatched"]
-    /\ UNCHANGED <<msg, args, result, approval, approvalArgs, marker>>
-    /\ UNCHANGED external
-    /\ UNCHANGED <<applied, invocations, humanApproved, crashes,
-                   sent, knownOutcome, sentAfterOutcome>>
-    /\ UNCHANGED positions
-    /\ UNCHANGED extVars
+    /\ Rec(c).status = "recovery_required" /\ HumanMayRetry(c)
+    /\ \E n \in 1..MaxAttempts : HasRow(ExecId(c), "human_retry", n)
 
 (* DispatchUnaudited: the engine persists a dispatched record without its *)
 (* dispatch row (a human retry still writes its own).  Breaks             *)

@@ -551,11 +551,65 @@ EngineRecordDenied(c) ==
     /\ UNCHANGED positions
     /\ UNCHANGED extVars
 
+(***************************************************************************)
+(* A halt never rebinds a record to another call.  The record keeps the    *)
+(* argument digest it was written for and, if its outcome was known (a     *)
+(* succeeded, failed or abandoned record halted on a digest mismatch), its *)
+(* result: the record's result is what says "the outcome of this execution *)
+(* was known".  Only a call with no record yet (a legacy call) is bound to *)
+(* the arguments at its position by its halt.  HumanMayRetry: a human may  *)
+(* send another attempt only of a halted record whose outcome is unknown   *)
+(* and whose digest matches the call at its position; elsewhere the only   *)
+(* human choices (HumanResolveApplied, HumanResolveAbandon) invoke         *)
+(* nothing, and they bind the record to the call they resolve.             *)
+(* HaltKeepsRecord is a design switch: FALSE is the old rule (a halt       *)
+(* rebinds the record to the call now at its position and a human may      *)
+(* retry any halted record), the HaltRebindsRecord twin, which overrides   *)
+(* it in its .cfg: no other model has to name it.                          *)
+(***************************************************************************)
+HaltKeepsRecord == TRUE
+
+Halt(c) ==
+    IF HaltKeepsRecord /\ Rec(c).status # "none"
+    THEN [Rec(c) EXCEPT !.status = "recovery_required"]
+    ELSE [Rec(c) EXCEPT !.status = "recovery_required", !.args = args[c], !.call = c]
+
+HumanMayRetry(c) ==
+    ~HaltKeepsRecord \/ (Rec(c).result = NoResult /\ Rec(c).args = args[c])
+
+(***************************************************************************)
+(* A human's retry is a durable GRANT, not a dispatch.  HumanResolveRetry  *)
+(* writes only its "human_retry" audit row, for the attempt after the      *)
+(* halted record's (n+1): the human (an operator's command line, another   *)
+(* process) never dispatches.  RetryGranted(c): the grant stands and is    *)
+(* unused: the record is still halted at attempt n, its outcome unknown,   *)
+(* its digest the call's (HumanMayRetry).  Recover honours it: its halt   *)
+(* decision sends the call to the "retry" stage instead of back to the    *)
+(* human, and the dispatch of attempt n+1 is authorized "human"         *)
+(* (AttemptAuth).  Whichever engine runs Recover next, in the resolving    *)
+(* process or after a restart, reads the grant from the ledger store       *)
+(* alone.  One grant is at most one attempt: once attempt n+1 is           *)
+(* dispatched the record is at n+1 and the row at n+1 grants nothing more; *)
+(* a late answer of attempt n makes the outcome known and the grant moot.  *)
+(* HonourRetryGrant is the design switch: FALSE is the engine that does    *)
+(* not read the grant and halts the call again (twin RetryGrantForgotten:  *)
+(* RetryGrantHonoured); a grant read from ANY human_retry row of the       *)
+(* execution, not the one for the next attempt, is used twice (twin        *)
+(* RetryGrantReused: AtMostOnceEffect).  Both override it in their .cfg.   *)
+(***************************************************************************)
+HonourRetryGrant == TRUE
+
+RetryGranted(c) ==
+    /\ msg[c] = "durable" /\ result[c] = NoResult
+    /\ Rec(c).status = "recovery_required" /\ HumanMayRetry(c)
+    /\ HasRow(ExecId(c), "human_retry", Rec(c).attempt + 1)
+
 \* dispatched(attempt n) is made durable, with its audit row, BEFORE the
 \* adapter is invoked.  Attempt 1 is authorized by the approval (or needs
-\* none); a later attempt by the recovery policy ("retry" stage).
-\* Who authorizes the attempt about to be dispatched.
-AttemptAuth(c) == IF stage[c] = "retry" THEN "policy"
+\* none); a later attempt by the recovery policy or a human's grant ("retry"
+\* stage).  Who authorizes the attempt about to be dispatched: a retry is the
+\* policy's, or the human's whose grant it uses (RetryGranted).
+AttemptAuth(c) == IF stage[c] = "retry" THEN (IF RetryGranted(c) THEN "human" ELSE "policy")
                   ELSE IF NeedsApproval[c] THEN "approval" ELSE "auto"
 
 EnginePersistDispatched(c) ==
@@ -908,31 +962,6 @@ StageAfter(d) ==
       [] d = "reconcile" -> "reconciling"
       [] d = "recovery_required" -> "none"
 
-(***************************************************************************)
-(* A halt never rebinds a record to another call.  The record keeps the    *)
-(* argument digest it was written for and, if its outcome was known (a     *)
-(* succeeded, failed or abandoned record halted on a digest mismatch), its *)
-(* result: the record's result is what says "the outcome of this execution *)
-(* was known".  Only a call with no record yet (a legacy call) is bound to *)
-(* the arguments at its position by its halt.  HumanMayRetry: a human may  *)
-(* send another attempt only of a halted record whose outcome is unknown   *)
-(* and whose digest matches the call at its position; elsewhere the only   *)
-(* human choices (HumanResolveApplied, HumanResolveAbandon) invoke         *)
-(* nothing, and they bind the record to the call they resolve.             *)
-(* HaltKeepsRecord is a design switch: FALSE is the old rule (a halt       *)
-(* rebinds the record to the call now at its position and a human may      *)
-(* retry any halted record), the HaltRebindsRecord twin, which overrides   *)
-(* it in its .cfg: no other model has to name it.                          *)
-(***************************************************************************)
-HaltKeepsRecord == TRUE
-
-Halt(c) ==
-    IF HaltKeepsRecord /\ Rec(c).status # "none"
-    THEN [Rec(c) EXCEPT !.status = "recovery_required"]
-    ELSE [Rec(c) EXCEPT !.status = "recovery_required", !.args = args[c], !.call = c]
-
-HumanMayRetry(c) ==
-    ~HaltKeepsRecord \/ (Rec(c).result = NoResult /\ Rec(c).args = args[c])
 
 \* The decision's row, with its inputs.  EVERY decision is kept: a decision
 \* taken again for the same attempt (after another crash, or after a human
@@ -949,7 +978,10 @@ Recover(c) ==
         d == DecisionFor(c)
     IN
     /\ stage[c] = "resume"
-    /\ stage' = [stage EXCEPT ![c] = StageAfter(d)]
+    \* a halt with a human's unused retry grant: the retry, not the human again
+    /\ stage' = [stage EXCEPT ![c] = IF d = "recovery_required" /\ HonourRetryGrant
+                                        /\ RetryGranted(c)
+                                     THEN "retry" ELSE StageAfter(d)]
     /\ ledger' = IF d = "recovery_required" /\ Rec(c).status # "recovery_required"
                  THEN [ledger EXCEPT ![e] = Halt(c)] ELSE ledger
     /\ IF Policy[c] = "readonly" \/ d = "skip"
@@ -1045,22 +1077,21 @@ HumanResolveApplied(c) ==
     /\ UNCHANGED positions
     /\ UNCHANGED extVars
 
+\* The human grants one more attempt (n+1, same id): a durable grant, the
+\* audit row only; the engine re-decides (Recover honours the grant).  One
+\* grant per attempt: a call whose grant stands is not halted for a human.
 HumanResolveRetry(c) ==
     LET e == ExecId(c)
         n == Rec(c).attempt + 1
     IN
     /\ msg[c] = "durable" /\ result[c] = NoResult
     /\ Rec(c).status = "recovery_required" /\ stage[c] = "none" /\ n <= MaxAttempts
-    /\ HumanMayRetry(c)
-    /\ ledger' = [ledger EXCEPT ![e] = [status |-> "dispatched", attempt |-> n,
-                      args |-> args[c], auth |-> "human", result |-> NoResult,
-                      call |-> c]]
-    /\ audit' = [audit EXCEPT ![e] = @ \cup {<<"human_retry", n, NoInputs>>,
-                                             <<"dispatch", n, NoInputs>>}]
+    /\ HumanMayRetry(c) /\ ~HasRow(e, "human_retry", n)
+    /\ Audited(e, "human_retry", n)
     /\ Decided(c, "human_retry", n)
     /\ humanRetries' = [humanRetries EXCEPT ![e] = @ + 1]
-    /\ stage' = [stage EXCEPT ![c] = "dispatched"]
-    /\ UNCHANGED <<msg, args, result, approval, approvalArgs, marker>>
+    /\ stage' = [stage EXCEPT ![c] = "resume"]
+    /\ UNCHANGED <<msg, args, result, approval, approvalArgs, ledger, marker>>
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, invocations, humanApproved, crashes,
                    sent, knownOutcome, sentAfterOutcome>>
@@ -1391,12 +1422,22 @@ ApprovalSingleUse ==
         Cardinality({i \in invocations[c] : i[3] = "approval"}) <= 1
 
 (* RecoveryRequiredHalts: while a call is in recovery_required the engine  *)
-(* holds nothing that could invoke it; only a human moves it on, or the    *)
-(* attempt's own late answer, which the engine holds to record (got_ok,    *)
-(* got_fail: HoldsUnanswered).                                             *)
+(* holds nothing that could invoke it; only a human moves it on (a retry   *)
+(* the human granted, held to dispatch: RetryGranted), or the attempt's    *)
+(* own late answer, which the engine holds to record (got_ok, got_fail:    *)
+(* HoldsUnanswered).                                                       *)
 RecoveryRequiredHalts ==
     \A c \in Calls : Rec(c).status = "recovery_required" =>
-        stage[c] \in {"none", "resume", "got_ok", "got_fail"}
+        \/ stage[c] \in {"none", "resume", "got_ok", "got_fail"}
+        \/ stage[c] = "retry" /\ RetryGranted(c)
+
+(* RetryGrantHonoured: a human's retry grant outlives the process that    *)
+(* recorded it and is not answered by another halt: while a call holds an  *)
+(* unused grant (RetryGranted), no engine leaves it waiting for a human    *)
+(* (stage none).  A resolution given from the command line, by a process  *)
+(* that runs nothing, is the retry the next engine sends.                 *)
+RetryGrantHonoured ==
+    \A c \in Calls : RetryGranted(c) => stage[c] # "none"
 
 (* HumanSeesKnownOutcome: the human decides knowing what the engine knew.  *)
 (* A call waits for a human (its record is recovery_required: the only     *)
@@ -1547,6 +1588,11 @@ Witness_ReusedIdsInvoked ==
 \* A human retried (AuditComplete: a human decision to audit).
 Witness_HumanRetried ==
     ~\E c \in Calls : \E d \in decided[c] : d[1] = "human_retry"
+
+\* A human's retry grant is honoured by Recover: the call, still halted,
+\* is held for the granted retry (RetryGrantHonoured, RecoveryRequiredHalts).
+Witness_RetryGrantHonoured ==
+    ~\E c \in Calls : RetryGranted(c) /\ stage[c] = "retry"
 
 \* A recovery decision on a dispatched call was audited with its inputs
 \* (AuditRecomputable: a row whose inputs are not NoInputs).

@@ -282,3 +282,44 @@ def test_status_and_halted_show_who_approved_and_an_expired_approval(tmp_path: P
     assert halted.returncode == 3 and halted.stdout.splitlines()[-1] == (
         "0 halted, 1 waiting for approval")
     assert b.key in halted.stdout and "[approval expired]" in halted.stdout
+
+
+def approved_without_a_row(store: Store) -> str:
+    """A call approved the way stores were before approvals had audit rows: the
+    spec's HumanApprove alone, committed through the ledger (no ``approved`` row)."""
+    from toolledger._core.protocol import Action, Event
+
+    s = Session.open(store, "s1", {"send_email": "manual"})
+    [st] = s.record(0, [CALL])
+    ledger = s._ledger  # the older engine's write path: the step, no row
+    ledger.step(Event(Action.HumanApprove, st.call.position))
+    assert ledger.state.approval(st.call.key) is ApprovalState.APPROVED
+    assert not [r for r in store.audit("s1") if r.kind in ("approved", "approval_expired")]
+    return st.call.key
+
+
+def test_an_approval_from_before_approval_rows_expires_under_a_ttl() -> None:
+    """Its time is unknown, so under an approval_ttl it cannot be shown to hold:
+    it fails closed (expires before dispatch, round 0) and a new approval runs the
+    call.  The control: without an expiry it holds, as every approval does."""
+    store, clock, sent = MemoryStore(), Clock(), list[str]()
+    key = approved_without_a_row(store)
+    s = opened(store, clock, approval_ttl=3600)
+    [st] = s.recover()  # the upgraded engine restarts: the call is live, approved
+    assert st.next is Next.EXECUTE
+    with pytest.raises(InvalidInput, match="approval expired before it was dispatched"):
+        s.execute(key, mailer(sent))
+    assert sent == []
+    [row] = [r for r in store.audit("s1") if r.kind == "approval_expired"]
+    assert row.attempt == 0 and "no approved row" in row.note
+    assert s.status(key).next is Next.AWAIT_APPROVAL
+    s.approve(key, by="alice")  # round 1, with its row and its expiry
+    assert s.execute(key, mailer(sent)).next is Next.RESULT
+    assert sent == ["ada"]
+
+    control, sent2 = MemoryStore(), list[str]()
+    key2 = approved_without_a_row(control)
+    plain = opened(control, clock)
+    [st] = plain.recover()
+    assert plain.execute(key2, mailer(sent2)).next is Next.RESULT
+    assert sent2 == ["ada"]

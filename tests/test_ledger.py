@@ -474,22 +474,32 @@ def test_resolve_applied_keeps_the_humans_result_text(harness: Harness) -> None:
     assert human[0].recovery_decision == "recovery_required"
 
 
-def test_resolve_retry_dispatches_a_human_authorized_attempt(harness: Harness) -> None:
+def test_resolve_retry_grants_an_attempt_the_next_process_dispatches(harness: Harness) -> None:
+    """``retry`` is a grant (the ``human_retry`` row for attempt 2), committed alone:
+    the record stays halted at attempt 1.  A new process's Recover honours it and
+    the dispatch of attempt 2 is the human's; after it the grant is used."""
     ledger = halted(harness)
     before = counts(harness.store)
     ledger.resolve((0, 0), "retry")
-    assert counts(harness.store) == (before[0] + 1, before[1] + 1)  # one transaction
-    rec = harness.store.load(SID).ledger[ledger.state.calls[0].execution_id]
+    assert counts(harness.store) == (before[0] + 1, before[1])  # one commit, no record
+    e = ledger.state.calls[0].execution_id
+    rec = harness.store.load(SID).ledger[e]
+    assert (rec.status, rec.attempt) == (p.LedgerStatus.RECOVERY_REQUIRED, 1)
+    assert [(r.kind, r.attempt, r.authorization) for r in ledger.audit()][-1] == (
+        "human_retry", 2, p.Authorization.HUMAN)
+    assert ledger.state.calls[0].stage is p.Stage.RESUME
+    assert ledger.recovery_required() == []  # it waits for an engine, not a human
+    harness.restart()
+    ledger = Ledger(harness.store, SID)  # the next engine process
+    ledger.step(E(A.Recover, (0, 0)))
+    assert ledger.state.calls[0].stage is p.Stage.RETRY
+    ledger.step(E(A.EnginePersistDispatched, (0, 0)))
+    rec = harness.store.load(SID).ledger[e]
     assert (rec.status, rec.attempt, rec.authorization) == (
-        p.LedgerStatus.DISPATCHED,
-        2,
-        p.Authorization.HUMAN,
-    )
-    assert [(r.kind, r.attempt, r.authorization) for r in ledger.audit()][-2:] == [
-        ("human_retry", 2, p.Authorization.HUMAN),
-        ("dispatch", 2, p.Authorization.HUMAN),
-    ]
-    assert ledger.state.calls[0].stage is p.Stage.DISPATCHED
+        p.LedgerStatus.DISPATCHED, 2, p.Authorization.HUMAN)
+    assert [(r.kind, r.attempt, r.authorization) for r in ledger.audit()][-1] == (
+        "dispatch", 2, p.Authorization.HUMAN)
+    assert not ledger.state.retry_granted(ledger.state.calls[0])  # used
 
 
 def test_resolve_abandon(harness: Harness) -> None:

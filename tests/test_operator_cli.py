@@ -114,27 +114,94 @@ def test_a_crash_is_listed_resolved_by_name_and_the_retry_runs_once(tmp_path: Pa
     assert toolledger("status", str(db)).stdout == "s1: 1 result\n"
 
 
-def test_a_retry_from_the_command_line_is_halted_again_at_the_next_recover(
+# A new engine process that resumes the session: recover(), then run every call
+# whose next is retry with a tool that sends the email and returns.  argv: STORE,
+# SESSION, OUTBOX, and "old" for the control: an engine that does not read a
+# human's retry grant (the rule before the grant was durable).
+RESUMER = """
+import json, sys
+from toolledger import Next, Session, SqliteStore
+if sys.argv[4:] == ["old"]:
+    from toolledger._core.state import SessionState
+    SessionState.retry_granted = lambda self, c: False
+store = SqliteStore(sys.argv[1])
+s = Session.open(store, sys.argv[2], {"send_email": "manual"})
+def send(a):
+    with open(sys.argv[3], "a") as f:
+        f.write(f"email to bob, key {a.execution_id}, attempt {a.attempt}\\n")
+    return "sent"
+out = []
+for st in s.recover():
+    if st.next is Next.RETRY:
+        st = s.execute(st.call.key, send)
+    out.append([st.call.key, st.next.value, st.attempt])
+print(json.dumps(out))
+"""
+
+
+def resumed(db: Path, outbox: Path, *old: str) -> list[list[object]]:
+    done = subprocess.run([sys.executable, "-c", RESUMER, str(db), "s1", str(outbox), *old],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    out: list[list[object]] = json.loads(done.stdout)
+    return out
+
+
+def test_a_retry_from_the_command_line_is_run_once_by_the_next_engine(
     tmp_path: Path,
 ) -> None:
-    """``retry`` dispatches attempt 2 in the resolving commit (``HumanResolveRetry``); an
-    engine that reloads sees a dispatched manual attempt and halts it again: attempt 2
-    never runs unseen, and the operator answers again (here: abandon)."""
+    """``retry`` records a durable grant (the ``human_retry`` row for attempt 2) and
+    runs nothing; the next engine process's recover() honours it: attempt 2 is sent
+    once, by that engine, authorized by the human.  Counted at the external side
+    (the outbox): the crashed attempt's email and the retry's, nothing more."""
+    db, outbox = tmp_path / "ledger.db", tmp_path / "outbox"
+    crashed_engine(str(db), "s1", outbox)
+    listed = toolledger("halted", str(db))
+    assert listed.returncode == 3 and "attempt 1  halted" in listed.stdout, listed
+    key = listed.stdout.split("  ")[1]
+    done = toolledger("resolve", str(db), key, "retry", "--by", "alice", "--note", "bounced")
+    assert done.returncode == 0, done.stderr
+    assert "resolved retry by alice: next retry" in done.stdout
+    assert "attempt 2 is granted" in done.stdout
+    assert outbox.read_text().count("email to bob") == 1  # the command sent nothing
+    # nothing waits for a human: the grant waits for an engine
+    listed = toolledger("halted", str(db))
+    assert listed.returncode == 0 and listed.stdout == "0 halted, 0 waiting for approval\n"
+    status = toolledger("status", str(db), "s1")
+    assert "attempt 1  retry" in status.stdout and "[resolved retry by alice]" in status.stdout
+
+    assert resumed(db, outbox) == [[key, "result", 2]]
+    assert outbox.read_text().splitlines()[1:] == [f"email to bob, key {key}, attempt 2"]
+    assert resumed(db, outbox) == [[key, "result", 2]]  # again: nothing more is sent
+    assert outbox.read_text().count("email to bob") == 2
+    assert toolledger("halted", str(db)).returncode == 0
+    assert toolledger("status", str(db)).stdout == "s1: 1 result\n"
+    with SqliteStore(db) as store:
+        rows = store.audit("s1")
+        [grant] = [r for r in rows if r.kind == "human_retry"]
+        assert (grant.attempt, grant.by, grant.human_note) == (2, "alice", "bounced")
+        [second] = [r for r in rows if r.kind == "dispatch" and r.attempt == 2]
+        assert second.authorization is Authorization.HUMAN
+    # the grant was used: a second retry needs a new answer, of a new halt
+    again = toolledger("resolve", str(db), key, "retry", "--by", "alice")
+    assert again.returncode == 2 and "is not halted for a human" in again.stderr
+
+
+def test_control_an_engine_that_ignores_the_grant_halts_the_call_again(
+    tmp_path: Path,
+) -> None:
+    """The control: the same operator's answer, read by an engine that does not
+    honour a human's retry grant (the old rule): the call is halted again at
+    attempt 1, nothing is sent, and the operator is asked again."""
     db, outbox = tmp_path / "ledger.db", tmp_path / "outbox"
     crashed_engine(str(db), "s1", outbox)
     key = toolledger("halted", str(db)).stdout.split("  ")[1]
-    done = toolledger("resolve", str(db), key, "retry", "--by", "alice")
-    assert done.returncode == 0 and "next retry" in done.stdout, done
-    listed = toolledger("halted", str(db))
-    assert listed.returncode == 3 and "attempt 2  halted" in listed.stdout
-    assert toolledger("resolve", str(db), key, "abandon", "--by", "bob").returncode == 0
-    assert toolledger("halted", str(db)).returncode == 0
-    with SqliteStore(db) as store:
-        by = [(r.kind, r.by) for r in store.audit("s1") if r.kind.startswith("human_")]
-        assert by == [("human_retry", "alice"), ("human_abandon", "bob")]
-        [st] = Session.open(store, "s1").recover()
-        assert st.next is Next.RESULT and st.result is not None
+    assert toolledger("resolve", str(db), key, "retry", "--by", "alice").returncode == 0
+    assert resumed(db, outbox, "old") == [[key, "halted", 1]]
     assert outbox.read_text().count("email to bob") == 1
+    # the grant is still in the store: a current engine runs it
+    assert resumed(db, outbox) == [[key, "result", 2]]
+    assert outbox.read_text().count("email to bob") == 2
 
 
 def test_applied_without_a_result_and_pending_approvals_are_listed(tmp_path: Path) -> None:

@@ -628,19 +628,24 @@ def test_reconcile_that_cannot_tell_halts_for_a_human(files: Files) -> None:
         s.reconcile(todo.key, files.world.ask)
 
 
-def test_a_human_retry_runs_without_another_dispatch(files: Files) -> None:
+def test_a_human_retry_is_a_grant_the_engine_dispatches_once(files: Files) -> None:
+    """``resolve(key, "retry")`` commits the grant only (attempt 2, the record stays
+    at 1); ``execute`` dispatches attempt 2 authorized by the human and runs it."""
     s = crash_at(files, "manual", "after_dispatched")
     [todo] = s.recover()
     before = counts(files.store)
     retry = s.resolve(todo.key, "retry", note="the outbox is empty")
-    assert (retry.next, retry.attempt) == (Next.RETRY, 2)
-    assert counts(files.store) == (before[0] + 1, before[1] + 1)  # the human's dispatch
+    assert (retry.next, retry.attempt) == (Next.RETRY, 1)
+    assert counts(files.store) == (before[0] + 1, before[1])  # the grant: no record
+    assert s.halted() == []  # it waits for the engine, not for a human
     done = s.execute(todo.key, files.world.tool())
     assert (done.next, done.attempt, files.world.system.effects()) == (Next.RESULT, 2, 1)
-    assert counts(files.store) == (before[0] + 2, before[1] + 2)  # + succeeded and result
+    assert counts(files.store) == (before[0] + 3, before[1] + 2)  # + dispatched, + result
     kinds = [(r.kind, r.attempt, r.authorization.value) for r in s.audit()]
     assert kinds[-3:] == [("recovery_required", 1, "approval"), ("human_retry", 2, "human"),
                           ("dispatch", 2, "human")]
+    with pytest.raises(InvalidInput, match="not halted for a human"):  # the grant is used
+        s.resolve(todo.key, "retry")
 
 
 def test_a_crash_between_the_humans_answer_and_the_result_is_reconstructed(

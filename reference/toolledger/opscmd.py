@@ -277,9 +277,9 @@ def configure_resolve(p: argparse.ArgumentParser) -> None:
     p.add_argument("key", metavar="KEY", help="the halted call's key (execution id), "
                    "as `toolledger halted` lists it")
     p.add_argument("answer", choices=sorted(RESOLUTIONS),
-                   help="applied: it took effect (the tool result is --result); retry: run it "
-                   "again, same key (the engine's next execute()); abandon: it gets an "
-                   "abandoned result")
+                   help="applied: it took effect (the tool result is --result); retry: grant "
+                   "one more attempt, same key, which the next engine to recover the session "
+                   "runs once (this command runs nothing); abandon: it gets an abandoned result")
     p.add_argument("--by", required=True, metavar="NAME",
                    help="who answers: recorded in the audit row")
     p.add_argument("--note", default="", metavar="TEXT", help="why: recorded in the audit row")
@@ -311,9 +311,8 @@ def cmd_resolve(args: argparse.Namespace) -> int:
                                  note=args.note, by=args.by)
         print(f"{sid}  {args.key}  resolved {args.answer} by {args.by}: next "
               f"{status.next.value}" + (
-                  f" (attempt {status.attempt} is dispatched: an engine that reloads the "
-                  "session sees it halted again, so answer applied or abandon unless the "
-                  "engine will run it without reloading)" if status.next is Next.RETRY else ""))
+                  f" (attempt {status.attempt + 1} is granted: the next engine that recovers "
+                  "the session runs it once, same key)" if status.next is Next.RETRY else ""))
         return 0
 
     return _run("resolve", args, body)

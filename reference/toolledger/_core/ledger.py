@@ -158,7 +158,7 @@ class Void:
     attempt: int | None = None
 
 # The events that send an attempt: the record keeps the first one's time.
-_DISPATCHES: Final = frozenset({Action.EnginePersistDispatched, Action.HumanResolveRetry})
+_DISPATCHES: Final = frozenset({Action.EnginePersistDispatched})
 
 RESOLUTIONS: Final[Mapping[str, Action]] = {
     "applied": Action.HumanResolveApplied,

@@ -61,9 +61,10 @@ def approval_round(state: SessionState, execution_id: str) -> int:
 
 def approval_withdrawn(state: SessionState, c: CallState) -> bool:
     """``c``'s latest approval expired before it was dispatched (an ``approval_expired``
-    row of its round): it authorizes nothing, the call waits for a new approval."""
+    row of its round; round 0: an approval from before approvals had rows, expired
+    under an approval_ttl): it authorizes nothing, the call waits for a new approval."""
     n = approval_round(state, c.execution_id)
-    return n > 0 and (c.execution_id, APPROVAL_EXPIRED, n) in state.audit
+    return (c.execution_id, APPROVAL_EXPIRED, n) in state.audit
 
 
 def recovery_decision(state: SessionState, c: CallState) -> RecoveryDecision:
@@ -105,7 +106,7 @@ def next_of(state: SessionState, c: CallState, *, running: bool) -> Next:
         return Next.RUNNING
     nxt = {
         Stage.RETRY: Next.RETRY,
-        Stage.DISPATCHED: Next.RETRY,  # a human's retry: dispatched, not yet run
+        Stage.DISPATCHED: Next.RETRY,  # dispatched, not yet run
         Stage.RECONCILING: Next.RECONCILE,
         Stage.WAITING: Next.RUNNING,
         Stage.GOT_OK: Next.RUNNING,

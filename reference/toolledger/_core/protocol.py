@@ -113,6 +113,7 @@ __all__ = [
     "enabled",
     "new_session",
     "recovery_inputs",
+    "retry_granted",
 ]
 
 
@@ -237,8 +238,9 @@ TRANSITIONS: Final[Mapping[Action, TransitionSpec]] = {
              "recovery_required + audit row", "the connector cannot tell"),
         _row(Action.HumanResolveApplied, Actor.HUMAN, (S.NONE,), S.RESUME,
              "succeeded(human result) + audit row", "a human says it was applied"),
-        _row(Action.HumanResolveRetry, Actor.HUMAN, (S.NONE,), S.DISPATCHED,
-             "dispatched(n+1, human) + audit rows", "a human authorizes a retry"),
+        _row(Action.HumanResolveRetry, Actor.HUMAN, (S.NONE,), S.RESUME,
+             "human_retry(n+1) audit row: the grant",
+             "a human grants one retry; the next Recover runs it (RetryGranted)"),
         _row(Action.HumanResolveAbandon, Actor.HUMAN, (S.NONE,), S.RESUME,
              "abandoned + audit row", "a human abandons the call"),
         _row(Action.HumanCancel, Actor.HUMAN, (S.LIVE,), S.RESUME, "cancelled result + audit row",
@@ -432,8 +434,8 @@ def _dispatch(state: SessionState, ev: Event) -> SessionState:
                "park a new approval"),
         )
         auth = Authorization.APPROVAL if c.tool.requires_approval else Authorization.AUTO
-    else:
-        auth = Authorization.POLICY
+    else:  # a retry: the policy's, or the human's whose grant it uses
+        auth = Authorization.HUMAN if retry_granted(state, c) else Authorization.POLICY
     rec = state.record(c.execution_id)
     n = rec.attempt + 1
     _require(n <= state.max_attempts, ev, f"attempt {n} exceeds max_attempts")
@@ -573,6 +575,12 @@ for _a in (Action.ExternalAnswerInFlight, Action.ExternalAnswerParamsDiffer,
 del _a
 
 
+def retry_granted(state: SessionState, c: CallState) -> bool:
+    """The spec's RetryGranted (:meth:`SessionState.retry_granted`): a human's
+    unused retry grant, which Recover honours."""
+    return state.retry_granted(c)
+
+
 def _halt_record(state: SessionState, c: CallState) -> ExecutionRecord:
     # The spec's Halt: a halt never rebinds a record to another call.  The
     # record keeps the argument digest it was written for and, when it is
@@ -615,7 +623,9 @@ def _recover(state: SessionState, ev: Event) -> SessionState:
     _stage(c, ev, Stage.RESUME)
     rec = state.record(c.execution_id)
     d = decide_recovery(recovery_inputs(state, c)).decision
-    out = state._with_call(replace(c, stage=_STAGE_AFTER[d]))
+    # a halt with a human's unused retry grant: the retry, not the human again
+    granted = d is Decision.RECOVERY_REQUIRED and retry_granted(state, c)
+    out = state._with_call(replace(c, stage=Stage.RETRY if granted else _STAGE_AFTER[d]))
     if d is Decision.RECOVERY_REQUIRED and rec.status is not LedgerStatus.RECOVERY_REQUIRED:
         out = out._with_record(_halt_record(state, c))
     key = decision_audit_key(state, c)
@@ -713,20 +723,13 @@ def _human_retry(state: SessionState, ev: Event) -> SessionState:
         "(the conversation lost that call): a retry would send these arguments under "
         "the other call's execution id and approval; resolve it as applied or abandon it",
     )
-    new_rec = ExecutionRecord(
-        c.execution_id,
-        LedgerStatus.DISPATCHED,
-        n,
-        c.args_digest,
-        Authorization.HUMAN,
-        None,
-        c.position,
-        _first_dispatch(rec, ev),
-    )
+    _require((c.execution_id, "human_retry", n) not in state.audit, ev,
+             f"a retry (attempt {n}) is granted already")
+    # the grant only: the record stays halted at attempt n-1 until the engine's
+    # Recover honours the grant (retry_granted) and dispatches attempt n
     return (
-        state._with_record(new_rec)
-        ._with_audit((c.execution_id, "human_retry", n), (c.execution_id, "dispatch", n))
-        ._with_call(replace(c, stage=Stage.DISPATCHED))
+        state._with_audit((c.execution_id, "human_retry", n))
+        ._with_call(replace(c, stage=Stage.RESUME))
     )
 
 

@@ -1230,8 +1230,20 @@ class Session(LedgerGuard):
                 or approval_withdrawn(st, c)):
             return False
         n = approval_round(st, c.execution_id)
-        if n == 0:  # approved without a row (a legacy approval, an older store): no expiry
-            return False
+        if n == 0:
+            # approved without a row: given before approvals had rows (an older store).
+            # When is unknown, so under an expiry (the tool's or the session's
+            # approval_ttl) it may have run out already: it fails closed, expiring
+            # now, and the call waits for a new approval (round 1, with its row).
+            # Without an expiry it holds until the call runs, as any approval does.
+            if (self._tool(c.tool.name).approval_ttl or self._approval_ttl) is None:
+                return False
+            self._step_many([], voids=[Void(
+                c.position, APPROVAL_EXPIRED,
+                "an approval given before approvals were recorded with their time (no "
+                "approved row) cannot be shown to be within its approval_ttl: it "
+                "authorizes nothing, the call waits for a new approval", attempt=0)])
+            return True
         if (c.execution_id, n) not in self._expiry:  # given by another process, or before
             for row in self._ledger.audit():            # a restart: read once
                 if row.kind == APPROVED:
@@ -1460,7 +1472,7 @@ class Session(LedgerGuard):
             attempt = Attempt(
                 ref, rec.attempt + 1 if dispatch else rec.attempt, key_, self._ledger.epoch
             )
-            if dispatch:  # DISPATCHED: a human's retry, already durable
+            if dispatch:  # else DISPATCHED: recorded by an earlier step, not sent yet
                 self._step_many([Event(Action.EnginePersistDispatched, pos)])  # commit 1
             assert self._ledger.state.record(c.execution_id).attempt == attempt.attempt
             self._running.add(key)

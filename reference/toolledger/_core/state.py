@@ -436,13 +436,29 @@ class SessionState:
         return any(k[0] == execution_id and k[1] == "superseded" for k in self.audit)
 
     def halted(self) -> Iterator[CallState]:
-        """Calls in ``recovery_required`` waiting for a human."""
+        """Calls in ``recovery_required`` waiting for a human: not those a human
+        granted a retry the engine has not run yet (:meth:`retry_granted`)."""
         for c in self.calls:
             if (
                 c.result is None
                 and self.record(c.execution_id).status is LedgerStatus.RECOVERY_REQUIRED
+                and not self.retry_granted(c)
             ):
                 yield c
+
+    def retry_granted(self, c: CallState) -> bool:
+        """The spec's RetryGranted: a human granted one more attempt of ``c``'s
+        halted record (its ``human_retry`` audit row for the attempt after the
+        record's) and it is unused: the record is still halted there, its outcome
+        unknown, its digest the call's.  Recover honours it
+        (docs/protocol.md#a-humans-retry-is-a-grant)."""
+        rec = self.record(c.execution_id)
+        return (
+            c.message is MessageState.DURABLE and c.result is None
+            and rec.status is LedgerStatus.RECOVERY_REQUIRED and rec.result is None
+            and rec.args_digest == c.args_digest
+            and (c.execution_id, "human_retry", rec.attempt + 1) in self.audit
+        )
 
     # -- functional updates -------------------------------------------------
 

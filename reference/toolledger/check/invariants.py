@@ -197,6 +197,19 @@ def RecoveryRequiredHalts(cfg: ModelConfig, s: SystemState) -> list[str]:
         if s.session.record(c.execution_id).status is p.LedgerStatus.RECOVERY_REQUIRED
         # the attempt's own late answer, held to be recorded, invokes nothing
         and c.stage not in (p.Stage.NONE, p.Stage.RESUME, p.Stage.GOT_OK, p.Stage.GOT_FAIL)
+        # a retry a human granted, held to be dispatched: the human moved it on
+        and not (c.stage is p.Stage.RETRY and p.retry_granted(s.session, c))
+    ]
+
+
+def RetryGrantHonoured(cfg: ModelConfig, s: SystemState) -> list[str]:
+    """A human's unused retry grant is never met by another halt: no call holding
+    one is left waiting for a human (stage none)."""
+    return [
+        f"{name}: a human granted attempt {s.session.record(c.execution_id).attempt + 1}, "
+        "yet the call is halted for a human again"
+        for name, c in _present(cfg, s)
+        if p.retry_granted(s.session, c) and c.stage is p.Stage.NONE
     ]
 
 
@@ -335,6 +348,7 @@ INVARIANTS: Final[Mapping[str, Check]] = {
         AuditComplete,
         AuditRecomputable,
         CancelledNeverInvoked,
+        RetryGrantHonoured,
     )
 }
 

@@ -478,8 +478,8 @@ def _call_step(cfg: ModelConfig, s: SystemState, call: p.CallState, action: p.Ac
             # from (the facade writes one per decision: Ledger._rows)
             inputs = append_decision_row(inputs, p.decision_audit_key(s.session, call), taken)
         if kind is not None:
-            n = nxt.record(eid).attempt if action is p.Action.HumanResolveRetry \
-                else s.session.record(eid).attempt
+            # a human's retry grants the attempt after the record's
+            n = s.session.record(eid).attempt + (action is p.Action.HumanResolveRetry)
             got = gh.decisions(name) | {(kind, n, taken if kind in _RECOVERY_DECISIONS else None)}
             gh = replace(gh, decided=_upd(gh.decided, name, got))  # type: ignore[arg-type]
     if action in _OUTCOME_KNOWN:
