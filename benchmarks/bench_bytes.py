@@ -33,7 +33,10 @@ Three views of the same calls:
 With ``--profile`` it also runs the turns under ``cProfile`` (on a store
 whose syncs are switched off for that run only: the profile is of CPU time,
 and a sync is a wait) and prints the functions with the most own time and
-the most cumulative time, and the CPU time per call (``getrusage``).
+the most cumulative time, and the CPU time per call (``getrusage``), for two
+paths: the engine's (``execute_message``, as above; ``profile``) and the plain
+per-call path of the README (``Session.open``, ``record``, then
+``execute(key, fn)`` per call; ``profile_plain``).
 
 ``python benchmarks/bench_bytes.py [--smoke] [--json] [--profile]``
 """
@@ -77,6 +80,30 @@ def make_turn(store: Any) -> Any:
                               for i in range(CALLS_PER_TURN)], body)
 
     return turn
+
+
+def make_plain_turn(store: Any) -> Any:
+    """bench_peers' plain ``toolledger`` turn (the README's path): ``Session.open``, then
+    ``record`` the message, then one ``execute(key, fn)`` per call."""
+    from toolledger import Session, Tool
+
+    tools = {"send": Tool("idempotent", requires_approval=False)}
+
+    def body(a: Any) -> str:
+        return "sent"
+
+    def turn(n: int) -> None:
+        s = Session.open(store, f"plain-{n}", tools)
+        for st in s.record(1, [{"id": f"c{i}", "name": "send", "arguments": {"i": i}}
+                               for i in range(CALLS_PER_TURN)]):
+            s.execute(st.call.key, body)
+
+    return turn
+
+
+PATHS = {"message": make_turn, "plain": make_plain_turn}
+"""The turns ``--profile`` measures: ``execute_message`` (the engine's path, the ``profile``
+key) and the plain per-call path (``profile_plain``)."""
 
 
 def parse_wal(data: bytes) -> tuple[int, list[tuple[int, bool]]]:
@@ -206,14 +233,16 @@ def measure(directory: Path, warm: int, turns: int) -> Result:
     }
 
 
-def profile(directory: Path, warm: int, turns: int, top: int = 20) -> Result:
-    """cProfile of ``turns`` turns: the functions with the most own time."""
+def profile(directory: Path, warm: int, turns: int, top: int = 20,
+            path: str = "message") -> Result:
+    """cProfile of ``turns`` turns of ``path`` (``PATHS``): the functions with the most own
+    time, and the CPU per call without the profiler."""
     from toolledger import SqliteStore
 
-    store = SqliteStore(directory / "profile.sqlite3")
+    store = SqliteStore(directory / f"profile-{path}.sqlite3")
     # Measurement only: the profile is of CPU, and an fsync is a wait, not CPU.
     store.connection.execute("PRAGMA synchronous = OFF")
-    turn = make_turn(store)
+    turn = PATHS[path](store)
     for n in range(warm):
         turn(n)
     cpu0 = _cpu()
@@ -237,15 +266,16 @@ def profile(directory: Path, warm: int, turns: int, top: int = 20) -> Result:
     own = sorted(rows, key=lambda r: -r["own_us_per_call"])[:top]
     ours = [r for r in rows if not r["function"].startswith(("~", "<"))]
     cum = sorted(ours, key=lambda r: -r["cum_us_per_call"])[:top]
-    return {"cpu_ms_per_call_nosync": cpu, "total_us_per_call": total * 1e6 / calls,
-            "top": own, "top_cumulative": cum}
+    return {"path": path, "cpu_ms_per_call_nosync": cpu,
+            "total_us_per_call": total * 1e6 / calls, "top": own, "top_cumulative": cum}
 
 
 def run(smoke: bool = False, with_profile: bool = False) -> Result:
     warm, turns = (2, 4) if smoke else (20, 100)
     with scratch_dir("bytes") as d:
         m = measure(d, warm, turns)
-        p = profile(d, warm, turns) if with_profile or smoke else None
+        profiles = ([profile(d, warm, turns, path=path) for path in PATHS]
+                    if with_profile or smoke else [])
     heading(f"Bytes per protected call, 5-call turns (execute_message), page size "
             f"{m['page_size']}")
     print(table(("what", "per call"), [
@@ -269,9 +299,10 @@ def run(smoke: bool = False, with_profile: bool = False) -> Result:
                       m["payload_bytes_per_column"][t].items(), key=lambda x: -x[1])[:4]))
                  for t in m["rows_per_call"]], right=(1, 2)))
     out: Result = {"measured": m}
-    if p is not None:
-        heading(f"CPU: {p['cpu_ms_per_call_nosync']:.3f} ms per call (syncs off, getrusage); "
-                f"cProfile: {p['total_us_per_call']:.0f} us per call under the profiler")
+    for p in profiles:
+        heading(f"CPU, {p['path']} path: {p['cpu_ms_per_call_nosync']:.3f} ms per call (syncs "
+                f"off, getrusage); cProfile: {p['total_us_per_call']:.0f} us per call under "
+                "the profiler")
         print(table(("function", "calls/call", "own us/call", "cum us/call"),
                     [(r["function"], f"{r['calls_per_call']:.1f}", f"{r['own_us_per_call']:.1f}",
                       f"{r['cum_us_per_call']:.1f}") for r in p["top"]], right=(1, 2, 3)))
@@ -279,7 +310,7 @@ def run(smoke: bool = False, with_profile: bool = False) -> Result:
                     [(r["function"], f"{r['calls_per_call']:.1f}", f"{r['own_us_per_call']:.1f}",
                       f"{r['cum_us_per_call']:.1f}") for r in p["top_cumulative"]],
                     right=(1, 2, 3)))
-        out["profile"] = p
+        out["profile" if p["path"] == "message" else f"profile_{p['path']}"] = p
     return out
 
 

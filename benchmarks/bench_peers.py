@@ -171,6 +171,12 @@ per message)."""
 SEQUENTIAL_REFERENCE = "toolledger-batched"
 """The sequential fused toolledger row (n + 1 commits per n-call message): its ratios
 are reported beside the reference's, against the same peer forms."""
+PLAIN_REFERENCE = "toolledger"
+"""The plain per-call row (``record``, then one ``execute`` per call: the README's path, an
+adopter's first code): its ratios are reported beside the others', against the same peer
+forms, so no path's users are quoted another path's ratio."""
+JUDGED_ROWS = {"": REFERENCE, "sequential_": SEQUENTIAL_REFERENCE, "plain_": PLAIN_REFERENCE}
+"""Each toolledger row the goals report, by the prefix of its keys in a goal."""
 TOOLLEDGER_MODES = {"toolledger": "sequential", "toolledger-batched": "batched",
                     "toolledger-together": "together"}
 CONCURRENT_MODES = {"toolledger-concurrent": "concurrent",
@@ -788,16 +794,17 @@ RATIO_OF = {"calls_per_second": "ratio_measured_fast",
 def peer_goals(per: dict[str, Result]) -> Result:
     """The issue's goals from the rows ``per``: toolledger's best row (``REFERENCE``)
     against each judged peer's best form for the workload (the higher of its sequential
-    and parallel rows, rate by rate), with the sequential fused row's ratios beside it;
-    syncs and bytes per call of both rows."""
+    and parallel rows, rate by rate), with the sequential fused row's and the plain row's
+    ratios beside it; syncs and bytes per call of each row."""
     goals: Result = {}
-    rows = {"": per.get(REFERENCE), "sequential_": per.get(SEQUENTIAL_REFERENCE)}
+    rows = {prefix: per.get(row) for prefix, row in JUDGED_ROWS.items()}
     for peer, target in GOALS.items():
         forms = [f for f in PEER_FORMS[peer] if f in per]
         if not forms:
             continue
         gl: Result = {"target": target, "row": REFERENCE,
-                      "sequential_row": SEQUENTIAL_REFERENCE, "forms": forms,
+                      "sequential_row": SEQUENTIAL_REFERENCE, "plain_row": PLAIN_REFERENCE,
+                      "forms": forms,
                       "best_form": {}}
         for rate, rk in RATIO_OF.items():
             have = [f for f in forms if rate in per[f]]
@@ -810,9 +817,7 @@ def peer_goals(per: dict[str, Result]) -> Result:
         for prefix in rows:
             gl[prefix + "met"] = all(gl[prefix + rk] is not None and gl[prefix + rk] >= target
                                      for rk in RATIO_OF.values())
-        gl["met_by"] = [row for prefix, row in ((("", REFERENCE)),
-                                                ("sequential_", SEQUENTIAL_REFERENCE))
-                        if gl[prefix + "met"]]
+        gl["met_by"] = [row for prefix, row in JUDGED_ROWS.items() if gl[prefix + "met"]]
         peer_syncs = [per[f]["syncs_per_call"] for f in forms if "syncs_per_call" in per[f]]
         if peer_syncs:
             # Where syncs bound the work (the sync latency dominates every call), the
@@ -827,11 +832,12 @@ def peer_goals(per: dict[str, Result]) -> Result:
         goals[peer] = gl
     for key, target, ok in (("syncs_per_call", 1.3, "syncs_per_call"),
                             ("bytes_per_call", 16 * 1024, "write_bytes_per_call")):
-        got = {row: per[row][ok] for row in (REFERENCE, SEQUENTIAL_REFERENCE)
+        got = {row: per[row][ok] for row in JUDGED_ROWS.values()
                if row in per and ok in per[row]}
         if REFERENCE in got:
             goals[key] = {"target": target, "row": REFERENCE, "measured": got[REFERENCE],
                           "sequential_measured": got.get(SEQUENTIAL_REFERENCE),
+                          "plain_measured": got.get(PLAIN_REFERENCE),
                           "met": got[REFERENCE] <= target,
                           "met_by": [row for row, v in got.items() if v <= target]}
     return goals
@@ -910,14 +916,12 @@ def run(smoke: bool = False) -> Result:
             for disk, ms in MODEL_SYNC_MS.items():
                 row[f"model_{disk}_disk_calls_per_second"] = 1 / (t0 + syncs * ms / 1000)
         per[s] = row
-    tl = per.get(REFERENCE)
-    tl_seq = per.get(SEQUENTIAL_REFERENCE)
-    for row in per.values():
-        for k, rk in RATIO_OF.items():
-            if tl is not None and k in row and k in tl:
-                row[rk] = tl[k] / row[k]
-            if tl_seq is not None and k in row and k in tl_seq:
-                row["sequential_" + rk] = tl_seq[k] / row[k]
+    for prefix, name in JUDGED_ROWS.items():
+        tl = per.get(name)
+        for row in per.values():
+            for k, rk in RATIO_OF.items():
+                if tl is not None and k in row and k in tl:
+                    row[prefix + rk] = tl[k] / row[k]
 
     def f(row: Result, k: str, fmt: str) -> str:
         return "-" if k not in row else format(row[k], fmt)
@@ -927,18 +931,22 @@ def run(smoke: bool = False) -> Result:
           + ("" if s_ms is None else f", under the injected delay {s_ms:.2f} ms "
              f"(asked for {SLOW_SYNC_DELAY_US / 1000:g} ms more)"))
     print(f"measured (this disk, and this disk with every sync slowed by strace); tl/it: "
-          f"{REFERENCE} / it, seq/it: {SEQUENTIAL_REFERENCE} / it:")
+          f"{REFERENCE} / it, seq/it: {SEQUENTIAL_REFERENCE} / it, plain/it: "
+          f"{PLAIN_REFERENCE} / it:")
     print(table(
-        ("system", "calls/s", "tl/it", "seq/it", "slow calls/s", "tl/it", "seq/it",
-         "syncs/call", "commits/msg", "KB/call", "wchar KB/call", "CPU ms/call"),
+        ("system", "calls/s", "tl/it", "seq/it", "plain/it", "slow calls/s", "tl/it",
+         "seq/it", "plain/it", "syncs/call", "commits/msg", "KB/call", "wchar KB/call",
+         "CPU ms/call"),
         [(s, f(r, "calls_per_second", ".0f"), f(r, "ratio_measured_fast", ".2f"),
           f(r, "sequential_ratio_measured_fast", ".2f"),
+          f(r, "plain_ratio_measured_fast", ".2f"),
           f(r, "slow_calls_per_second", ".0f"), f(r, "ratio_measured_slow", ".2f"),
           f(r, "sequential_ratio_measured_slow", ".2f"),
+          f(r, "plain_ratio_measured_slow", ".2f"),
           f(r, "syncs_per_call", ".2f"), f(r, "commits_per_message", ".1f"),
           format(r["write_bytes_per_call"] / 1024, ".1f"),
           format(r["wchar_per_call"] / 1024, ".1f"), format(r["cpu_ms_per_call"], ".2f"))
-         for s, r in per.items()], right=range(1, 12)))
+         for s, r in per.items()], right=range(1, 14)))
     fast_l, slow_l = MODEL_SYNC_MS["fast"], MODEL_SYNC_MS["slow"]
     print("model 1 / (t_nosync + syncs x latency), checked against the measured rates:")
     print(table(
@@ -961,12 +969,13 @@ def run(smoke: bool = False) -> Result:
                       f"{row} " + ", ".join(f"{gl[p + k]:.2f}" if gl.get(p + k) is not None
                                             else "-" for k in RATIO_OF.values())
                       + (" (met)" if gl[p + "met"] else " (not met)")
-                      for row, p in ((REFERENCE, ""), (SEQUENTIAL_REFERENCE, "sequential_")))
+                      for p, row in JUDGED_ROWS.items())
                   + " [measured fast, slow; model fast, slow]")
             if "ratio_sync_bound" in gl:
-                print(f"  where syncs bound the work it tends to the peer's fewest syncs per "
-                      f"call over ours: {REFERENCE} {gl['ratio_sync_bound']:.2f}, "
-                      f"{SEQUENTIAL_REFERENCE} {gl['sequential_ratio_sync_bound']:.2f}")
+                print("  where syncs bound the work it tends to the peer's fewest syncs per "
+                      "call over ours: " + ", ".join(
+                          f"{row} {gl[p + 'ratio_sync_bound']:.2f}"
+                          for p, row in JUDGED_ROWS.items() if p + "ratio_sync_bound" in gl))
     return {
         "calls_per_turn": CALLS_PER_TURN, "rounds": rounds, "warm_turns": warm,
         "timed_turns": turns, "scratch_fs": fs, "not_installed": missing,

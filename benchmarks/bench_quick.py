@@ -153,8 +153,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "EngineReconcileNotApplied without the retry budget"),
     Mutant("ref-readonly-approval", "reference", PROTOCOL,
            '    _require(_approval_ok(state, c), ev, "the call is not approved")\n'
-           "    return state._with_call(replace(c, stage=Stage.GOT_OK))\n",
-           "    return state._with_call(replace(c, stage=Stage.GOT_OK))\n",
+           "    return state._with_call(c._staged(Stage.GOT_OK))\n",
+           "    return state._with_call(c._staged(Stage.GOT_OK))\n",
            "EngineInvokeReadonly without the approval"),
     Mutant("ref-persist-call-overwrites", "reference", PROTOCOL,
            "stage = Stage.LIVE if fresh else Stage.RESUME", "stage = Stage.LIVE",

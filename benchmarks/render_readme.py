@@ -494,8 +494,11 @@ def _bytes(by: dict[str, Any]) -> list[str]:
                     for t in m["rows_per_call"]], right=(1, 2)))
     p = by.get("profile")
     if p:
+        plain = by.get("profile_plain")
+        also = ("" if not plain else f" (the plain path, `record` then `execute` per call: "
+                f"{plain['cpu_ms_per_call_nosync']:.3f} ms)")
         out += ["", f"CPU per call with syncs off: {p['cpu_ms_per_call_nosync']:.3f} ms "
-                "(`getrusage`); the top of `cProfile` by own time:", ""]
+                f"(`getrusage`){also}; the top of `cProfile` by own time:", ""]
         out.append(_md(("function", "calls / call", "own us / call"),
                        [(f"`{r['function']}`", f"{r['calls_per_call']:.1f}",
                          f"{r['own_us_per_call']:.1f}") for r in p["top"][:8]], right=(1, 2)))

@@ -185,6 +185,8 @@ def goals(b: dict[str, Any]) -> list[dict[str, Any]]:
              f"{x['row']} vs best of {', '.join(x['forms'])}: {ratios(x, '')}"
              + ("" if "sequential_row" not in x else
                 f"; {x['sequential_row']} (sequential fused): {ratios(x, 'sequential_')}")
+             + ("" if "plain_row" not in x else
+                f"; {x['plain_row']} (plain, execute per call): {ratios(x, 'plain_')}")
              + "; met by " + (", ".join(x["met_by"]) or "neither row"),
              None if x is None else x["met"])
     lat = _get(b.get("peers"), "latency", "goals")
@@ -210,6 +212,16 @@ def goals(b: dict[str, Any]) -> list[dict[str, Any]]:
          f"{sy.get('row', 'toolledger-batched')}: "
          f"{both(sy, lambda v: f'{v:.2f}')} / {both(by, lambda v: f'{v / 1024:.1f} KB')}",
          None if sy is None or by is None else sy["met"] and by["met"])
+    # issue 27: the plain path (record, then execute per call) at the floor
+    plain_syncs = None if sy is None else sy.get("plain_measured")
+    plain_cpu = _get(b.get("bytes"), "profile_plain", "cpu_ms_per_call_nosync")
+    goal("plain path (record, then execute per call): syncs per protected call / CPU per "
+         "call with syncs off", "<= 2.0 / <= 0.5 ms (quiet machine)",
+         None if plain_syncs is None and plain_cpu is None else
+         " / ".join("-" if v is None else f"{v:{f}}" for v, f in
+                    ((plain_syncs, ".2f"), (plain_cpu, ".3f"))) + " ms",
+         None if plain_syncs is None or plain_cpu is None else
+         plain_syncs <= 2.0 and plain_cpu <= 0.5)
     ck: Any = b.get("check")
     cw, cc = _get(ck, "check", "wall_seconds"), _get(ck, "check", "cpu_seconds")
     goal("`make check` (every CI model, twin, witness probe, conformance row), 2 cores",

@@ -41,7 +41,7 @@ def test_every_benchmark_ran_and_the_machine_is_recorded(smoke: dict[str, Any]) 
     for key in ("date", "nproc", "python", "java", "sqlite", "scratch_fs", "git_commit"):
         assert machine[key], key
     goals = smoke["goals"]
-    assert len(goals) == 18
+    assert len(goals) == 19
     assert all(set(g) == {"goal", "target", "measured", "met"} for g in goals)
     assert all(g["measured"] is not None for g in goals)
 
@@ -246,6 +246,17 @@ def test_peer_goals_judge_the_reference_against_each_peers_best_form() -> None:
     assert goals["syncs_per_call"]["measured"] == 0.4
     assert goals["syncs_per_call"]["sequential_measured"] == 1.2
     assert goals["syncs_per_call"]["met_by"] == ["toolledger-together", "toolledger-batched"]
+    # the plain row (record, then execute per call) is judged on its own, never quoted
+    # the together row's ratio (issue 27); without it, its keys say so (None)
+    assert lg["plain_ratio_measured_fast"] is None and lg["plain_met"] is False
+    per["toolledger"] = _row(480, 2.4)
+    goals = bench_peers.peer_goals(per)
+    lg, db = goals["langgraph"], goals["dbos-wal"]
+    assert lg["plain_row"] == "toolledger" and lg["plain_ratio_measured_fast"] == 480 / 400
+    assert lg["plain_met"] is True and db["plain_met"] is False
+    assert lg["met_by"] == ["toolledger-together", "toolledger-batched", "toolledger"]
+    assert db["plain_ratio_sync_bound"] == 1.4 / 2.4
+    assert goals["syncs_per_call"]["plain_measured"] == 2.4
 
 
 def test_marked_syncs_are_counted_only_between_the_marks() -> None:

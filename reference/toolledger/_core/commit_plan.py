@@ -495,6 +495,8 @@ def plan_commit(
             f"(before: {before.marker}/{before.max_attempts}, "
             f"after: {after.marker}/{after.max_attempts})"
         )
+    if _nothing_durable(before, after, audit_rows, arguments):
+        return _EMPTY_PLAN
     calls, approvals, records, new_keys = durable_changes(before, after)
 
     old_calls = {c.position: c for c in before.calls}
@@ -608,6 +610,33 @@ def plan_commit(
     return CommitPlan(
         tuple(new_calls), tuple(results), planned_approvals, planned_records, rows, guards
     )
+
+
+_EMPTY_PLAN: Final = CommitPlan((), (), (), (), (), ())
+
+
+def _nothing_durable(
+    before: SessionState,
+    after: SessionState,
+    audit_rows: Sequence[AuditRow],
+    arguments: Mapping[CallPosition, Mapping[str, Any]] | None,
+) -> bool:
+    """Whether ``before -> after`` provably changes nothing durable (a volatile step:
+    an invocation, an answer held in memory): the same approval, record and audit
+    objects, the same calls at the same positions with the same identity and result,
+    no rows, no arguments.  Every check of :func:`plan_commit` then passes and its
+    plan is empty; this says so without building the plan (bench_bytes: half of a
+    protected call's commits are such steps)."""
+    if (audit_rows or arguments or after.approvals is not before.approvals
+            or after.ledger is not before.ledger or after.audit is not before.audit
+            or len(after.calls) != len(before.calls)):
+        return False
+    for was, now in zip(before.calls, after.calls, strict=True):
+        if was is not now and (was.position != now.position
+                               or _identity(was) != _identity(now)
+                               or was.result != now.result):
+            return False
+    return True
 
 
 def _identity(c: CallState) -> tuple[object, ...]:

@@ -243,9 +243,18 @@ class Ledger:
         max_attempts: int = 3,
         clock: Callable[[], float] = time.time,
     ) -> Ledger:
-        """Create the session in ``store`` (durably) and return its ledger."""
+        """Create the session in ``store`` (durably) and return its ledger.
+
+        Its state is the session's initial one, what a load right after the
+        creating commit reads (no second read transaction: bench_bytes' plain
+        path); a writer that changed the session since is caught by the next
+        commit's checks (:class:`~toolledger._core.stores.StaleState`), as
+        after any load."""
         store.create_session(session_id, marker=marker, max_attempts=max_attempts)
-        return cls(store, session_id, clock=clock)
+        ledger = cls.new(store, session_id, marker=marker, max_attempts=max_attempts,
+                         clock=clock)
+        ledger._create = False
+        return ledger
 
     @classmethod
     def new(
@@ -803,10 +812,11 @@ class Ledger:
         now: float | None = None
         for c in state.calls:
             window = c.tool.retention_window
+            if window is None:  # the usual tool: no record to look at (per state read)
+                continue
             rec = state.record(c.execution_id)
             if (
-                window is None
-                or rec.dispatched_at is None
+                rec.dispatched_at is None
                 or rec.status is LedgerStatus.NONE
                 or c.execution_id in state.retention_passed
             ):
@@ -929,14 +939,10 @@ def _attach_content(ev: Event, after: SessionState, text: str) -> tuple[SessionS
     if ev.action in _RECORD_RESULT:
         rec = after.record(call.execution_id)
         assert rec.result is not None
-        ledger = dict(after.ledger)
-        ledger[rec.execution_id] = replace(rec, result=replace(rec.result, content=text))
-        return replace(after, ledger=ledger), True
+        return after._with_record(replace(rec, result=replace(rec.result, content=text))), True
     if ev.action in _CALL_RESULT and (
         ev.action is Action.EngineRecordDenied or not call.tool.protected
     ):
         assert call.result is not None
-        new = replace(call, result=replace(call.result, content=text))
-        calls = tuple(new if c.position == new.position else c for c in after.calls)
-        return replace(after, calls=calls), True
+        return after._with_call(replace(call, result=replace(call.result, content=text))), True
     return after, False

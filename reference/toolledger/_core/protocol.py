@@ -344,7 +344,7 @@ def _emit(state: SessionState, ev: Event) -> SessionState:
     eid = derive_execution_id(state.session_id, pos[0], pos[1], ev.tool_call_id)
     new = CallState(pos, ev.tool_call_id, ev.tool, eid, ev.args_digest, MessageState.VOLATILE)
     calls = tuple(sorted((*state.calls, new), key=lambda c: c.position))
-    return replace(state, calls=calls)
+    return state._evolve(calls=calls)
 
 
 @_handles(Action.EnginePersistCall)
@@ -446,7 +446,7 @@ def _dispatch(state: SessionState, ev: Event) -> SessionState:
     return (
         state._with_record(new_rec)
         ._with_audit((c.execution_id, "dispatch", n))
-        ._with_call(replace(c, stage=Stage.DISPATCHED))
+        ._with_call(c._staged(Stage.DISPATCHED))
     )
 
 
@@ -454,7 +454,7 @@ def _dispatch(state: SessionState, ev: Event) -> SessionState:
 def _invoke(state: SessionState, ev: Event) -> SessionState:
     c = _call(state, ev)
     _stage(c, ev, Stage.DISPATCHED)
-    return state._with_call(replace(c, stage=Stage.WAITING))
+    return state._with_call(c._staged(Stage.WAITING))
 
 
 @_handles(Action.EngineInvokeReadonly)
@@ -463,7 +463,7 @@ def _invoke_readonly(state: SessionState, ev: Event) -> SessionState:
     _stage(c, ev, Stage.LIVE)
     _require(not c.tool.protected, ev, f"tool {c.tool.name!r} is not readonly")
     _require(_approval_ok(state, c), ev, "the call is not approved")
-    return state._with_call(replace(c, stage=Stage.GOT_OK))
+    return state._with_call(c._staged(Stage.GOT_OK))
 
 
 def _holds_unanswered(state: SessionState, c: CallState, attempt: int | None) -> bool:
@@ -488,7 +488,7 @@ def _answer(state: SessionState, ev: Event, to: Stage) -> SessionState:
     c = _call(state, ev)
     if c.stage is not Stage.WAITING and _holds_unanswered(state, c, ev.attempt):
         # late, but still the current attempt's answer (docs/protocol.md#late-answers)
-        return state._with_call(replace(c, stage=to))
+        return state._with_call(c._staged(to))
     _stage(c, ev, Stage.WAITING)
     _require(
         ev.attempt == state.record(c.execution_id).attempt,
@@ -496,7 +496,7 @@ def _answer(state: SessionState, ev: Event, to: Stage) -> SessionState:
         f"the answer is for attempt {ev.attempt}, the engine waits for "
         f"{state.record(c.execution_id).attempt}",
     )
-    return state._with_call(replace(c, stage=to))
+    return state._with_call(c._staged(to))
 
 
 @_handles(Action.ExternalApply)
@@ -517,7 +517,7 @@ def _record_succeeded(state: SessionState, ev: Event) -> SessionState:
     rec = state.record(c.execution_id)
     res = ToolResult(ResultKind.OK, c.execution_id, rec.args_digest or "")
     new_rec = replace(rec, status=LedgerStatus.SUCCEEDED, result=res)
-    return state._with_record(new_rec)._with_call(replace(c, stage=Stage.RECORDED))
+    return state._with_record(new_rec)._with_call(c._staged(Stage.RECORDED))
 
 
 @_handles(Action.EngineRecordFailed)
@@ -527,7 +527,7 @@ def _record_failed(state: SessionState, ev: Event) -> SessionState:
     rec = state.record(c.execution_id)
     res = ToolResult(ResultKind.ERROR, c.execution_id, rec.args_digest or "")
     new_rec = replace(rec, status=LedgerStatus.FAILED, result=res)
-    return state._with_record(new_rec)._with_call(replace(c, stage=Stage.RECORDED))
+    return state._with_record(new_rec)._with_call(c._staged(Stage.RECORDED))
 
 
 @_handles(Action.EngineAppendResult)
@@ -546,7 +546,7 @@ def _append(state: SessionState, ev: Event) -> SessionState:
 def _timeout(state: SessionState, ev: Event) -> SessionState:
     c = _call(state, ev)
     _stage(c, ev, Stage.WAITING)
-    return state._with_call(replace(c, stage=Stage.RESUME))
+    return state._with_call(c._staged(Stage.RESUME))
 
 
 def _key_answer(state: SessionState, ev: Event) -> SessionState:
@@ -566,7 +566,7 @@ def _key_answer(state: SessionState, ev: Event) -> SessionState:
         f"the answer is for attempt {ev.attempt}, the engine waits for "
         f"{state.record(c.execution_id).attempt}",
     )
-    return state._with_call(replace(c, stage=Stage.RESUME))
+    return state._with_call(c._staged(Stage.RESUME))
 
 
 for _a in (Action.ExternalAnswerInFlight, Action.ExternalAnswerParamsDiffer,
@@ -625,7 +625,7 @@ def _recover(state: SessionState, ev: Event) -> SessionState:
     d = decide_recovery(recovery_inputs(state, c)).decision
     # a halt with a human's unused retry grant: the retry, not the human again
     granted = d is Decision.RECOVERY_REQUIRED and retry_granted(state, c)
-    out = state._with_call(replace(c, stage=Stage.RETRY if granted else _STAGE_AFTER[d]))
+    out = state._with_call(c._staged(Stage.RETRY if granted else _STAGE_AFTER[d]))
     if d is Decision.RECOVERY_REQUIRED and rec.status is not LedgerStatus.RECOVERY_REQUIRED:
         out = out._with_record(_halt_record(state, c))
     key = decision_audit_key(state, c)
@@ -643,7 +643,7 @@ def _reconcile_applied(state: SessionState, ev: Event) -> SessionState:
     return (
         state._with_record(replace(rec, status=LedgerStatus.SUCCEEDED, result=res))
         ._with_audit((c.execution_id, "reconcile_applied", rec.attempt))
-        ._with_call(replace(c, stage=Stage.RECORDED))
+        ._with_call(c._staged(Stage.RECORDED))
     )
 
 
@@ -654,7 +654,7 @@ def _reconcile_not_applied(state: SessionState, ev: Event) -> SessionState:
     rec = state.record(c.execution_id)
     _require(rec.attempt < state.max_attempts, ev, "the retry budget is spent")
     return state._with_audit((c.execution_id, "reconcile_not_applied", rec.attempt))._with_call(
-        replace(c, stage=Stage.RETRY)
+        c._staged(Stage.RETRY)
     )
 
 
@@ -666,7 +666,7 @@ def _reconcile_unknown(state: SessionState, ev: Event) -> SessionState:
     return (
         state._with_record(_halt_record(state, c))
         ._with_audit((c.execution_id, "reconcile_unknown", rec.attempt))
-        ._with_call(replace(c, stage=Stage.NONE))
+        ._with_call(c._staged(Stage.NONE))
     )
 
 
@@ -697,7 +697,7 @@ def _human_applied(state: SessionState, ev: Event) -> SessionState:
     return (
         state._with_record(resolved)
         ._with_audit((c.execution_id, "human_applied", rec.attempt))
-        ._with_call(replace(c, stage=Stage.RESUME))
+        ._with_call(c._staged(Stage.RESUME))
     )
 
 
@@ -729,7 +729,7 @@ def _human_retry(state: SessionState, ev: Event) -> SessionState:
     # Recover honours the grant (retry_granted) and dispatches attempt n
     return (
         state._with_audit((c.execution_id, "human_retry", n))
-        ._with_call(replace(c, stage=Stage.RESUME))
+        ._with_call(c._staged(Stage.RESUME))
     )
 
 
@@ -744,7 +744,7 @@ def _human_abandon(state: SessionState, ev: Event) -> SessionState:
     return (
         state._with_record(resolved)
         ._with_audit((c.execution_id, "human_abandon", rec.attempt))
-        ._with_call(replace(c, stage=Stage.RESUME))
+        ._with_call(c._staged(Stage.RESUME))
     )
 
 
