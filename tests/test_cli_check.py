@@ -552,8 +552,8 @@ def test_a_second_checkout_checks_its_own_reference(tmp_path: Path) -> None:
                                                         "Decision.RECOVERY_REQUIRED")))
     # --root relative to the current directory: the checker runs elsewhere.
     # The one-crash model has the same reconcile and readonly calls as
-    # ReconcileReadonly (whose conformance test_conformance checks) at 11,722
-    # states instead of 43,287: a crash after the dispatch reaches the rule.
+    # ReconcileReadonly (whose conformance test_conformance checks) at 11,494
+    # states instead of 39,281: a crash after the dispatch reaches the rule.
     done = run_cli("check", "--root", "other", "--model", MODEL, cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     rows = {ln.split("  ")[0].strip(): ln for ln in done.stdout.splitlines()}

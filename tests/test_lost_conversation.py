@@ -66,7 +66,7 @@ def test_lost_conversation_holds_and_reaches_the_digest_rule() -> None:
             if c.stage is p.Stage.RESUME and s.session.record(c.execution_id).status \
                     is not p.LedgerStatus.NONE:
                 mismatched += not p.recovery_inputs(s.session, c).digest_matches
-    assert states == 11425  # the manifest's count for LostConversation
+    assert states == 11437  # the manifest's count for LostConversation
     assert repaired and mismatched
 
 

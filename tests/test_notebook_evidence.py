@@ -90,7 +90,9 @@ def test_a_human_resolution_is_measured_from_the_store(tmp_path: Path) -> None:
     retry = ev.a_human_resolves_the_halted_call(tmp_path, "retry")
     assert (retry.turn, retry.effects, retry.invocations) == ("done", 2, 2)
     assert (retry.record.attempt, retry.record.authorization.value) == (2, "human")
-    assert [r.kind for r in retry.new_rows] == ["human_retry", "dispatch"]
+    # the opening's decision, the grant, Recover honouring it, the dispatch
+    assert [r.kind for r in retry.new_rows] == [
+        "recovery_required", "human_retry", "recovery_required", "dispatch"]
     assert len(retry.row()) == len(ev.RESOLUTION_HEADERS)
     abandon = ev.a_human_resolves_the_halted_call(tmp_path, "abandon")
     assert (abandon.tool_message["status"], abandon.invocations) == ("abandoned", 1)

@@ -636,14 +636,16 @@ def test_a_human_retry_is_a_grant_the_engine_dispatches_once(files: Files) -> No
     before = counts(files.store)
     retry = s.resolve(todo.key, "retry", note="the outbox is empty")
     assert (retry.next, retry.attempt) == (Next.RETRY, 1)
-    assert counts(files.store) == (before[0] + 1, before[1])  # the grant: no record
+    # the grant, then this process's Recover deciding again (the halt, routed to the
+    # granted retry), whose decision keeps its own row: no record is written
+    assert counts(files.store) == (before[0] + 2, before[1])
     assert s.halted() == []  # it waits for the engine, not for a human
     done = s.execute(todo.key, files.world.tool())
     assert (done.next, done.attempt, files.world.system.effects()) == (Next.RESULT, 2, 1)
-    assert counts(files.store) == (before[0] + 3, before[1] + 2)  # + dispatched, + result
+    assert counts(files.store) == (before[0] + 4, before[1] + 2)  # + dispatched, + result
     kinds = [(r.kind, r.attempt, r.authorization.value) for r in s.audit()]
-    assert kinds[-3:] == [("recovery_required", 1, "approval"), ("human_retry", 2, "human"),
-                          ("dispatch", 2, "human")]
+    assert kinds[-4:] == [("recovery_required", 1, "approval"), ("human_retry", 2, "human"),
+                          ("recovery_required", 1, "approval"), ("dispatch", 2, "human")]
     with pytest.raises(InvalidInput, match="not halted for a human"):  # the grant is used
         s.resolve(todo.key, "retry")
 
