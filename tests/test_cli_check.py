@@ -959,21 +959,21 @@ def test_a_tlc_row_left_to_make_test_runs_with_all(tmp_path: Path) -> None:
         assert "left to make test" not in done.stderr
 
 
-@pytest.mark.parametrize(("line", "says"), [
-    ('tier = "nightly"', "tier = 'nightly' must be one of 'check', 'test'"),
-    ('ci = false\ntier = "test"', "tier needs ci = true"),
-    ('tier = "test"', 'tier = "test" with a conformance row make check runs'),
+@pytest.mark.parametrize(("model", "line", "says"), [
+    ("Renumbered", 'ci = true\ntier = "nightly"',
+     "tier = 'nightly' must be one of 'check', 'test'"),
+    ("SuccessOnlyRecord", 'ci = false\ntier = "test"', "tier needs ci = true"),
+    ("Renumbered", 'ci = true\ntier = "test"',
+     'tier = "test" with a conformance row make check runs'),
 ])
-def test_tier_is_validated(tmp_path: Path, line: str, says: str) -> None:
+def test_tier_is_validated(tmp_path: Path, model: str, line: str, says: str) -> None:
     other = copy_repo(tmp_path / "other")
     manifest = other / "model" / "manifest.toml"
     text = manifest.read_text()
-    entry = next(t for t in text.split("[[model]]") if 'name = "Renumbered"' in t)
-    assert "ci = true\n" in entry
-    body = entry.replace("ci = true\n", "", 1) if line.startswith("ci = false") else entry
-    manifest.write_text(text.replace(entry, body.replace(
-        "distinct_states = 1416", f"distinct_states = 1416\n{line}", 1), 1))
-    done = run_cli("check", "--model", "Renumbered", cwd=other)
+    entry = next(t for t in text.split("[[model]]") if f'name = "{model}"' in t)
+    assert entry.count("ci = true\n") == 1
+    manifest.write_text(text.replace(entry, entry.replace("ci = true", line, 1), 1))
+    done = run_cli("check", "--model", model, cwd=other)
     assert done.returncode == 2, done.stdout + done.stderr
     assert says in done.stdout + done.stderr
 

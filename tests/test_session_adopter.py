@@ -288,16 +288,16 @@ def test_a_halted_call_is_shown_then_resumed_after_the_humans_answer(tmp_path: P
     assert item.inputs is not None and item.inputs.status is LedgerStatus.DISPATCHED
     # the human answers "retry" in the inbox; the process that resolves it runs it
     s = Session.open(SqliteStore(db), SID, {"send_email": "manual"})
-    ready = s.resolve(key, "retry")
-    assert (ready.next, ready.attempt) == (Next.RETRY, 2)
+    ready = s.resolve(key, "retry")  # the grant: attempt 1 stays the record's
+    assert (ready.next, ready.attempt) == (Next.RETRY, 1)
     done = s.execute(key, lambda a: f"sent, attempt {a.attempt}")
     assert done.result is not None and done.result.content == "sent, attempt 2"
     assert s.halted() == []
 
 
-def test_a_restart_between_a_humans_retry_and_its_run_halts_again(tmp_path: Path) -> None:
-    # the human's retry makes attempt 2 dispatched at once: after a restart
-    # nobody knows whether it left, so a manual call goes back to the human
+def test_a_restart_after_a_humans_retry_runs_the_grant_once(tmp_path: Path) -> None:
+    # the human's retry is a durable grant, nothing dispatched: a restart before
+    # it ran runs it (attempt 2); a crash after attempt 2 is dispatched halts again
     db = tmp_path / "ledger.sqlite3"
     s = Session.open(SqliteStore(db), SID, {"send_email": "manual"})
     key = approved(s)
@@ -307,8 +307,12 @@ def test_a_restart_between_a_humans_retry_and_its_run_halts_again(tmp_path: Path
     s.halted()
     assert s.resolve(key, "retry").next is Next.RETRY
     s = Session.open(SqliteStore(db), SID, {"send_email": "manual"})
+    assert s.halted() == []  # the grant waits for the engine, not for a human
+    with pytest.raises(Crash):
+        s.execute(key, dies)  # attempt 2 dispatched, then the process dies
+    s = Session.open(SqliteStore(db), SID, {"send_email": "manual"})
     [again] = s.halted()
-    assert (again.key, again.attempt) == (key, 2)
+    assert (again.key, again.attempt) == (key, 2)  # the grant is used: back to the human
 
 
 # --------------------------------------------------------------------------
