@@ -40,6 +40,7 @@ from benchmarks import (
     bench_models,
     bench_peers,
     bench_pg_faults,
+    bench_quick,
     bench_races,
     bench_recovery,
     bench_scale,
@@ -66,6 +67,7 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "scale": bench_scale.run,
     "peers": bench_peers.run,
     "check": bench_check.run,
+    "quick": bench_quick.run,
     "bytes": lambda smoke=False: bench_bytes.run(smoke=smoke, with_profile=True),
     "group": bench_group.run,
     "async": bench_async.run,
@@ -230,6 +232,16 @@ def goals(b: dict[str, Any]) -> list[dict[str, Any]]:
          f"{cw:.0f} s wall, {cc:.0f} s CPU (floor on 2 quiet cores: {cc / 2:.0f} s; "
          f"load average {_get(ck, 'load_average')})",
          None if cw is None else cw <= bench_check.GOAL_SECONDS)
+    qk: Any = b.get("quick")
+    qr, qw = _get(qk, "rate"), _get(qk, "quick_max_wall_seconds")
+    goal("`toolledger check --quick`: deliberate mutants caught / caught by the full check; "
+         "slowest answer, 2 cores", f">= {100 * bench_quick.GOAL_RATE:.0f} %, each <= "
+         f"{bench_quick.GOAL_SECONDS:.0f} s",
+         None if qr is None else
+         f"{qk['caught_by_quick']} of {qk['caught_by_full']} ({100 * qr:.0f} %); slowest "
+         f"{qw:.1f} s wall, largest CPU {qk['quick_max_cpu_seconds']:.1f} s (load average "
+         f"{qk['load_average']['min']} to {qk['load_average']['max']})",
+         None if qr is None else qr >= bench_quick.GOAL_RATE and qw <= bench_quick.GOAL_SECONDS)
     gr: Any = b.get("group")
     sp = _get(gr, "speedup") or {}
     gd = _get(gr, "goal_disk")
