@@ -18,10 +18,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +47,8 @@ from checker_support import ROOT
 from toolledger import AsyncSession, MemoryStore, Next, Session, SqliteStore, Tool
 from toolledger.extra.mcp import (
     LedgerClientSession,
-    MemoryTaskBook,
     McpCall,
+    MemoryTaskBook,
     SqliteTaskBook,
     policies_from_listing,
     task_tools,
@@ -153,14 +155,28 @@ def _agent(tmp_path: Path, mode: str, env: dict[str, str]) -> subprocess.Popen[s
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def _bound(tmp_path: Path) -> bool:
+    """Whether the agent's task book holds a task id (its own checkpoint)."""
+    book = tmp_path / "ledger.sqlite3-mcp-tasks"
+    if not book.exists():
+        return False
+    with closing(sqlite3.connect(book, timeout=WAIT)) as db:
+        try:
+            return bool(db.execute("SELECT count(*) FROM tasks").fetchone()[0])
+        except sqlite3.OperationalError:  # the table is not there yet
+            return False
+
+
 def _killed_after_the_email(tmp_path: Path, mode: str) -> None:
-    """Run the agent until the email is fsynced and no task is still working (the
-    server's own checkpoint), then SIGKILL the client before it records anything."""
+    """Run the agent until the email is fsynced, its task (if any) ended and bound
+    to the attempt in the agent's task book, then SIGKILL the client before it
+    records the outcome."""
     proc = _agent(tmp_path, mode, _env(tmp_path, hang=True))
     deadline = time.monotonic() + WAIT
     try:
         while not _lines(tmp_path / "outbox.jsonl") or any(
-                t["status"] == "working" for t in _tasks(tmp_path).values()):
+                t["status"] == "working" for t in _tasks(tmp_path).values()) or (
+                mode == "ledger" and not _bound(tmp_path)):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the email never left"
             time.sleep(0.02)
@@ -289,6 +305,7 @@ def test_what_nobody_can_tell_halts_for_a_human_and_nothing_is_sent(
         tmp_path: Path, task: dict[str, Any] | None, bound: bool, why: str) -> None:
     one, sent = _resume_with(tmp_path, task, bound=bound)
     assert one.status.next is Next.HALTED and sent == 0
+    assert one.task_note is not None and why in one.task_note
 
 
 @pytest.mark.parametrize("status", ["working", "input_required"])

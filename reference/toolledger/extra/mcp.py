@@ -289,6 +289,8 @@ class McpCall:
     task_status: str | None = None
     """The status ``tasks/get`` gave last, when the reconcile asked a task (``working``:
     why the call is still at ``reconcile``)."""
+    task_note: str | None = None
+    """Why the task could not tell (a halted call's reason, for the human), if so."""
 
     @property
     def key(self) -> str:
@@ -363,17 +365,17 @@ class LedgerClientSession:
         statuses = await self.ledger.record(calls, seen=list(seen))
         out = []
         for st in statuses:
-            task_status = None
+            task_status = note = None
             for _ in range(64):  # bounded; the ledger bounds the attempts anyway
                 if st.next in (Next.EXECUTE, Next.RETRY):
                     st = await self.ledger.execute(st.key, self._send)
                 elif st.next is Next.RECONCILE and st.call.name in self.task_tools:
-                    st, task_status, pending = await self._reconciled(st)
-                    if pending:
+                    st, task_status, note = await self._reconciled(st)
+                    if st.next is Next.RECONCILE:  # still running: ask again later
                         break
                 else:
                     break
-            out.append(McpCall(st, _result_of(st), task_status))
+            out.append(McpCall(st, _result_of(st), task_status, note))
         return out
 
     async def call_tool(self, call_id: str, name: str, arguments: Mapping[str, Any], *,
@@ -487,10 +489,11 @@ class LedgerClientSession:
             return CannotTell(f"tasks/result failed ({exc.code}): {exc.message}")
         return WasApplied(json.dumps(_dumped(res), ensure_ascii=False))
 
-    async def _reconciled(self, st: CallStatus) -> tuple[CallStatus, str | None, bool]:
+    async def _reconciled(self, st: CallStatus) -> tuple[CallStatus, str | None, str | None]:
         """Answer a ``reconcile`` call from the task of its attempt: (status, the task's
-        status, still pending).  Pending (``working``, ``input_required``): nothing is
-        written or sent; else the answer goes through :meth:`AsyncSession.reconcile`."""
+        status, why it could not tell).  Still pending (``working``,
+        ``input_required``): nothing is written or sent, the status is returned as
+        it is; else the answer goes through :meth:`AsyncSession.reconcile`."""
         attempt = st.attempt
         status: str | None = None
         answer: ReconcileAnswer
@@ -510,7 +513,7 @@ class LedgerClientSession:
                 status = got.status
                 kind = task_answer(got.status)
                 if kind == "pending":
-                    return st, status, True
+                    return st, status, None
                 if kind == "payload":
                     answer = await self._payload(task_id)
                 elif kind == "not_applied":
@@ -523,7 +526,8 @@ class LedgerClientSession:
                 return CannotTell(f"the task answered for attempt {attempt}, the call is at {now}")
             return answer
 
-        return await self.ledger.reconcile(st.key, ask), status, False
+        note = answer.reason if isinstance(answer, CannotTell) else None
+        return await self.ledger.reconcile(st.key, ask), status, note
 
 
 class _TaskUnknown(Exception):
