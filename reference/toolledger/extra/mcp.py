@@ -344,7 +344,8 @@ class LedgerClientSession:
             cursor = page.next_cursor
             if cursor is None:
                 break
-        tasked = task_tools(client.server_capabilities, listed) if use_tasks else set()
+        tasked = (task_tools(client.server_capabilities, listed)
+                  if use_tasks and _can_send_tasks(client) else set())
         if tasked and task_book is None:
             task_book = await asyncio.to_thread(_default_book, store)
         policies = policies_from_listing(listed, tools or {}, trust_read_only=trust_read_only,
@@ -456,6 +457,9 @@ class LedgerClientSession:
         only ``CallToolResult`` for a 2025-11-25 ``tools/call``; a task's answer is a
         ``CreateTaskResult``), stamped and timed out as ``send_request`` does."""
         session: Any = self.client
+        if not _can_send_tasks(session):
+            raise NotApplied("this mcp client session has no JSON-RPC dispatcher to send a "
+                             "task-augmented tools/call with; nothing was sent")
         opts: dict[str, Any] = {}
         session._stamp(data, opts)
         if self.read_timeout_seconds is not None:
@@ -528,6 +532,13 @@ class LedgerClientSession:
 
         note = answer.reason if isinstance(answer, CannotTell) else None
         return await self.ledger.reconcile(st.key, ask), status, note
+
+
+def _can_send_tasks(client: object) -> bool:
+    """Whether the client session has what :meth:`LedgerClientSession._raw_request` uses."""
+    dispatcher = getattr(client, "_dispatcher", None)
+    return (callable(getattr(dispatcher, "send_raw_request", None))
+            and callable(getattr(client, "_stamp", None)))
 
 
 class _TaskUnknown(Exception):
