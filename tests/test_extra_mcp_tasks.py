@@ -113,11 +113,27 @@ def test_a_task_capable_tool_goes_as_a_task_its_id_kept_and_the_model_gets_the_r
         assert one.result.content[0].text == "sent to ada (#1)"
         [task_id] = _tasks(tmp_path)
         assert led.task_book is not None and led.task_book.task_of(one.key, 1) == task_id
+        keys.append(one.key)
 
+    keys: list[str] = []
     _with_server(tmp_path, body)
     [request] = _lines(tmp_path / "requests.jsonl")
-    assert request["task"] is True and request["attempt"] == 1
+    assert (request["task"], request["key"], request["attempt"]) == (True, keys[0], 1)
     assert len(_lines(tmp_path / "outbox.jsonl")) == 1
+
+
+def test_a_live_time_out_on_a_running_task_leaves_the_call_at_reconcile_not_resent(
+        tmp_path: Path) -> None:
+    async def body(client: ClientSession) -> None:
+        led = await LedgerClientSession.open(client, MemoryStore(), "s1", RECONCILE,
+                                             read_timeout_seconds=0.5)
+        [one] = await led.call_tools([EMAIL], seen=[])  # tasks/result times out: unknown
+        assert (one.status.next, one.task_status) == (Next.RECONCILE, "working")
+        [again] = await led.call_tools([EMAIL], seen=[])  # asks the task again
+        assert (again.status.next, again.task_status) == (Next.RECONCILE, "working")
+
+    _with_server(tmp_path, body, end="working")
+    assert len(_lines(tmp_path / "requests.jsonl")) == 1
 
 
 def test_which_tools_go_as_tasks_and_the_policies_they_default_to() -> None:
