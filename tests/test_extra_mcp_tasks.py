@@ -9,20 +9,25 @@ ledger records the outcome; the resumed agent asks the task (``tasks/get``,
 ``tasks/result``) and sends nothing again: 1 email, the model gets the task's
 result. The controls on the same server: toolledger without tasks halts for a
 human, no toolledger sends the email twice. Then one test per task status, each
-from a seeded task and a ledger left ``dispatched`` as a crash leaves it, and the
-broken variant that reads ``working`` as not applied, caught.
+from a seeded task and a ledger left ``dispatched`` as a crash leaves it (on one
+server process for them all), and the broken variant that reads ``working`` as
+not applied, caught.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -243,31 +248,80 @@ def test_control_without_toolledger_the_resumed_agent_sends_the_email_twice(
 # -------------------------------------------------- each task status, after a crash
 
 
-def _crashed_after_dispatch(store: MemoryStore) -> str:
+class _Shared:
+    """One task server for the per-status tests (a process per test would cost seconds
+    each): its client session runs on an event loop in a thread of its own; each
+    test seeds its own task and uses its own ledger session (so its own key)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.stop = asyncio.Event()
+        ready: concurrent.futures.Future[ClientSession] = concurrent.futures.Future()
+        self.held = asyncio.run_coroutine_threadsafe(self._hold(ready), self.loop)
+        self.client = ready.result(timeout=WAIT)
+
+    async def _hold(self, ready: concurrent.futures.Future[ClientSession]) -> None:
+        params = StdioServerParameters(command=sys.executable, args=[str(SERVER)],
+                                       env=_env(self.root))
+        try:
+            async with stdio_client(params) as (r, w), ClientSession(r, w) as client:
+                await client.initialize()
+                ready.set_result(client)
+                await self.stop.wait()
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+            raise
+
+    def run(self, body: Callable[[ClientSession], Awaitable[None]]) -> None:
+        asyncio.run_coroutine_threadsafe(
+            asyncio.wait_for(body(self.client), WAIT), self.loop).result(timeout=WAIT + 5)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.held.result(timeout=WAIT)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=WAIT)
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Shared]:
+    server = _Shared(tmp_path_factory.mktemp("tasks"))
+    yield server
+    server.close()
+
+
+def _crashed_after_dispatch(store: MemoryStore, session_id: str) -> str:
     """The ledger as a crash after ``dispatched`` leaves it; the call's key."""
-    session = Session.open(store, "s1", RECONCILE)
+    session = Session.open(store, session_id, RECONCILE)
     [st] = session.record([EMAIL], seen=[])
     with pytest.raises(KeyboardInterrupt), session.dispatch(st.key):
         raise KeyboardInterrupt  # the process goes away: nothing recorded
     return st.key
 
 
-def _resume_with(tmp_path: Path, task: dict[str, Any] | None, *, bound: bool = True,
-                 end: str = "completed", twice: bool = False) -> tuple[McpCall, int]:
+def _resume_with(shared: _Shared, task: dict[str, Any] | None, *, bound: bool = True,
+                 twice: bool = False) -> tuple[McpCall, list[dict[str, Any]]]:
     """Resume a call whose attempt 1 is bound to the seeded task ``task`` (``None``: the
     server does not know it; ``bound=False``: no id was recorded); what the resumed
-    call_tools returns, and how many requests it sent."""
-    store = MemoryStore()
-    key = _crashed_after_dispatch(store)
-    book = MemoryTaskBook()
+    call_tools returns, and the requests it sent."""
+    store, session_id = MemoryStore(), f"s-{uuid.uuid4()}"
+    key = _crashed_after_dispatch(store, session_id)
+    book, task_id = MemoryTaskBook(), f"task-{uuid.uuid4()}"
     if bound:
-        book.bind(key, 1, "task-1")
+        book.bind(key, 1, task_id)
     if task is not None:
-        (tmp_path / "tasks.json").write_text(json.dumps({"task-1": task}))
+        path = shared.root / "tasks.json"
+        seeded = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps({**seeded, task_id: task}))
     got: list[McpCall] = []
 
     async def body(client: ClientSession) -> None:
-        ledger = await AsyncSession.open(store, "s1", RECONCILE)
+        ledger = await AsyncSession.open(store, session_id, RECONCILE)
         led = LedgerClientSession(client, ledger, RECONCILE, task_tools={"send_email"},
                                   task_book=book)
         [one] = await led.call_tools([EMAIL], seen=[])
@@ -277,38 +331,37 @@ def _resume_with(tmp_path: Path, task: dict[str, Any] | None, *, bound: bool = T
             assert again.status.next is one.status.next and store.ledger_commits == commits
         got.append(one)
 
-    _with_server(tmp_path, body, end=end)
-    return got[0], len(_lines(tmp_path / "requests.jsonl"))
+    shared.run(body)
+    return got[0], [r for r in _lines(shared.root / "requests.jsonl") if r["key"] == key]
 
 
 def _text(text: str, *, error: bool = False) -> dict[str, Any]:
     return {"content": [{"type": "text", "text": text}], "isError": error}
 
 
-def test_completed_is_applied_with_the_tasks_result_and_nothing_is_sent(tmp_path: Path
+def test_completed_is_applied_with_the_tasks_result_and_nothing_is_sent(shared: _Shared
                                                                        ) -> None:
-    one, sent = _resume_with(tmp_path, {"status": "completed",
-                                        "result": _text("sent to ada (#7)")})
-    assert one.status.next is Next.RESULT and sent == 0 and one.result is not None
-    assert not one.result.is_error and one.result.content[0].text == "sent to ada (#7)"  # type: ignore[union-attr]
+    one, sent = _resume_with(shared, {"status": "completed",
+                                      "result": _text("sent to ada (#7)")})
+    assert one.status.next is Next.RESULT and sent == [] and one.result is not None
+    assert not one.result.is_error and _first_text(one) == "sent to ada (#7)"
 
 
-def test_failed_with_a_tool_error_is_the_tools_answer_and_nothing_is_sent(tmp_path: Path
+def test_failed_with_a_tool_error_is_the_tools_answer_and_nothing_is_sent(shared: _Shared
                                                                          ) -> None:
-    one, sent = _resume_with(tmp_path, {"status": "failed",
-                                        "result": _text("mailbox full", error=True)})
-    assert one.status.next is Next.RESULT and sent == 0 and one.result is not None
-    assert one.result.is_error and one.result.content[0].text == "mailbox full"  # type: ignore[union-attr]
+    one, sent = _resume_with(shared, {"status": "failed",
+                                      "result": _text("mailbox full", error=True)})
+    assert one.status.next is Next.RESULT and sent == [] and one.result is not None
+    assert one.result.is_error and _first_text(one) == "mailbox full"
 
 
 def test_failed_with_a_refused_request_is_not_applied_and_retried_under_the_same_key(
-        tmp_path: Path) -> None:
-    one, sent = _resume_with(tmp_path, {"status": "failed",
-                                        "error": {"code": -32602, "message": "bad params"}})
-    assert one.status.next is Next.RESULT and one.status.attempt == 2 and sent == 1
-    [retry] = _lines(tmp_path / "requests.jsonl")
-    assert (retry["key"], retry["attempt"], retry["task"]) == (one.key, 2, True)
-    assert one.result is not None and one.result.content[0].text == "sent to ada (#1)"  # type: ignore[union-attr]
+        shared: _Shared) -> None:
+    one, sent = _resume_with(shared, {"status": "failed",
+                                      "error": {"code": -32602, "message": "bad params"}})
+    assert one.status.next is Next.RESULT and one.status.attempt == 2
+    assert [(r["attempt"], r["task"]) for r in sent] == [(2, True)]  # same key, attempt 2
+    assert _first_text(one).startswith("sent to ada")
 
 
 @pytest.mark.parametrize(("task", "bound", "why"), [
@@ -318,33 +371,33 @@ def test_failed_with_a_refused_request_is_not_applied_and_retried_under_the_same
     (None, False, "no task id was recorded"),  # killed before the CreateTaskResult was kept
 ])
 def test_what_nobody_can_tell_halts_for_a_human_and_nothing_is_sent(
-        tmp_path: Path, task: dict[str, Any] | None, bound: bool, why: str) -> None:
-    one, sent = _resume_with(tmp_path, task, bound=bound)
-    assert one.status.next is Next.HALTED and sent == 0
+        shared: _Shared, task: dict[str, Any] | None, bound: bool, why: str) -> None:
+    one, sent = _resume_with(shared, task, bound=bound)
+    assert one.status.next is Next.HALTED and sent == []
     assert one.task_note is not None and why in one.task_note
 
 
 @pytest.mark.parametrize("status", ["working", "input_required"])
 def test_a_task_still_running_stays_unknown_nothing_written_nothing_sent(
-        tmp_path: Path, status: str) -> None:
-    one, sent = _resume_with(tmp_path, {"status": status}, twice=True)
-    assert one.status.next is Next.RECONCILE and one.task_status == status and sent == 0
+        shared: _Shared, status: str) -> None:
+    one, sent = _resume_with(shared, {"status": status}, twice=True)
+    assert one.status.next is Next.RECONCILE and one.task_status == status and sent == []
 
 
 def test_the_broken_variant_reading_working_as_not_applied_is_caught(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        shared: _Shared, monkeypatch: pytest.MonkeyPatch) -> None:
     """The check above, on a drop-in that takes ``working`` for a definite "not applied":
     it re-sends the call whose task is still running (the effect may land twice)."""
     real = mcp_extra.task_answer
     monkeypatch.setattr(mcp_extra, "task_answer",
                         lambda s: "not_applied" if s == "working" else real(s))
-    one, sent = _resume_with(tmp_path, {"status": "working"}, end="completed")
-    assert sent == 1 and one.status.attempt == 2  # the still-working call was sent again
-    assert not (one.status.next is Next.RECONCILE and sent == 0)  # the check fails on it
+    one, sent = _resume_with(shared, {"status": "working"})
+    assert len(sent) == 1 and one.status.attempt == 2  # the still-working call, sent again
+    assert not (one.status.next is Next.RECONCILE and sent == [])  # the check fails on it
 
 
 def test_a_refusal_from_tasks_result_counts_only_while_the_task_is_still_there(
-        tmp_path: Path) -> None:
+        shared: _Shared) -> None:
     async def body(client: ClientSession) -> None:
         ledger = await AsyncSession.open(MemoryStore(), "s1", RECONCILE)
         led = LedgerClientSession(client, ledger, RECONCILE, task_tools={"send_email"},
@@ -352,4 +405,9 @@ def test_a_refusal_from_tasks_result_counts_only_while_the_task_is_still_there(
         answer = await led._payload("no-such-task")  # -32602 on a task that is gone
         assert type(answer).__name__ == "CannotTell"
 
-    _with_server(tmp_path, body)
+    shared.run(body)
+
+
+def _first_text(one: McpCall) -> str:
+    assert one.result is not None and isinstance(one.result.content[0], TextContent)
+    return one.result.content[0].text
