@@ -296,6 +296,7 @@ class Session(LedgerGuard):
         max_attempts: int = 3,
         legacy_messages: Sequence[Mapping[str, Any]] | None = None,
         legacy_approvals: Mapping[str, str] | None = None,
+        legacy_held: Callable[[Mapping[str, Any]], bool] | None = None,
         take_session: bool = False,
         clock: Callable[[], float] = time.time,
         lazy_create: bool = False,
@@ -312,7 +313,8 @@ class Session(LedgerGuard):
         transaction.  A crash before it leaves no trace of the session.
 
         With ``legacy_messages`` (the conversation so far, of a session that
-        ran without the ledger), a new session is adopted (:meth:`adopt`).
+        ran without the ledger), a new session is adopted (:meth:`adopt`;
+        ``legacy_held`` is its ``held``).
         ``take_session=True`` (an existing session) takes the session's lease
         (:class:`~toolledger._core.ledger.Ledger`): a worker that lost the
         session since cannot commit, and tools get the epoch (``Attempt.epoch``).
@@ -349,7 +351,8 @@ class Session(LedgerGuard):
         except UnknownSession:
             if legacy_messages:
                 adopted = cls.adopt(store, session_id, legacy_messages, tools,
-                                    approvals=legacy_approvals, max_attempts=max_attempts)
+                                    approvals=legacy_approvals, held=legacy_held,
+                                    max_attempts=max_attempts)
                 adopted._approval_ttl = check_ttl(approval_ttl, "approval_ttl")
                 return adopted
             make = Ledger.new if lazy_create else Ledger.create
@@ -361,7 +364,7 @@ class Session(LedgerGuard):
                 # written (adoption is two commits): write what is missing.  With
                 # no call in the store at all, none of them was written.
                 legacy = legacy_calls(legacy_messages[:marker], declared,
-                                      legacy_approvals or {})
+                                      legacy_approvals or {}, legacy_held)
                 if legacy:
                     write_legacy(ledger, legacy)
                     ledger = Ledger(store, session_id, clock=clock)
@@ -392,6 +395,7 @@ class Session(LedgerGuard):
         tools: Mapping[str, Tool | str] | None = None,
         *,
         approvals: Mapping[str, str] | None = None,
+        held: Callable[[Mapping[str, Any]], bool] | None = None,
         max_attempts: int = 3,
     ) -> Session:
         """Put a session that ran without the ledger under it.
@@ -401,8 +405,16 @@ class Session(LedgerGuard):
         "arguments"}``) and ``{"role": "tool", "tool_call_id": ...}``.  Legacy
         positions are ``(index in messages, index in the message)``; new
         messages must get sequence numbers ``>= len(messages)`` (the protocol
-        marker).  A call is answered if a tool message with its id follows it
-        before the next assistant message.  Every unanswered call is written
+        marker).  ``held(call)`` (each raw call dict of an assistant message):
+        whether the ledger holds it, as the engine's glue gives calls to
+        :meth:`record` (``None``: every call); a call it does not hold (an
+        interactive tool the engine answered inline, a malformed or unknown
+        call) is not adopted, and the held calls keep slots 0..n-1, so that the
+        glue's re-record finds them.  A call is answered if a tool message with
+        its id follows it before the next assistant message; an answer goes to
+        a call the ledger does not hold first, and where fewer answers than
+        held calls share an id (``""``), none of those takes one: it is never
+        guessed (docs/protocol.md#placing-a-response).  Every unanswered call is written
         as the spec's initial legacy state, with its approval from
         ``approvals`` (tool_call_id -> ``"approved"``, ``"rejected"`` or
         ``"pending"``, the host's inbox); :meth:`recover` then applies the
@@ -411,7 +423,7 @@ class Session(LedgerGuard):
         call is validated before anything is written.
         """
         declared = declared_tools(tools)
-        parsed = legacy_calls(messages, declared, approvals or {})  # validates first
+        parsed = legacy_calls(messages, declared, approvals or {}, held)  # validates first
         ledger = Ledger.create(store, session_id, marker=len(messages),
                                max_attempts=max_attempts)
         write_legacy(ledger, parsed)
