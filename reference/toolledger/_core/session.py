@@ -136,6 +136,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Final
 
+from .answers import SEEN, Trailing, answered_calls
 from .call_input import check_seq, declared_tools, parse_call
 from .calls import (
     _DENIED,
@@ -584,6 +585,62 @@ class Session(LedgerGuard):
         """
         seq_, calls_ = self._seq_and(seq, calls, "record")
         return self._record(seq_, calls_, requires_approval, dispatch="none", seen=seen)
+
+    def record_trailing(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        held: Callable[[Mapping[str, Any]], bool] | None = None,
+        requires_approval: Callable[[Mapping[str, Any]], bool | None] | None = None,
+    ) -> Trailing:
+        """Record the trailing response of a chat history; what answers each of its calls.
+
+        For an engine whose conversation is a list of chat message dicts
+        (``{"role": "assistant", "tool_calls": [...]}``, ``{"role": "tool",
+        "tool_call_id": ...}``), keeping on each tool message it writes for a
+        ledger call the call's key (``message[SEEN] = [key]``, :data:`SEEN`;
+        a summary that replaces messages keeps theirs).  The trailing
+        response is the last message with tool calls; unless a user message
+        follows it (``stale``: nothing is recorded), its calls that ``held``
+        accepts (each raw call dict; ``None``: every call), the same
+        predicate as ``Session.open(legacy_held=...)``, are recorded with
+        :meth:`record` (``seen``: the keys the messages before it hold;
+        ``requires_approval(call)`` per held call, ``None`` the tool's
+        default).  Re-recording writes nothing, so an engine calls this on
+        every turn and on every resume.  ``answered`` pairs the tool messages
+        after it with its calls by key, never by a reused id
+        (:func:`answered_calls`); :meth:`Trailing.unanswered` is what a
+        resume re-drives (docs/adopting.md#an-engine-with-openworkers-seams).
+        """
+        if isinstance(messages, Mapping) or not isinstance(messages, Sequence) or not all(
+                isinstance(m, Mapping) for m in messages):
+            raise InvalidInput("record_trailing(messages): messages must be a list of message "
+                               "dicts; nothing was recorded")
+        for name, fn in (("held", held), ("requires_approval", requires_approval)):
+            if fn is not None and not callable(fn):
+                raise InvalidInput(f"record_trailing: {name} must be a function of one call "
+                                   f"dict, got {fn!r}; nothing was recorded")
+        at = max((i for i, m in enumerate(messages) if m.get("tool_calls")), default=-1)
+        if at < 0:
+            return Trailing(-1, (), (), False)
+        raw = messages[at]["tool_calls"]
+        if isinstance(raw, (Mapping, str, bytes)) or not isinstance(raw, Sequence):
+            raise InvalidInput(f"record_trailing: message {at}: tool_calls must be a list")
+        after = messages[at + 1:]
+        stale = any(m.get("role") == "user" for m in after)
+        ours = [not stale and (held is None or bool(held(tc))) for tc in raw]
+        mine = [tc for tc, o in zip(raw, ours, strict=True) if o]
+        seen = [k for m in messages[:at] for k in (m.get(SEEN) or [])]
+        recorded = iter(self.record(mine, seen=seen, requires_approval=[
+            None if requires_approval is None else requires_approval(tc) for tc in mine])
+            if mine else [])
+        statuses = tuple(next(recorded) if o else None for o in ours)
+        ids = [tc.get("id") if isinstance(tc, Mapping) else None for tc in raw]
+        results = [(m.get("tool_call_id"), (m.get(SEEN) or [None])[0])
+                   for m in after if m.get("role") == "tool"]
+        done = answered_calls([("" if i is None else str(i), st)
+                               for i, st in zip(ids, statuses, strict=True)], results)
+        return Trailing(at, statuses, tuple(done), stale)
 
     @staticmethod
     def _seq_and(
