@@ -36,7 +36,8 @@ def test_the_inline_answer_with_the_empty_id_never_answers_the_ledger_call() -> 
     messages = history()
     t = s.record_trailing(messages, held=held)
     ask, email = t.statuses
-    assert t.index == 1 and ask is None and email is not None and not t.stale
+    assert t.index == 1 and t.calls == (ASK, EMAIL) and not t.stale
+    assert ask is None and email is not None
     assert email.next is Next.AWAIT_APPROVAL and t.answered == (True, False)
     assert t.unanswered() == [1]  # the resume re-drives the email
     assert s.record_trailing(messages, held=held).statuses[1] == email  # again: no write

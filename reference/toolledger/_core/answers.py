@@ -15,9 +15,9 @@ field those messages carry the keys in.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from .calls import CallStatus
 from .protocol import InvalidInput
@@ -35,13 +35,15 @@ class Trailing:
     """The trailing response of a chat history, as :meth:`Session.record_trailing` left it.
 
     ``index``: its index in the messages (-1: no message with tool calls).
-    ``statuses``: per call of it, in slot order, the ledger's status (``None``:
-    a call the ledger does not hold, or ``stale``).  ``answered``: per call,
-    whether a tool message after it answers it (:func:`answered_calls`).
+    ``calls``: its raw call dicts, in slot order.  ``statuses``: per call, the
+    ledger's status (``None``: a call the ledger does not hold, or ``stale``).
+    ``answered``: per call, whether a tool message after it answers it
+    (:func:`answered_calls`).
     ``stale``: a user message follows it: the turn moved on, nothing was
     recorded and nothing of it is to be resumed."""
 
     index: int
+    calls: tuple[Mapping[str, Any], ...]
     statuses: tuple[CallStatus | None, ...]
     answered: tuple[bool, ...]
     stale: bool

@@ -622,7 +622,7 @@ class Session(LedgerGuard):
                                    f"dict, got {fn!r}; nothing was recorded")
         at = max((i for i, m in enumerate(messages) if m.get("tool_calls")), default=-1)
         if at < 0:
-            return Trailing(-1, (), (), False)
+            return Trailing(-1, (), (), (), False)
         raw = messages[at]["tool_calls"]
         if isinstance(raw, (Mapping, str, bytes)) or not isinstance(raw, Sequence):
             raise InvalidInput(f"record_trailing: message {at}: tool_calls must be a list")
@@ -640,7 +640,7 @@ class Session(LedgerGuard):
                    for m in after if m.get("role") == "tool"]
         done = answered_calls([("" if i is None else str(i), st)
                                for i, st in zip(ids, statuses, strict=True)], results)
-        return Trailing(at, statuses, tuple(done), stale)
+        return Trailing(at, tuple(raw), statuses, tuple(done), stale)
 
     @staticmethod
     def _seq_and(

@@ -45,7 +45,7 @@ class LedgerWorker(ToyWorker):  # ToyWorker, its tool calls protected by toolled
         self.trail = self.session.record_trailing(  # placed by the ledger; again: no write
             self.messages, held=self.ours, requires_approval=lambda raw: self.permissions
             .evaluate(raw["function"]["name"]) != "allow")
-        calls = self.parse(self.messages[self.trail.index]) if self.trail.index >= 0 else []
+        calls = self.parse({"tool_calls": self.trail.calls})
         self.status = {id(c): s for c, s in zip(calls, self.trail.statuses, strict=True) if s}
         return calls
 
