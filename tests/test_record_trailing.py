@@ -9,13 +9,14 @@ the tool messages after it answer, by key, never by a reused or empty id.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
 import toolledger._core.session
-from toolledger import SEEN, InvalidInput, MemoryStore, Next, Session
+from toolledger import SEEN, AsyncSession, InvalidInput, MemoryStore, Next, Session
 
 ASK = {"id": "", "function": {"name": "ask_user", "arguments": '{"q": "who?"}'}}
 EMAIL = {"id": "", "function": {"name": "send_email", "arguments": '{"to": "ada"}'}}
@@ -71,6 +72,15 @@ def test_requires_approval_is_asked_per_held_call() -> None:
 
     [_, email] = s.record_trailing(history(), held=held, requires_approval=granted).statuses
     assert asked == ["send_email"] and email is not None and email.next is Next.EXECUTE
+
+
+def test_async_session_awaits_it() -> None:
+    async def main() -> tuple[Any, ...]:
+        s = await AsyncSession.open(MemoryStore(), "s1", {"send_email": "manual"})
+        return (await s.record_trailing(history(), held=held)).statuses
+
+    ask, email = asyncio.run(main())
+    assert ask is None and email is not None and email.next is Next.AWAIT_APPROVAL
 
 
 def test_bad_input_is_refused_and_nothing_is_recorded() -> None:
