@@ -44,8 +44,8 @@ def test_the_inline_answer_with_the_empty_id_never_answers_the_ledger_call() -> 
     assert s.record_trailing(messages, held=held).statuses[1] == email  # again: no write
     assert len(s.ledger.state.calls) == 1
     done = s.execute(s.approve(email.key).key, lambda a: "sent")
-    messages.append({"role": "tool", "tool_call_id": "", "content": "sent", SEEN: [done.key]})
-    t = s.record_trailing(messages, held=held)
+    messages.append({"role": "tool", "tool_call_id": "", "content": "sent", SEEN: done.key})
+    t = s.record_trailing(messages, held=held)  # one key, not in a list: read the same
     assert t.answered == (True, True) and t.unanswered() == []
     assert t.statuses[1] is not None and t.statuses[1].next is Next.RESULT
     # the next response: the model saw the email's result (its key), a new call
@@ -89,6 +89,9 @@ def test_bad_input_is_refused_and_nothing_is_recorded() -> None:
         s.record_trailing({"role": "user"})  # type: ignore[arg-type]
     with pytest.raises(InvalidInput, match="held must be a function"):
         s.record_trailing(history(), held="send_email")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="must be a list of ledger keys"):
+        s.record_trailing([{"role": "tool", SEEN: 7}, {"role": "assistant",
+                                                         "tool_calls": [EMAIL]}])
     with pytest.raises(InvalidInput, match="tool_calls must be a list"):
         s.record_trailing([{"role": "assistant", "tool_calls": "send_email"}])
     assert s.ledger.state.calls == ()

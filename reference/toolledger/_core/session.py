@@ -630,13 +630,13 @@ class Session(LedgerGuard):
         stale = any(m.get("role") == "user" for m in after)
         ours = [not stale and (held is None or bool(held(tc))) for tc in raw]
         mine = [tc for tc, o in zip(raw, ours, strict=True) if o]
-        seen = [k for m in messages[:at] for k in (m.get(SEEN) or [])]
+        seen = [k for m in messages[:at] for k in _seen_on(m)]
         recorded = iter(self.record(mine, seen=seen, requires_approval=[
             None if requires_approval is None else requires_approval(tc) for tc in mine])
             if mine else [])
         statuses = tuple(next(recorded) if o else None for o in ours)
         ids = [tc.get("id") if isinstance(tc, Mapping) else None for tc in raw]
-        results = [(m.get("tool_call_id"), (m.get(SEEN) or [None])[0])
+        results = [(m.get("tool_call_id"), next(iter(_seen_on(m)), None))
                    for m in after if m.get("role") == "tool"]
         done = answered_calls([("" if i is None else str(i), st)
                                for i, st in zip(ids, statuses, strict=True)], results)
@@ -1875,6 +1875,19 @@ def _same_calls(there: SessionState, wanted: Sequence[tuple[str, str, str]]) -> 
         c.position[1] == slot and (c.tool_call_id, c.tool.name, c.args_digest) == w
         for slot, (c, w) in enumerate(zip(there.calls, wanted, strict=True))
     )
+
+
+def _seen_on(message: Mapping[str, Any]) -> list[str]:
+    """The ledger keys a chat message carries (``message[SEEN]``: a list, or one key)."""
+    value = message.get(SEEN)
+    if value is None:
+        return []
+    keys = [value] if isinstance(value, str) else value
+    if isinstance(keys, (Mapping, bytes)) or not isinstance(keys, Sequence) or not all(
+            isinstance(k, str) for k in keys):
+        raise InvalidInput(f"a message's {SEEN!r} must be a list of ledger keys, got "
+                           f"{value!r}; nothing was recorded")
+    return list(keys)
 
 
 def _legacy_candidate(turn: SessionState) -> bool:
