@@ -1,13 +1,15 @@
 """The adopted toy engine keeps each call's identity where ids repeat and histories move.
 
-Three scenarios on :class:`toolledger.kit.toyworker_glue.LedgerWorker`, every
+Four scenarios on :class:`toolledger.kit.toyworker_glue.LedgerWorker`, every
 step in its own forked process, a crash point being a real ``SIGKILL`` (the
 outbox is an fsynced file, the one thing that survives): a legacy message
 partly answered before the ledger (adopted with its answer, never a dead
 end); an inline answer with the empty id ``""`` (it never answers the
 approved email's call); a session adopted from legacy, resolved, compacted
-and resumed (no alias of a settled legacy call).  Each has its control, the
-variant without the fix, which fails the same assertions.
+and resumed (no alias of a settled legacy call); a legacy message whose
+interactive call was answered inline with ``""`` (never the email's answer).
+Each has its control, the variant without the fix, which fails the same
+assertions.
 """
 
 from __future__ import annotations
@@ -277,6 +279,65 @@ def test_a_legacy_thread_compacted_and_resumed_keeps_every_identity(
     assert isinstance(again, LedgerWorker)
     assert len(again.session.ledger.full_state().calls) == 4
     assert sorted(world.outbox) == ["ada", "ada", "bob"]
+
+
+# -- 4. a legacy message whose interactive call was answered inline with the id "" ----------
+
+
+def legacy_inline_empty_id(base: Path, world: KillWorld) -> None:
+    """The old engine, a stream that gave two calls the id "": ask_user answered
+    inline (saved when ada's approval parked), ada allowed; the old resume takes
+    the "" answer for ada's, never sends her email, and parks bob's approval."""
+    world.script = lambda turn: [call("ask_user", "", question="who?"),
+                                 call("send_email", "", to="ada"),
+                                 call("send_email", "call_1", to="bob")]
+    old = factory(ToyWorker, base, world)
+    assert child(lambda: old().run("email someone")) == 0
+    [key] = Inbox(base / "inbox.json").pending()
+    assert child(partial(lambda k: old().resolve_inbox(k, "allow"), key)) == 0
+    assert world.outbox == [] and not (base / "ledger.sqlite3").exists()
+    assert [m["role"] for m in view(base).messages] == ["user", "assistant", "tool"]
+
+
+def test_a_legacy_inline_answer_with_the_empty_id_is_never_the_emails(tmp_path: Path) -> None:
+    # the upgraded process adopts the session: ada's approved, unanswered email is not
+    # settled with ask_user's answer; it halts for a human, who finds it unsent and
+    # retries it: each email sent once, each told its own result
+    world = KillWorld(tmp_path)
+    legacy_inline_empty_id(tmp_path, world)
+    new = factory(LedgerWorker, tmp_path, world)
+    e = new()
+    assert isinstance(e, LedgerWorker)
+    ada, bob = e.session.ledger.state.calls  # ask_user is the engine's, not adopted
+    assert (ada.position, ada.result, bob.position) == ((1, 0), None, (1, 1))
+    drive(new, world, tmp_path, lambda e: e.resume(), mark=0)
+    assert world.outbox == ["ada", "bob"]
+    assert "recovery" in kinds(tmp_path)
+    assert [t.get("answer") or t.get("sent") for t in tools_of(tmp_path)] == [
+        "(the user answered inline)", "ada", "bob"]
+
+
+def test_control_the_filtered_legacy_message_gives_the_email_ask_users_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # broken on purpose (the glue before this change): only the ledger's calls go to
+    # adoption, so ask_user's "" answer is taken as ada's, settled for good: her email
+    # is never sent and the model is told "the user answered" as its result
+    real = Session.open
+
+    def filtered(*a: Any, legacy_messages: Any = (), legacy_held: Any = None,
+                 **k: Any) -> Session:
+        return real(*a, legacy_messages=[
+            {**m, "tool_calls": [tc for tc in m.get("tool_calls") or [] if legacy_held(tc)]}
+            for m in legacy_messages], **k)
+
+    monkeypatch.setattr(Session, "open", filtered)
+    world = KillWorld(tmp_path)
+    legacy_inline_empty_id(tmp_path, world)
+    e = factory(LedgerWorker, tmp_path, world)()
+    assert isinstance(e, LedgerWorker)
+    ada, _ = e.session.ledger.state.calls
+    assert ada.result is not None and "answered inline" in ada.result.content
 
 
 def test_answered_calls_pairs_by_key_and_never_by_a_reused_id() -> None:

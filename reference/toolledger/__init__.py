@@ -36,7 +36,7 @@ The package is laid out by who uses what:
   verify-store).
 """
 
-from ._core.answers import answered_calls
+from ._core.answers import SEEN, Trailing, answered_calls
 from ._core.async_session import AsyncSession
 from ._core.calls import (
     Attempt,
@@ -81,6 +81,7 @@ from ._core.tools import CannotTell, NotAppliedFenced, WasApplied
 __version__ = "0.1.0"
 
 __all__ = [
+    "SEEN",
     "AsyncSession",
     "Attempt",
     "CallBusy",
@@ -115,6 +116,7 @@ __all__ = [
     "StoreUnavailable",
     "Tool",
     "ToolResult",
+    "Trailing",
     "UnknownSession",
     "UnsupportedSchema",
     "WasApplied",

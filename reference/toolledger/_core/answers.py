@@ -8,16 +8,49 @@ another: a resume then skips that call, which never runs and never gets its
 tool message.  The ledger's key (:attr:`CallRef.key`) names exactly one call;
 an engine that stamps it on the tool results it writes for ledger calls gets
 an exact pairing here (docs/protocol.md#placing-a-response).
+:class:`Trailing` is what :meth:`Session.record_trailing` returns for an
+engine whose conversation is a list of chat messages; :data:`SEEN` is the
+field those messages carry the keys in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
 
 from .calls import CallStatus
 from .protocol import InvalidInput
 
-__all__ = ["answered_calls"]
+__all__ = ["SEEN", "Trailing", "answered_calls"]
+
+SEEN: Final = "ledger_seen"
+"""The field of a chat message that holds ledger keys (a list): on a tool message
+the key of the call it answers, on a summary the keys of the messages it
+replaced.  :meth:`Session.record_trailing` reads it; the engine writes it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Trailing:
+    """The trailing response of a chat history, as :meth:`Session.record_trailing` left it.
+
+    ``index``: its index in the messages (-1: no message with tool calls).
+    ``calls``: its raw call dicts, in slot order.  ``statuses``: per call, the
+    ledger's status (``None``: a call the ledger does not hold, or ``stale``).
+    ``answered``: per call, whether a tool message after it answers it
+    (:func:`answered_calls`).
+    ``stale``: a user message follows it: the turn moved on, nothing was
+    recorded and nothing of it is to be resumed."""
+
+    index: int
+    calls: tuple[Mapping[str, Any], ...]
+    statuses: tuple[CallStatus | None, ...]
+    answered: tuple[bool, ...]
+    stale: bool
+
+    def unanswered(self) -> list[int]:
+        """The slots a resume re-drives: unanswered calls of a response that is not stale."""
+        return [] if self.stale else [j for j, done in enumerate(self.answered) if not done]
 
 
 def answered_calls(

@@ -259,6 +259,7 @@ class AsyncSession:
     # -- the synchronous methods, awaited (same parameters, same returns) ---------------
 
     record = _off_loop(Session.record)
+    record_trailing = _off_loop(Session.record_trailing)
     approve = _off_loop(Session.approve)
     reject = _off_loop(Session.reject)
     cancel = _off_loop(Session.cancel)

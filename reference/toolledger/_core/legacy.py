@@ -13,7 +13,7 @@ a re-record (docs/protocol.md#placing-a-response).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -34,7 +34,7 @@ from .protocol import (
     derive_execution_id,
 )
 
-__all__ = ["LEGACY_APPROVALS", "LegacyCall", "legacy_calls", "write_legacy"]
+__all__ = ["LEGACY_APPROVALS", "LegacyCall", "legacy_calls", "pair_answers", "write_legacy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +59,21 @@ def legacy_calls(
     messages: Sequence[Mapping[str, Any]],
     tools: Mapping[str, Tool],
     approvals: Mapping[str, str],
+    held: Callable[[Mapping[str, Any]], bool] | None = None,
 ) -> list[LegacyCall]:
+    """The legacy calls of ``messages`` (see the module docstring), validated.
+
+    ``held(call)``: whether the ledger holds that call (as the engine's
+    ``record`` would be given it); ``False``: the engine's own (an interactive
+    tool answered inline, a malformed or unknown call), not adopted, not
+    validated, and its answer is its own (:func:`pair_answers`).  ``None``:
+    every call is held.  Held calls keep their order, at slots 0..n-1 of the
+    message, as the engine records them."""
     if isinstance(messages, Mapping) or not isinstance(messages, Sequence):
         raise InvalidInput("messages must be a list of message dicts")
+    if held is not None and not callable(held):
+        raise InvalidInput(f"legacy_held must be a function of one call dict, returning "
+                           f"whether the ledger holds it, got {held!r}; nothing was written")
     for cid, value in approvals.items():
         if value not in LEGACY_APPROVALS:
             raise InvalidInput(f"approval of {cid!r} is {value!r}; use one of "
@@ -75,28 +87,59 @@ def legacy_calls(
             continue
         if not isinstance(raw, Sequence):
             raise InvalidInput(f"message {turn}: tool_calls must be a list")
-        # answered: a tool message with the id before the next assistant message; the
-        # n-th answer with an id is the n-th call with it (ids repeat: "" in a stream)
-        answers: dict[object, list[str]] = {}
+        answers: list[tuple[object, str]] = []  # before the next assistant message
         for later in messages[turn + 1:]:
             if isinstance(later, Mapping) and later.get("role") == "assistant":
                 break
             if isinstance(later, Mapping) and later.get("role") == "tool":
-                answers.setdefault(later.get("tool_call_id"), []).append(
-                    _content(later.get("content")))
-        found = []
-        for slot, call in enumerate(raw):
+                answers.append((later.get("tool_call_id"), _content(later.get("content"))))
+        ours = [held is None or bool(held(call)) for call in raw]
+        ids = [call.get("id") if isinstance(call, Mapping) else None for call in raw]
+        paired = pair_answers(["" if i is None else i for i in ids], ours, answers)
+        found: list[LegacyCall] = []
+        for j, call in enumerate(raw):
+            if not ours[j]:
+                continue
             try:
-                cid, name, args = parse_call(slot, call)
+                cid, name, args = parse_call(len(found), call)
             except InvalidInput as exc:
                 raise InvalidInput(f"message {turn}: {exc}") from None
-            answer = answers[cid].pop(0) if answers.get(cid) else None
+            answer = paired[j]
             tool = tools.get(name, _UNDECLARED)
             state = approvals.get(cid) if answer is None else None
-            found.append(LegacyCall((turn, slot), cid, tool.profile(name), args,
+            found.append(LegacyCall((turn, len(found)), cid, tool.profile(name), args,
                                     None if state is None else LEGACY_APPROVALS[state], answer))
         if any(lc.answer is None for lc in found):  # a message with an open call, whole
             out += found
+    return out
+
+
+def pair_answers(
+    ids: Sequence[str], held: Sequence[bool], answers: Sequence[tuple[object, str]]
+) -> list[str | None]:
+    """The answer of each call of one message (``None``: unanswered), by id.
+
+    ``answers``: ``(tool_call_id, content)`` of the tool messages after it.  An
+    answer goes first to a call the ledger does not hold (``held`` False: the
+    engine answered it inline, as :func:`~toolledger.answered_calls` pairs a
+    live history).  Then, among held calls, the n-th answer with an id is the
+    n-th call with it; but where fewer answers than held calls share an id
+    (``""`` from a stream), none of those calls takes one: whose answer it is
+    cannot be told, and a guessed answer would be written as the call's
+    result forever.  Unanswered, the call is recovered by its policy."""
+    left: dict[object, list[str]] = {}
+    for cid, content in answers:
+        left.setdefault(cid, []).append(content)
+    out: list[str | None] = [None] * len(ids)
+    for j in [j for j, h in enumerate(held) if not h]:
+        if left.get(ids[j]):
+            out[j] = left[ids[j]].pop(0)
+    ours = [j for j, h in enumerate(held) if h]
+    enough = {ids[j]: len(left.get(ids[j], [])) >= sum(ids[k] == ids[j] for k in ours)
+              for j in ours}  # counted before any is taken
+    for j in ours:
+        if enough[ids[j]]:
+            out[j] = left[ids[j]].pop(0)
     return out
 
 

@@ -136,6 +136,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Final
 
+from .answers import SEEN, Trailing, answered_calls
 from .call_input import check_seq, declared_tools, parse_call
 from .calls import (
     _DENIED,
@@ -296,6 +297,7 @@ class Session(LedgerGuard):
         max_attempts: int = 3,
         legacy_messages: Sequence[Mapping[str, Any]] | None = None,
         legacy_approvals: Mapping[str, str] | None = None,
+        legacy_held: Callable[[Mapping[str, Any]], bool] | None = None,
         take_session: bool = False,
         clock: Callable[[], float] = time.time,
         lazy_create: bool = False,
@@ -312,7 +314,8 @@ class Session(LedgerGuard):
         transaction.  A crash before it leaves no trace of the session.
 
         With ``legacy_messages`` (the conversation so far, of a session that
-        ran without the ledger), a new session is adopted (:meth:`adopt`).
+        ran without the ledger), a new session is adopted (:meth:`adopt`;
+        ``legacy_held`` is its ``held``).
         ``take_session=True`` (an existing session) takes the session's lease
         (:class:`~toolledger._core.ledger.Ledger`): a worker that lost the
         session since cannot commit, and tools get the epoch (``Attempt.epoch``).
@@ -349,7 +352,8 @@ class Session(LedgerGuard):
         except UnknownSession:
             if legacy_messages:
                 adopted = cls.adopt(store, session_id, legacy_messages, tools,
-                                    approvals=legacy_approvals, max_attempts=max_attempts)
+                                    approvals=legacy_approvals, held=legacy_held,
+                                    max_attempts=max_attempts)
                 adopted._approval_ttl = check_ttl(approval_ttl, "approval_ttl")
                 return adopted
             make = Ledger.new if lazy_create else Ledger.create
@@ -361,7 +365,7 @@ class Session(LedgerGuard):
                 # written (adoption is two commits): write what is missing.  With
                 # no call in the store at all, none of them was written.
                 legacy = legacy_calls(legacy_messages[:marker], declared,
-                                      legacy_approvals or {})
+                                      legacy_approvals or {}, legacy_held)
                 if legacy:
                     write_legacy(ledger, legacy)
                     ledger = Ledger(store, session_id, clock=clock)
@@ -392,6 +396,7 @@ class Session(LedgerGuard):
         tools: Mapping[str, Tool | str] | None = None,
         *,
         approvals: Mapping[str, str] | None = None,
+        held: Callable[[Mapping[str, Any]], bool] | None = None,
         max_attempts: int = 3,
     ) -> Session:
         """Put a session that ran without the ledger under it.
@@ -401,8 +406,16 @@ class Session(LedgerGuard):
         "arguments"}``) and ``{"role": "tool", "tool_call_id": ...}``.  Legacy
         positions are ``(index in messages, index in the message)``; new
         messages must get sequence numbers ``>= len(messages)`` (the protocol
-        marker).  A call is answered if a tool message with its id follows it
-        before the next assistant message.  Every unanswered call is written
+        marker).  ``held(call)`` (each raw call dict of an assistant message):
+        whether the ledger holds it, as the engine's glue gives calls to
+        :meth:`record` (``None``: every call); a call it does not hold (an
+        interactive tool the engine answered inline, a malformed or unknown
+        call) is not adopted, and the held calls keep slots 0..n-1, so that the
+        glue's re-record finds them.  A call is answered if a tool message with
+        its id follows it before the next assistant message; an answer goes to
+        a call the ledger does not hold first, and where fewer answers than
+        held calls share an id (``""``), none of those takes one: it is never
+        guessed (docs/protocol.md#placing-a-response).  Every unanswered call is written
         as the spec's initial legacy state, with its approval from
         ``approvals`` (tool_call_id -> ``"approved"``, ``"rejected"`` or
         ``"pending"``, the host's inbox); :meth:`recover` then applies the
@@ -411,7 +424,7 @@ class Session(LedgerGuard):
         call is validated before anything is written.
         """
         declared = declared_tools(tools)
-        parsed = legacy_calls(messages, declared, approvals or {})  # validates first
+        parsed = legacy_calls(messages, declared, approvals or {}, held)  # validates first
         ledger = Ledger.create(store, session_id, marker=len(messages),
                                max_attempts=max_attempts)
         write_legacy(ledger, parsed)
@@ -572,6 +585,62 @@ class Session(LedgerGuard):
         """
         seq_, calls_ = self._seq_and(seq, calls, "record")
         return self._record(seq_, calls_, requires_approval, dispatch="none", seen=seen)
+
+    def record_trailing(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        held: Callable[[Mapping[str, Any]], bool] | None = None,
+        requires_approval: Callable[[Mapping[str, Any]], bool | None] | None = None,
+    ) -> Trailing:
+        """Record the trailing response of a chat history; what answers each of its calls.
+
+        For an engine whose conversation is a list of chat message dicts
+        (``{"role": "assistant", "tool_calls": [...]}``, ``{"role": "tool",
+        "tool_call_id": ...}``), keeping on each tool message it writes for a
+        ledger call the call's key (``message[SEEN] = [key]``, :data:`SEEN`;
+        a summary that replaces messages keeps theirs).  The trailing
+        response is the last message with tool calls; unless a user message
+        follows it (``stale``: nothing is recorded), its calls that ``held``
+        accepts (each raw call dict; ``None``: every call), the same
+        predicate as ``Session.open(legacy_held=...)``, are recorded with
+        :meth:`record` (``seen``: the keys the messages before it hold;
+        ``requires_approval(call)`` per held call, ``None`` the tool's
+        default).  Re-recording writes nothing, so an engine calls this on
+        every turn and on every resume.  ``answered`` pairs the tool messages
+        after it with its calls by key, never by a reused id
+        (:func:`answered_calls`); :meth:`Trailing.unanswered` is what a
+        resume re-drives (docs/adopting.md#an-engine-with-openworkers-seams).
+        """
+        if isinstance(messages, Mapping) or not isinstance(messages, Sequence) or not all(
+                isinstance(m, Mapping) for m in messages):
+            raise InvalidInput("record_trailing(messages): messages must be a list of message "
+                               "dicts; nothing was recorded")
+        for name, fn in (("held", held), ("requires_approval", requires_approval)):
+            if fn is not None and not callable(fn):
+                raise InvalidInput(f"record_trailing: {name} must be a function of one call "
+                                   f"dict, got {fn!r}; nothing was recorded")
+        at = max((i for i, m in enumerate(messages) if m.get("tool_calls")), default=-1)
+        if at < 0:
+            return Trailing(-1, (), (), (), False)
+        raw = messages[at]["tool_calls"]
+        if isinstance(raw, (Mapping, str, bytes)) or not isinstance(raw, Sequence):
+            raise InvalidInput(f"record_trailing: message {at}: tool_calls must be a list")
+        after = messages[at + 1:]
+        stale = any(m.get("role") == "user" for m in after)
+        ours = [not stale and (held is None or bool(held(tc))) for tc in raw]
+        mine = [tc for tc, o in zip(raw, ours, strict=True) if o]
+        seen = [k for m in messages[:at] for k in _seen_on(m)]
+        recorded = iter(self.record(mine, seen=seen, requires_approval=[
+            None if requires_approval is None else requires_approval(tc) for tc in mine])
+            if mine else [])
+        statuses = tuple(next(recorded) if o else None for o in ours)
+        ids = [tc.get("id") if isinstance(tc, Mapping) else None for tc in raw]
+        results = [(m.get("tool_call_id"), next(iter(_seen_on(m)), None))
+                   for m in after if m.get("role") == "tool"]
+        done = answered_calls([("" if i is None else str(i), st)
+                               for i, st in zip(ids, statuses, strict=True)], results)
+        return Trailing(at, tuple(raw), statuses, tuple(done), stale)
 
     @staticmethod
     def _seq_and(
@@ -1806,6 +1875,19 @@ def _same_calls(there: SessionState, wanted: Sequence[tuple[str, str, str]]) -> 
         c.position[1] == slot and (c.tool_call_id, c.tool.name, c.args_digest) == w
         for slot, (c, w) in enumerate(zip(there.calls, wanted, strict=True))
     )
+
+
+def _seen_on(message: Mapping[str, Any]) -> list[str]:
+    """The ledger keys a chat message carries (``message[SEEN]``: a list, or one key)."""
+    value = message.get(SEEN)
+    if value is None:
+        return []
+    keys = [value] if isinstance(value, str) else value
+    if isinstance(keys, (Mapping, bytes)) or not isinstance(keys, Sequence) or not all(
+            isinstance(k, str) for k in keys):
+        raise InvalidInput(f"a message's {SEEN!r} must be a list of ledger keys, got "
+                           f"{value!r}; nothing was recorded")
+    return list(keys)
 
 
 def _legacy_candidate(turn: SessionState) -> bool:

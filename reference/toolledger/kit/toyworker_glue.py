@@ -13,10 +13,9 @@ The seam table is in docs/adopting.md#an-engine-with-openworkers-seams.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict
 from typing import Any
 
-from .. import CallStatus, Next, Session, SqliteStore, Tool, answered_calls
+from .. import SEEN, CallStatus, Next, Session, SqliteStore, Tool
 from .toyworker import ALLOWING, PermissionRequest, ToolCall, ToyWorker
 
 __all__ = ["LedgerWorker"]
@@ -31,25 +30,23 @@ class LedgerWorker(ToyWorker):  # ToyWorker, its tool calls protected by toolled
         old = {i["tool_call_id"]: ("approved" if i["resolution"] in ALLOWING else "rejected")
                if i["resolution"] else "pending" for i in reversed(self.inbox.items)
                if i["session_id"] == self.session_id}  # the old engine's inbox: legacy
-        self.session = Session.open(SqliteStore(self.base / "ledger.sqlite3"), self.session_id,
-                                    self.tools, legacy_approvals=old, legacy_messages=[  # ours
-                                        {**m, "tool_calls": [asdict(c) for c in self.ours(
-                                            self.parse(m))]} for m in self.messages])
+        self.session = Session.open(  # the calls the ledger holds, as place() records them
+            SqliteStore(self.base / "ledger.sqlite3"), self.session_id, self.tools,
+            legacy_messages=self.messages, legacy_approvals=old, legacy_held=self.ours)
 
-    def ours(self, calls: list[ToolCall]) -> list[ToolCall]:  # what the ledger protects
-        return [c for c in calls if c.name in self.tools and c.arguments is not None]
+    def ours(self, raw: Mapping[str, Any]) -> bool:  # what the ledger protects (a raw call)
+        [c] = self.parse({"tool_calls": [raw]})
+        return c.name in self.tools and c.arguments is not None
 
     def handle_tool_calls(self, calls: list[ToolCall]) -> str:  # a resume's: placed already
         return super().handle_tool_calls(calls if calls is self.placed else self.place())
 
     def place(self) -> list[ToolCall]:  # the trailing response's calls, each its own status
-        at, message = self.trailing() or (0, {})
-        mine = self.ours(calls := self.parse(message))
-        statuses = self.session.record(  # placed by the ledger; again: nothing is written
-            [asdict(c) for c in mine],
-            seen=[k for m in self.messages[:at] for k in m.get("ledger_seen", [])],
-            requires_approval=[self.permissions.evaluate(c.name) != "allow" for c in mine])
-        self.status = dict(zip(map(id, mine), statuses, strict=True))
+        self.trail = self.session.record_trailing(  # placed by the ledger; again: no write
+            self.messages, held=self.ours, requires_approval=lambda raw: self.permissions
+            .evaluate(raw["function"]["name"]) != "allow")
+        calls = self.parse({"tool_calls": self.trail.calls})
+        self.status = {id(c): s for c, s in zip(calls, self.trail.statuses, strict=True) if s}
         return calls
 
     def inbox_key(self, request: PermissionRequest) -> tuple[str, str]:
@@ -92,7 +89,7 @@ class LedgerWorker(ToyWorker):  # ToyWorker, its tool calls protected by toolled
     def record_result(self, call: ToolCall, result: Mapping[str, Any] | None) -> None:
         super().record_result(call, result)
         if result is not None and id(call) in self.status:  # the next response's `seen`
-            self.messages[-1]["ledger_seen"] = [self.status[id(call)].key]
+            self.messages[-1][SEEN] = [self.status[id(call)].key]
 
     def skip(self, call: ToolCall) -> None:
         if (status := self.status.get(id(call))) is None:
@@ -102,16 +99,10 @@ class LedgerWorker(ToyWorker):  # ToyWorker, its tool calls protected by toolled
 
     def summarise(self, dropped: list[dict[str, Any]]) -> dict[str, Any]:
         return {**super().summarise(dropped),  # compaction keeps the keys it drops
-                "ledger_seen": [k for m in dropped for k in m.get("ledger_seen", [])]}
+                SEEN: [k for m in dropped for k in m.get(SEEN, [])]}
 
-    def unanswered(self) -> list[ToolCall]:
-        at, message = self.trailing() or (0, {})  # only results AFTER it answer its calls
-        after = self.messages[at + 1:]
-        if not message or any(m["role"] == "user" for m in after):  # a later turn
-            return []
-        calls = self.place()  # a ledger call is answered by its key, never by a reused id
-        results = [(m.get("tool_call_id"), m.get("ledger_seen", [None])[0]) for m in after]
-        done = answered_calls([(c.id, self.status.get(id(c))) for c in calls], results)
-        self.placed = [c for c, answered in zip(calls, done, strict=True) if not answered]
+    def unanswered(self) -> list[ToolCall]:  # only results AFTER it, by key (never an id)
+        calls = self.place()  # stale (a user message after it): nothing
+        self.placed = [calls[j] for j in self.trail.unanswered()]
         return self.placed
 # glue:end
