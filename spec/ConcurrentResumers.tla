@@ -318,6 +318,30 @@ AnnounceEpoch(p) ==
     /\ UNCHANGED durable /\ UNCHANGED <<view, held, inflight, fenced>>
     /\ UNCHANGED ghosts
 
+(***************************************************************************)
+(* A human's retry is a durable GRANT, not a dispatch (the main spec's     *)
+(* HumanResolveRetry): it writes only the "human_retry" row for the        *)
+(* attempt after the halted record's.  RetryGranted(v): the grant stands  *)
+(* and is unused in what v holds (a process's view, or the store: Stored): *)
+(* the record is still halted at attempt n, the call has no result, and   *)
+(* the row for n+1 is there.  Recover honours it: its halt decision sends *)
+(* the call to the "retry" stage instead of back to the human, and the     *)
+(* dispatch of attempt n+1 is authorized "human" (AttemptAuth).  Whichever *)
+(* process runs Recover next reads the grant from the store alone.  Once   *)
+(* n+1 is dispatched the record is at n+1 and the row grants nothing more. *)
+(* HonourRetryGrant is the design switch: FALSE is the engine that does    *)
+(* not read the grant and halts the call again (twin                       *)
+(* ConcurrentRetryGrantForgotten: RetryGrantHonoured).                     *)
+(***************************************************************************)
+HonourRetryGrant == TRUE
+Stored == [rec |-> rec, res |-> res, audit |-> audit]
+RetryGranted(v) ==
+    /\ v.rec.status = "recovery_required" /\ v.res = "none"
+    /\ <<"human_retry", v.rec.attempt + 1>> \in v.audit
+\* Process p holds the call for the granted retry, on what the store holds.
+HoldsGrantedRetry(p) ==
+    pc[p] = "retry" /\ RetryGranted(view[p]) /\ view[p] = Stored
+
 StageAfter(d) ==
     CASE d = "skip" -> "idle"
       [] d = "execute" -> "live"
@@ -334,7 +358,10 @@ StageAfter(d) ==
 Recover(p) ==
     LET d == DecisionFor(p) IN
     /\ pc[p] = "resume"
-    /\ pc' = [pc EXCEPT ![p] = StageAfter(d)]
+    \* a halt with a human's unused retry grant: the retry, not the human again
+    /\ pc' = [pc EXCEPT ![p] = IF d = "recovery_required" /\ HonourRetryGrant
+                                   /\ RetryGranted(view[p])
+                                THEN "retry" ELSE StageAfter(d)]
     /\ IF d = "skip"
        THEN NoCommit
        ELSE Commit(p, RecoverRecord(p), view[p].res, RecoverRows(p))
@@ -344,9 +371,12 @@ Recover(p) ==
                    droppedAfterOutcome>>
 
 \* dispatched(attempt n) is made durable before the adapter is invoked.
-\* Who authorizes it: the recovery policy for a retry, else the approval
-\* (the main spec's AttemptAuth; a clause twin's cfg overrides this name).
-AttemptAuth(p) == IF pc[p] = "retry" THEN "policy" ELSE FirstAuth
+\* Who authorizes it: a retry is the recovery policy's, or the human's whose
+\* grant it uses; a first attempt the approval's (the main spec's
+\* AttemptAuth; a clause twin's cfg overrides this name).
+AttemptAuth(p) == IF pc[p] = "retry"
+                  THEN (IF RetryGranted(view[p]) THEN "human" ELSE "policy")
+                  ELSE FirstAuth
 PersistDispatched(p) ==
     LET n == view[p].rec.attempt + 1
         auth == AttemptAuth(p)
@@ -462,14 +492,16 @@ HumanResolveApplied(p) ==
                    refusals, staleDropped, sentAfterOutcome,
                    droppedAfterOutcome>>
 
+\* The human grants one more attempt (n+1, same id): a durable grant, the
+\* audit row only; the process re-decides (Recover honours the grant).  One
+\* grant per attempt.
 HumanResolveRetry(p) ==
     LET n == view[p].rec.attempt + 1 IN
     /\ pc[p] = "halted" /\ view[p].rec.status = "recovery_required"
-    /\ n <= MaxAttempts
-    /\ Commit(p, Dispatched(n, "human"), view[p].res,
-              {<<"human_retry", n>>, <<"dispatch", n>>})
+    /\ n <= MaxAttempts /\ <<"human_retry", n>> \notin view[p].audit
+    /\ Commit(p, view[p].rec, view[p].res, {<<"human_retry", n>>})
     /\ humanRetries' = humanRetries + 1
-    /\ pc' = [pc EXCEPT ![p] = "dispatched"]
+    /\ pc' = [pc EXCEPT ![p] = "resume"]
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, sent, invocations, crashes, refusals, staleDropped,
                    sentAfterOutcome, droppedAfterOutcome>>
@@ -653,11 +685,20 @@ ResultFidelity ==
 (* RecoveryRequiredHalts: while the call is in recovery_required no        *)
 (* process holds anything that could invoke it: a process about to commit  *)
 (* a dispatch cannot (CanCommit), and a request about to be sent cannot   *)
-(* reach the tool (CanStillInvoke); only a human, or the attempt's own    *)
-(* late answer, moves the call on.                                         *)
+(* reach the tool (CanStillInvoke); only a human (a retry the human        *)
+(* granted, held to dispatch on what the store holds: HoldsGrantedRetry),  *)
+(* or the attempt's own late answer, moves the call on.                    *)
 RecoveryRequiredHalts ==
     rec.status = "recovery_required" =>
-        \A p \in Procs : ~CanStillInvoke(p) /\ (pc[p] = "live" => ~CanCommit(p))
+        \A p \in Procs :
+            /\ ~CanStillInvoke(p) \/ HoldsGrantedRetry(p)
+            /\ pc[p] = "live" => ~CanCommit(p)
+
+(* RetryGrantHonoured: a human's retry grant outlives the process that    *)
+(* recorded it and is not answered by another halt: no process that read  *)
+(* an unused grant (RetryGranted) holds the call waiting for a human.      *)
+RetryGrantHonoured ==
+    \A p \in Procs : pc[p] = "halted" => ~RetryGranted(view[p])
 
 (* AuditComplete: every invocation has its dispatch row.  (Every decision *)
 (* and connector answer is committed with its row, so the main spec's     *)
@@ -711,10 +752,16 @@ Witness_StaleRequestRefusedAfterOutcome ==
 
 \* The call waits for a human while another process is about to commit a
 \* dispatch or to send (RecoveryRequiredHalts: what the compare-and-set,
-\* the lease and the announced epoch make harmless).
+\* the lease and the announced epoch make harmless), a granted retry aside.
 Witness_HaltedBesideSender ==
     ~(rec.status = "recovery_required" /\
-      \E p \in Procs : pc[p] \in {"live", "retry", "dispatched"})
+      \E p \in Procs : pc[p] \in {"live", "retry", "dispatched"} /\ ~HoldsGrantedRetry(p))
+
+\* A human's retry grant is honoured by Recover: a process holds the call,
+\* still halted, for the granted retry (RetryGrantHonoured,
+\* RecoveryRequiredHalts).
+Witness_RetryGrantHonoured ==
+    ~\E p \in Procs : HoldsGrantedRetry(p)
 
 \* The call's result is an error although its effect was applied (the
 \* idempotent exception of ResultFidelity: the attempt still in flight
