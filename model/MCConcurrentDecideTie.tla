@@ -34,7 +34,7 @@ CR == INSTANCE ConcurrentResumers WITH
         Procs <- {"p1"}, Pol <- "manual", NeedsApproval <- TRUE,
         MaxAttempts <- TieMaxAttempts, MaxCrashes <- 0, MaxEpoch <- 0,
         UseCAS <- TRUE, UseLease <- TRUE, EpochAware <- TRUE,
-        rec <- 0, res <- 0, ver <- 0, epoch <- 0, audit <- 0, pc <- 0, view <- 0, held <- 0,
+        rec <- 0, res <- 0, epoch <- 0, audit <- 0, pc <- 0, view <- 0, held <- 0,
         inflight <- 0, fenced <- 0, extEpoch <- 0, applied <- 0, sent <- 0,
         invocations <- 0, humanRetries <- 0, crashes <- 0, staleCommits <- 0,
         refusals <- 0, staleDropped <- 0, knownOutcome <- 0, sentAfterOutcome <- 0,

@@ -20,6 +20,10 @@ DispatchedSpec == Init /\ rec.status = "dispatched" /\ [][Next]_vars
 (* side only with a request or a reconcile query (EpochOnTake = FALSE).    *)
 MCEpochOnTakeOff == FALSE
 
+(* ConcurrentRetryGrantForgotten twin: the old rule, a process that reads  *)
+(* a human's retry grant halts the call again (HonourRetryGrant = FALSE).  *)
+MCHonourRetryGrantOff == FALSE
+
 (* Clause twins (model/clauses.toml): each the spec with ONE mistake that  *)
 (* breaks an invariant through one clause only (the main spec's twins of  *)
 (* model/MCTwins.tla, here with two processes).                           *)

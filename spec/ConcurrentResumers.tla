@@ -8,16 +8,16 @@
 (* A deployment resumes a session from several paths at once (an inbox    *)
 (* resolution, a chat reply, a WebSocket reconnect), and a worker that was *)
 (* declared dead may still be running.  Each process has its own volatile  *)
-(* state: what it READ from the durable store (a version and the record   *)
-(* and result), the epoch of the lease it took, and where it is.  It       *)
-(* decides on what it read, never on the store's current state.           *)
+(* state: what it READ from the durable store (the record, the result      *)
+(* and the audit keys), the epoch of the lease it took, and where it is.   *)
+(* It decides on what it read, never on the store's current state.         *)
 (*                                                                         *)
 (* Two mechanisms protect the store, both what the Python stores do:      *)
 (*  - compare-and-set (UseCAS): every durable write, an audit-only one     *)
 (*    included, commits only if the store still holds what the process     *)
-(*    read (the version it read; the stores compare the call's whole       *)
-(*    durable state, CommitPlan.check_session).  A refused process reloads *)
-(*    (Refused): nothing of it is written;                                 *)
+(*    read (the call's record, result and audit keys, as the stores'       *)
+(*    CommitPlan.check_session compares its CallView).  A refused process  *)
+(*    reloads (Refused): nothing of it is written;                         *)
 (*  - session ownership (UseLease): a process takes the session by bumping *)
 (*    the durable lease epoch (TakeSession, atomic with its read), and     *)
 (*    every commit also requires that the epoch is still the one it took:  *)
@@ -41,8 +41,8 @@
 (* Where each variable lives:                                              *)
 (*  - durable, the store: rec (the execution record), res (the call's      *)
 (*    result in the conversation), audit (the audit keys <<kind,          *)
-(*    attempt>>), ver (the version every commit bumps: what a             *)
-(*    compare-and-set compares), epoch (the session's lease);             *)
+(*    attempt>>, the stores' audit keys: a decision taken again for the    *)
+(*    same attempt writes its row but adds no key), epoch (the lease);    *)
 (*  - volatile, per process (lost when it crashes): pc, view, held;       *)
 (*  - external: inflight (requests <<attempt, epoch, sender>>), fenced,    *)
 (*    extEpoch (the newest epoch the external system has seen);           *)
@@ -76,7 +76,7 @@ ResKinds == {"none", "ok", "error", "human", "abandoned"}
 NoRecord == [status |-> "none", attempt |-> 0, auth |-> "none", result |-> "none"]
 Dispatched(n, a) == [status |-> "dispatched", attempt |-> n, auth |-> a, result |-> "none"]
 Halt(r) == [r EXCEPT !.status = "recovery_required"]
-NoView == [ver |-> 0, rec |-> NoRecord, res |-> "none", audit |-> {}]
+NoView == [rec |-> NoRecord, res |-> "none", audit |-> {}]
 
 \* Process locations (the main spec's stages, plus the connector's answer
 \* held in memory before it is committed, and "halted": the process holds
@@ -86,7 +86,7 @@ PCs == {"idle", "taken", "resume", "live", "retry", "dispatched", "waiting", "go
         "rec_unknown", "reconciling", "halted"}
 
 VARIABLES
-    rec, res, ver, epoch, audit, \* durable
+    rec, res, epoch, audit,      \* durable
     pc, view, held,              \* volatile, per process
     inflight, fenced, extEpoch,  \* external
     applied, sent, invocations, humanRetries, crashes,
@@ -94,13 +94,13 @@ VARIABLES
     knownOutcome, sentAfterOutcome, droppedAfterOutcome,
     staleViewCommits                       \* ghosts
 
-durable == <<rec, res, ver, epoch, audit>>
+durable == <<rec, res, epoch, audit>>
 volatile == <<pc, view, held>>
 external == <<inflight, fenced, extEpoch>>
 ghosts == <<applied, sent, invocations, humanRetries, crashes,
             staleCommits, refusals, staleDropped, knownOutcome, sentAfterOutcome,
                    droppedAfterOutcome, staleViewCommits>>
-vars == <<rec, res, ver, epoch, audit, pc, view, held, inflight, fenced, extEpoch,
+vars == <<rec, res, epoch, audit, pc, view, held, inflight, fenced, extEpoch,
           applied, sent, invocations, humanRetries, crashes, staleCommits,
           refusals, staleDropped, knownOutcome, sentAfterOutcome,
                    droppedAfterOutcome, staleViewCommits>>
@@ -117,10 +117,10 @@ Rows == AuditKinds \X (0..MaxAttempts)
 Requests == (1..MaxAttempts) \X (0..MaxEpoch) \X Senders
 
 TypeOK ==
-    /\ rec \in Records /\ res \in ResKinds /\ ver \in Nat /\ epoch \in 0..MaxEpoch
+    /\ rec \in Records /\ res \in ResKinds /\ epoch \in 0..MaxEpoch
     /\ audit \subseteq Rows
     /\ pc \in [Procs -> PCs]
-    /\ view \in [Procs -> [ver : Nat, rec : Records, res : ResKinds, audit : SUBSET Rows]]
+    /\ view \in [Procs -> [rec : Records, res : ResKinds, audit : SUBSET Rows]]
     /\ held \in [Procs -> 0..MaxEpoch]
     /\ inflight \subseteq Requests /\ fenced \in 0..MaxAttempts
     /\ extEpoch \in 0..MaxEpoch
@@ -154,7 +154,7 @@ Init ==
                 /\ invocations = {<<1, FirstAuth, Orig, 0>>}
                 /\ sent = [n \in 1..MaxAttempts |-> IF n = 1 THEN 1 ELSE 0]
     /\ audit = IF rec = NoRecord THEN {} ELSE {<<"dispatch", 1>>}
-    /\ res = "none" /\ ver = 0 /\ epoch = 0
+    /\ res = "none" /\ epoch = 0
     /\ pc = [p \in Procs |-> "idle"]
     /\ view = [p \in Procs |-> NoView]
     /\ held = [p \in Procs |-> 0]
@@ -196,33 +196,40 @@ DecisionFor(p) == Decide(InputsOf(view[p]))
 
 (***************************************************************************)
 (* Commits.  CanCommit is the store's check inside the transaction; Commit *)
-(* writes the new record and result, bumps the version and leaves the      *)
-(* process knowing what it wrote.  Without UseCAS a commit is a blind     *)
-(* write of what the process computed from its (possibly stale) view.      *)
+(* writes the new record, result and audit rows and leaves the process    *)
+(* knowing what it wrote.  Without UseCAS a commit is a blind write of     *)
+(* what the process computed from its (possibly stale) view.               *)
 (***************************************************************************)
 Current(p) == held[p] = epoch
-\* What the compare-and-set compares: the session's version, which EVERY
-\* commit bumps, an audit-only one included (the stores compare the call's
-\* whole CallView: result, record, approval and audit keys).  The twin
-\* CASOnRecord compares the call's record and result only, so a commit
-\* that only added audit rows since the process read goes unnoticed.
-CASHolds(p) == view[p].ver = ver
-CASOnRecordHolds(p) == view[p].rec = rec /\ view[p].res = res
-CAS(p) == CASHolds(p)   \* the twin's cfg overrides this name
-CanCommit(p) == (UseCAS => CAS(p)) /\ (UseLease => Current(p))
 \* The process decided on exactly what the store holds (NoCommitOnStaleView).
 ViewIsCurrent(p) ==
     view[p].rec = rec /\ view[p].res = res /\ view[p].audit = audit
+\* What the compare-and-set compares, on EVERY commit, an audit-only one
+\* included: what the process read of the call, its record, result and
+\* audit keys (the stores' CallView: result, record, approval and the
+\* (kind, attempt) of its audit keys).  Not a version every commit bumps: a
+\* decision taken again for an attempt writes its row, but adds no key and
+\* changes nothing another process decided on, so the stores accept that
+\* process's next commit (trace validation, tests/test_concurrent_trace.py,
+\* found a version refusing it).  Nothing compared ever returns to an
+\* earlier value (attempts grow, the audit and the result only gain), so
+\* comparing contents is comparing "nothing changed since I read".  The
+\* twin CASOnRecord compares the call's record and result only, so a commit
+\* that only added audit keys since the process read goes unnoticed.
+CASHolds(p) == ViewIsCurrent(p)
+CASOnRecordHolds(p) == view[p].rec = rec /\ view[p].res = res
+CAS(p) == CASHolds(p)   \* the twin's cfg overrides this name
+CanCommit(p) == (UseCAS => CAS(p)) /\ (UseLease => Current(p))
 
 Outcomes == {"succeeded", "failed", "abandoned"}
 \* A commit step that writes nothing (an empty CommitPlan, below).
-NoCommit == UNCHANGED <<rec, res, ver, epoch, audit, view, held, staleCommits,
+NoCommit == UNCHANGED <<rec, res, epoch, audit, view, held, staleCommits,
                         knownOutcome, staleViewCommits>>
 
 Commit(p, r, s, rows) ==
     /\ CanCommit(p)
-    /\ rec' = r /\ res' = s /\ ver' = ver + 1 /\ audit' = audit \cup rows
-    /\ view' = [view EXCEPT ![p] = [ver |-> ver + 1, rec |-> r, res |-> s,
+    /\ rec' = r /\ res' = s /\ audit' = audit \cup rows
+    /\ view' = [view EXCEPT ![p] = [rec |-> r, res |-> s,
                                     audit |-> view[p].audit \cup rows]]
     /\ staleCommits' = IF Current(p) THEN staleCommits ELSE staleCommits + 1
     /\ staleViewCommits' = (staleViewCommits \/ ~ViewIsCurrent(p))
@@ -230,9 +237,13 @@ Commit(p, r, s, rows) ==
     /\ UNCHANGED <<epoch, held>>
 
 \* A commit that would change nothing the process knows of (the record as
-\* it read it, and an audit row it already saw: the store's audit key is
+\* it read it, and an audit key it already saw: the store's audit key is
 \* (execution, kind, attempt)) writes nothing and checks nothing, exactly
-\* as an empty CommitPlan: the decision is taken again on the same inputs.
+\* as an empty CommitPlan: a connector's "not applied" for an attempt whose
+\* row is there already.  A recovery decision is never empty: every
+\* decision keeps its row (the main spec's AuditDecision; the core writes
+\* the row of a decision taken again), so its commit is checked as any
+\* other and a process that decides again on a stale view is refused.
 Empty(p, r, rows) == r = view[p].rec /\ rows \subseteq view[p].audit
 RecoverRows(p) == {<<DecisionFor(p), view[p].rec.attempt>>}
 RecoverRecord(p) == IF DecisionFor(p) = "recovery_required" THEN Halt(view[p].rec)
@@ -244,8 +255,7 @@ CommitsNext(p) ==
     \/ pc[p] \in {"live", "retry", "got_ok", "got_fail", "recorded",
                   "rec_applied", "rec_unknown", "halted"}
     \/ pc[p] = "rec_not_applied" /\ ~Empty(p, view[p].rec, NotAppliedRows(p))
-    \/ /\ pc[p] = "resume" /\ DecisionFor(p) # "skip"
-       /\ ~Empty(p, RecoverRecord(p), RecoverRows(p))
+    \/ pc[p] = "resume" /\ DecisionFor(p) # "skip"
 
 \* The store refuses the commit: nothing is written; the process forgets
 \* what it read and must take the session again and decide again.
@@ -296,9 +306,9 @@ TakeSession(p) ==
     /\ pc[p] = "idle" /\ epoch < MaxEpoch
     /\ epoch' = epoch + 1
     /\ held' = [held EXCEPT ![p] = epoch + 1]
-    /\ view' = [view EXCEPT ![p] = [ver |-> ver, rec |-> rec, res |-> res, audit |-> audit]]
+    /\ view' = [view EXCEPT ![p] = [rec |-> rec, res |-> res, audit |-> audit]]
     /\ pc' = [pc EXCEPT ![p] = IF Announces THEN "taken" ELSE "resume"]
-    /\ UNCHANGED <<rec, res, ver, audit>> /\ UNCHANGED external /\ UNCHANGED ghosts
+    /\ UNCHANGED <<rec, res, audit>> /\ UNCHANGED external /\ UNCHANGED ghosts
 
 \* The process that took the session announces its epoch (above).
 AnnounceEpoch(p) ==
@@ -307,6 +317,30 @@ AnnounceEpoch(p) ==
     /\ pc' = [pc EXCEPT ![p] = "resume"]
     /\ UNCHANGED durable /\ UNCHANGED <<view, held, inflight, fenced>>
     /\ UNCHANGED ghosts
+
+(***************************************************************************)
+(* A human's retry is a durable GRANT, not a dispatch (the main spec's     *)
+(* HumanResolveRetry): it writes only the "human_retry" row for the        *)
+(* attempt after the halted record's.  RetryGranted(v): the grant stands  *)
+(* and is unused in what v holds (a process's view, or the store: Stored): *)
+(* the record is still halted at attempt n, the call has no result, and   *)
+(* the row for n+1 is there.  Recover honours it: its halt decision sends *)
+(* the call to the "retry" stage instead of back to the human, and the     *)
+(* dispatch of attempt n+1 is authorized "human" (AttemptAuth).  Whichever *)
+(* process runs Recover next reads the grant from the store alone.  Once   *)
+(* n+1 is dispatched the record is at n+1 and the row grants nothing more. *)
+(* HonourRetryGrant is the design switch: FALSE is the engine that does    *)
+(* not read the grant and halts the call again (twin                       *)
+(* ConcurrentRetryGrantForgotten: RetryGrantHonoured).                     *)
+(***************************************************************************)
+HonourRetryGrant == TRUE
+Stored == [rec |-> rec, res |-> res, audit |-> audit]
+RetryGranted(v) ==
+    /\ v.rec.status = "recovery_required" /\ v.res = "none"
+    /\ <<"human_retry", v.rec.attempt + 1>> \in v.audit
+\* Process p holds the call for the granted retry, on what the store holds.
+HoldsGrantedRetry(p) ==
+    pc[p] = "retry" /\ RetryGranted(view[p]) /\ view[p] = Stored
 
 StageAfter(d) ==
     CASE d = "skip" -> "idle"
@@ -317,14 +351,18 @@ StageAfter(d) ==
       [] d = "recovery_required" -> "halted"
 
 \* Apply the recovery decision to the call as the process read it.  Every
-\* decision but skip is audited, so every decision but skip is a commit
-\* (the audit row is the commit's content here; a halt also writes the
-\* record).
+\* decision but skip is audited, a decision taken again for the same
+\* attempt included (its row is written, its key is one the store has), so
+\* every decision but skip is a commit, checked by the store (the audit
+\* row is the commit's content here; a halt also writes the record).
 Recover(p) ==
     LET d == DecisionFor(p) IN
     /\ pc[p] = "resume"
-    /\ pc' = [pc EXCEPT ![p] = StageAfter(d)]
-    /\ IF d = "skip" \/ Empty(p, RecoverRecord(p), RecoverRows(p))
+    \* a halt with a human's unused retry grant: the retry, not the human again
+    /\ pc' = [pc EXCEPT ![p] = IF d = "recovery_required" /\ HonourRetryGrant
+                                   /\ RetryGranted(view[p])
+                                THEN "retry" ELSE StageAfter(d)]
+    /\ IF d = "skip"
        THEN NoCommit
        ELSE Commit(p, RecoverRecord(p), view[p].res, RecoverRows(p))
     /\ UNCHANGED external
@@ -333,9 +371,12 @@ Recover(p) ==
                    droppedAfterOutcome>>
 
 \* dispatched(attempt n) is made durable before the adapter is invoked.
-\* Who authorizes it: the recovery policy for a retry, else the approval
-\* (the main spec's AttemptAuth; a clause twin's cfg overrides this name).
-AttemptAuth(p) == IF pc[p] = "retry" THEN "policy" ELSE FirstAuth
+\* Who authorizes it: a retry is the recovery policy's, or the human's whose
+\* grant it uses; a first attempt the approval's (the main spec's
+\* AttemptAuth; a clause twin's cfg overrides this name).
+AttemptAuth(p) == IF pc[p] = "retry"
+                  THEN (IF RetryGranted(view[p]) THEN "human" ELSE "policy")
+                  ELSE FirstAuth
 PersistDispatched(p) ==
     LET n == view[p].rec.attempt + 1
         auth == AttemptAuth(p)
@@ -451,14 +492,16 @@ HumanResolveApplied(p) ==
                    refusals, staleDropped, sentAfterOutcome,
                    droppedAfterOutcome>>
 
+\* The human grants one more attempt (n+1, same id): a durable grant, the
+\* audit row only; the process re-decides (Recover honours the grant).  One
+\* grant per attempt.
 HumanResolveRetry(p) ==
     LET n == view[p].rec.attempt + 1 IN
     /\ pc[p] = "halted" /\ view[p].rec.status = "recovery_required"
-    /\ n <= MaxAttempts
-    /\ Commit(p, Dispatched(n, "human"), view[p].res,
-              {<<"human_retry", n>>, <<"dispatch", n>>})
+    /\ n <= MaxAttempts /\ <<"human_retry", n>> \notin view[p].audit
+    /\ Commit(p, view[p].rec, view[p].res, {<<"human_retry", n>>})
     /\ humanRetries' = humanRetries + 1
-    /\ pc' = [pc EXCEPT ![p] = "dispatched"]
+    /\ pc' = [pc EXCEPT ![p] = "resume"]
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, sent, invocations, crashes, refusals, staleDropped,
                    sentAfterOutcome, droppedAfterOutcome>>
@@ -642,11 +685,20 @@ ResultFidelity ==
 (* RecoveryRequiredHalts: while the call is in recovery_required no        *)
 (* process holds anything that could invoke it: a process about to commit  *)
 (* a dispatch cannot (CanCommit), and a request about to be sent cannot   *)
-(* reach the tool (CanStillInvoke); only a human, or the attempt's own    *)
-(* late answer, moves the call on.                                         *)
+(* reach the tool (CanStillInvoke); only a human (a retry the human        *)
+(* granted, held to dispatch on what the store holds: HoldsGrantedRetry),  *)
+(* or the attempt's own late answer, moves the call on.                    *)
 RecoveryRequiredHalts ==
     rec.status = "recovery_required" =>
-        \A p \in Procs : ~CanStillInvoke(p) /\ (pc[p] = "live" => ~CanCommit(p))
+        \A p \in Procs :
+            /\ ~CanStillInvoke(p) \/ HoldsGrantedRetry(p)
+            /\ pc[p] = "live" => ~CanCommit(p)
+
+(* RetryGrantHonoured: a human's retry grant outlives the process that    *)
+(* recorded it and is not answered by another halt: no process that read  *)
+(* an unused grant (RetryGranted) holds the call waiting for a human.      *)
+RetryGrantHonoured ==
+    \A p \in Procs : pc[p] = "halted" => ~RetryGranted(view[p])
 
 (* AuditComplete: every invocation has its dispatch row.  (Every decision *)
 (* and connector answer is committed with its row, so the main spec's     *)
@@ -659,8 +711,8 @@ AuditComplete ==
 (* stores' CallView).  A commit that only adds an audit row (a recovery    *)
 (* decision, a connector's "not applied") is no exception, or two          *)
 (* processes each record a decision for one attempt, the second on a view  *)
-(* that missed the first.  The compare-and-set on the session's version    *)
-(* keeps it; one on the call's record does not (twin CASOnRecord).         *)
+(* that missed the first.  The compare-and-set on everything read keeps    *)
+(* it; one on the call's record does not (twin CASOnRecord).               *)
 NoCommitOnStaleView ==
     ~staleViewCommits
 
@@ -669,12 +721,12 @@ NoCommitOnStaleView ==
 (* model (model/manifest.toml, antecedent_of).                             *)
 (***************************************************************************)
 \* Two processes hold the session's call at once, having read the same
-\* durable version (AtMostOnceEffect, AttemptSentOnce, ApprovalSingleUse:
+\* durable state (AtMostOnceEffect, AttemptSentOnce, ApprovalSingleUse:
 \* the race the compare-and-set decides).
 Witness_TwoResuming ==
     ~\E p, q \in Procs :
         /\ p # q /\ pc[p] # "idle" /\ pc[q] # "idle"
-        /\ view[p].ver = view[q].ver /\ view[p].rec.status = "dispatched"
+        /\ view[p] = view[q] /\ view[p].rec.status = "dispatched"
 
 \* A loser's commit was refused because the store changed since it read
 \* (NoBlindReplay, AttemptSentOnce: the second reconcile resumer).
@@ -700,10 +752,16 @@ Witness_StaleRequestRefusedAfterOutcome ==
 
 \* The call waits for a human while another process is about to commit a
 \* dispatch or to send (RecoveryRequiredHalts: what the compare-and-set,
-\* the lease and the announced epoch make harmless).
+\* the lease and the announced epoch make harmless), a granted retry aside.
 Witness_HaltedBesideSender ==
     ~(rec.status = "recovery_required" /\
-      \E p \in Procs : pc[p] \in {"live", "retry", "dispatched"})
+      \E p \in Procs : pc[p] \in {"live", "retry", "dispatched"} /\ ~HoldsGrantedRetry(p))
+
+\* A human's retry grant is honoured by Recover: a process holds the call,
+\* still halted, for the granted retry (RetryGrantHonoured,
+\* RecoveryRequiredHalts).
+Witness_RetryGrantHonoured ==
+    ~\E p \in Procs : HoldsGrantedRetry(p)
 
 \* The call's result is an error although its effect was applied (the
 \* idempotent exception of ResultFidelity: the attempt still in flight

@@ -216,9 +216,12 @@ def race_two_resumers(script: str, args: list[str], sync: Path) -> list[dict[str
 def halt_rebinds_record() -> Iterator[None]:
     """Broken: the old rule (the HaltRebindsRecord twin).  A halt rebinds the
     record to the call now at its position (its digest and position, whatever
-    the record held), and a human retry is offered on every halted record."""
+    the record held), and a human retry is offered on every halted record: the
+    spec's grant (the ``human_retry`` row only), which Recover honours on any
+    halted record (the twin's RetryGranted reads HumanMayRetry, TRUE there)."""
     handlers = p._HANDLERS
     original_halt, original_retry = p._halt_record, handlers[p.Action.HumanResolveRetry]
+    original_granted = p.SessionState.retry_granted
 
     def rebinding(state: p.SessionState, c: p.CallState) -> p.ExecutionRecord:
         return replace(
@@ -233,23 +236,28 @@ def halt_rebinds_record() -> Iterator[None]:
         n = rec.attempt + 1
         if n > state.max_attempts:
             raise p.ProtocolError(ev.action, ev.position, f"attempt {n} exceeds max_attempts")
-        new_rec = p.ExecutionRecord(
-            c.execution_id, p.LedgerStatus.DISPATCHED, n, c.args_digest,
-            p.Authorization.HUMAN, None, c.position, rec.dispatched_at,
-        )
+        if (c.execution_id, "human_retry", n) in state.audit:
+            raise p.ProtocolError(ev.action, ev.position, f"attempt {n} is granted already")
+        return state._with_audit((c.execution_id, "human_retry", n))._with_call(
+            replace(c, stage=p.Stage.RESUME))
+
+    def any_granted(self: p.SessionState, c: p.CallState) -> bool:
+        rec = self.record(c.execution_id)
         return (
-            state._with_record(new_rec)
-            ._with_audit((c.execution_id, "human_retry", n), (c.execution_id, "dispatch", n))
-            ._with_call(replace(c, stage=p.Stage.DISPATCHED))
+            c.message is p.MessageState.DURABLE and c.result is None
+            and rec.status is p.LedgerStatus.RECOVERY_REQUIRED
+            and (c.execution_id, "human_retry", rec.attempt + 1) in self.audit
         )
 
     p._halt_record = rebinding
     handlers[p.Action.HumanResolveRetry] = any_retry
+    p.SessionState.retry_granted = any_granted  # type: ignore[method-assign]
     try:
         yield
     finally:
         p._halt_record = original_halt
         handlers[p.Action.HumanResolveRetry] = original_retry
+        p.SessionState.retry_granted = original_granted  # type: ignore[method-assign]
 
 
 BROKEN = {
