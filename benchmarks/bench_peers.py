@@ -212,14 +212,39 @@ MARK_END = "/toolledger-bench-mark-end"
 SYNC_CALLS = ("fdatasync", "fsync", "sync_file_range", "msync")
 GOALS = {"langgraph": 1.2, "dbos-wal": 2.0}
 """toolledger / peer calls/s the issue asks for, on both kinds of disk."""
+PG_SUFFIX = "-pg"
+PG_SYSTEMS = ("toolledger-pg", "toolledger-batched-pg", "toolledger-together-pg", "langgraph-pg",
+              "langgraph-parallel-pg", "dbos-pg", "dbos-parallel-pg")
+"""The PostgreSQL table's rows: each SQLite row's workload on one throwaway server
+(``base_system`` names the SQLite row)."""
+PG_JUDGED = ("toolledger-pg", "toolledger-batched-pg", "toolledger-together-pg")
+PG_PEER_FORMS = {"langgraph-pg": ("langgraph-pg", "langgraph-parallel-pg"),
+                 "dbos-pg": ("dbos-pg", "dbos-parallel-pg")}
+PG_GOAL = 1.2
+"""Every toolledger path on PostgreSQL / each peer's best form on the same server, calls/s."""
+PG_STATS_IDLE_S = 11.0
+"""How long a PostgreSQL child idles after its untimed turns: a backend reports its WAL
+counts to ``pg_stat_wal`` when it has been idle 10 s (or exits), so the counts read then
+hold every untimed turn and none of the timed ones."""
 
 
 def _requirements(system: str) -> list[str]:
-    if system in ALL_MODES:
-        return []
-    if system.startswith("langgraph"):
-        return ["langgraph", "langgraph.checkpoint.sqlite"]
-    return ["dbos"]
+    base, pg = base_system(system)
+    if base in ALL_MODES:
+        return ["psycopg"] if pg else []
+    if base.startswith("langgraph"):
+        return ["langgraph", "langgraph.checkpoint.postgres" if pg else
+                "langgraph.checkpoint.sqlite", *(["psycopg"] if pg else [])]
+    return ["dbos", *(["psycopg"] if pg else [])]
+
+
+def base_system(system: str) -> tuple[str, bool]:
+    """``(the SQLite row's name, whether the row runs on PostgreSQL)``: ``dbos-pg`` ->
+    ``("dbos-wal", True)`` (on PostgreSQL there is no journal mode to choose)."""
+    if not system.endswith(PG_SUFFIX):
+        return system, False
+    base = system[: -len(PG_SUFFIX)]
+    return {"dbos": "dbos-wal", "dbos-parallel": "dbos-wal-parallel"}.get(base, base), True
 
 
 def installed(system: str) -> bool:
@@ -272,25 +297,28 @@ class Effects:
 
 
 def toolledger_turns(directory: Path, effects: Effects, policy: str = "idempotent",
-                     after_effect: Hook = None, *, mode: str = "sequential") -> Workload:
-    turn, store = toolledger_workload(directory, effects, policy, after_effect, mode=mode)
+                     after_effect: Hook = None, *, mode: str = "sequential",
+                     pg: str | None = None) -> Workload:
+    turn, store = toolledger_workload(directory, effects, policy, after_effect, mode=mode, pg=pg)
     return turn, store.close
 
 
 def toolledger_workload(directory: Path, effects: Effects, policy: str = "idempotent",
-                        after_effect: Hook = None, *,
-                        mode: str = "sequential") -> tuple[Turn, Any]:
+                        after_effect: Hook = None, *, mode: str = "sequential",
+                        pg: str | None = None) -> tuple[Turn, Any]:
     """toolledger's turn in ``mode`` (``sequential``: record, then one ``execute`` per
     call; ``batched``: ``lazy_create`` + ``execute_message``; ``together``: the same with
     ``together=True``; ``concurrent`` / ``together-concurrent``: those two with
     ``concurrency=`` the message's calls), and its store (whose ``commits`` counter the
-    worker reads).  The tool sleeps ``TOOL_LATENCY_S[0]`` (a network call)."""
-    from toolledger import Session, SqliteStore, Tool
+    worker reads).  The tool sleeps ``TOOL_LATENCY_S[0]`` (a network call).  ``pg``: a
+    libpq connection string: the store is a :class:`toolledger.PostgresStore` there."""
+    from toolledger import PostgresStore, Session, SqliteStore, Tool
 
     if mode not in ALL_MODES.values():
         raise ValueError(f"unknown toolledger mode {mode!r}; one of "
                          f"{', '.join(ALL_MODES.values())}")
-    store = SqliteStore(directory / "toolledger.sqlite3")
+    store: Any = (SqliteStore(directory / "toolledger.sqlite3") if pg is None
+                  else PostgresStore(pg))
     tools = {"send": Tool(policy, requires_approval=False)}
 
     def turn(n: int, calls: int = CALLS_PER_TURN) -> None:
@@ -326,14 +354,27 @@ def toolledger_workload(directory: Path, effects: Effects, policy: str = "idempo
 
 
 def langgraph_turns(directory: Path, effects: Effects,
-                    after_effect: Hook = None, *, parallel: bool = False) -> Workload:
+                    after_effect: Hook = None, *, parallel: bool = False,
+                    pg: str | None = None) -> Workload:
     import sqlite3
 
-    from langgraph.checkpoint.sqlite import SqliteSaver
     from langgraph.func import entrypoint, task
 
-    conn = sqlite3.connect(str(directory / "langgraph.sqlite"), check_same_thread=False)
-    saver = SqliteSaver(conn)
+    saver: Any
+    conn: Any
+    if pg is None:
+        from langgraph.checkpoint.sqlite import SqliteSaver
+
+        conn = sqlite3.connect(str(directory / "langgraph.sqlite"), check_same_thread=False)
+        saver = SqliteSaver(conn)
+    else:  # the connection PostgresSaver's documentation asks for
+        import psycopg
+        from langgraph.checkpoint.postgres import PostgresSaver
+        from psycopg.rows import dict_row
+
+        conn = psycopg.Connection.connect(pg, autocommit=True, prepare_threshold=0,
+                                          row_factory=dict_row)
+        saver = PostgresSaver(conn)
     saver.setup()
 
     @task
@@ -363,12 +404,12 @@ def langgraph_turns(directory: Path, effects: Effects,
 
 def dbos_turns(directory: Path, effects: Effects, *, wal: bool,
                after_effect: Callable[[], None] | None = None,
-               parallel: bool = False) -> tuple[Turn, Callable[[], None]]:
+               parallel: bool = False, pg: str | None = None) -> tuple[Turn, Callable[[], None]]:
     import asyncio
 
     from dbos import DBOS, SetWorkflowID
 
-    if wal:
+    if wal and pg is None:
         from sqlalchemy import event
         from sqlalchemy.engine import Engine
 
@@ -380,8 +421,10 @@ def dbos_turns(directory: Path, effects: Effects, *, wal: bool,
 
         event.listen(Engine, "connect", pragmas)
     name = ("dbos-wal" if wal else "dbos") + ("-parallel" if parallel else "")
+    url = (f"sqlite:///{directory / (name + '.sqlite')}" if pg is None
+           else pg_url(pg))  # its primary system database: PostgreSQL
     DBOS(config={"name": "toolledger-bench", "log_level": "WARNING",
-                 "system_database_url": f"sqlite:///{directory / (name + '.sqlite')}"})
+                 "system_database_url": url})
 
     @DBOS.step()
     def send(i: int) -> str:
@@ -432,17 +475,22 @@ def dbos_turns(directory: Path, effects: Effects, *, wal: bool,
 
 
 def make(system: str, directory: Path, effects: Effects, policy: str = "idempotent",
-         after_effect: Callable[[], None] | None = None) -> tuple[Turn, Callable[[], None]]:
-    if system in ALL_MODES:
+         after_effect: Callable[[], None] | None = None,
+         pg: str | None = None) -> tuple[Turn, Callable[[], None]]:
+    """``system``'s turn and how to close it; a ``-pg`` row needs ``pg`` (its database)."""
+    base, on_pg = base_system(system)
+    if on_pg and pg is None:
+        raise ValueError(f"{system} runs on PostgreSQL: pass pg=<connection string>")
+    if base in ALL_MODES:
         return toolledger_turns(directory, effects, policy, after_effect,
-                                mode=ALL_MODES[system])
-    if system in ("langgraph", "langgraph-parallel"):
+                                mode=ALL_MODES[base], pg=pg)
+    if base in ("langgraph", "langgraph-parallel"):
         return langgraph_turns(directory, effects, after_effect,
-                               parallel=system == "langgraph-parallel")
-    if system in ("dbos", "dbos-wal", "dbos-wal-parallel"):
-        return dbos_turns(directory, effects, wal=system != "dbos", after_effect=after_effect,
-                          parallel=system == "dbos-wal-parallel")
-    raise ValueError(f"unknown system {system!r}; one of {', '.join(SYSTEMS)}")
+                               parallel=base == "langgraph-parallel", pg=pg)
+    if base in ("dbos", "dbos-wal", "dbos-wal-parallel"):
+        return dbos_turns(directory, effects, wal=base != "dbos", after_effect=after_effect,
+                          parallel=base == "dbos-wal-parallel", pg=pg)
+    raise ValueError(f"unknown system {system!r}; one of {', '.join(SYSTEMS + PG_SYSTEMS)}")
 
 
 def _io() -> dict[str, int]:
@@ -472,14 +520,15 @@ def worker(system: str, directory: Path, warm: int, turns: int) -> Result:
         close()
 
 
-def build(system: str, directory: Path, effects: Effects
+def build(system: str, directory: Path, effects: Effects, pg: str | None = None
           ) -> tuple[Turn, Callable[[], None], Any]:
     """``system``'s turn, how to close it, and its store (toolledger: the counters the
     measurement reads; None for a peer)."""
-    if system in ALL_MODES:
-        turn, store = toolledger_workload(directory, effects, mode=ALL_MODES[system])
+    base, _ = base_system(system)
+    if base in ALL_MODES:
+        turn, store = toolledger_workload(directory, effects, mode=ALL_MODES[base], pg=pg)
         return turn, store.close, store
-    turn, close = make(system, directory, effects)
+    turn, close = make(system, directory, effects, pg=pg)
     return turn, close, None
 
 
@@ -610,6 +659,193 @@ def latency_table(d: Path, smoke: bool) -> Result:
           f"{', '.join(LATENCY_PEERS)} at every latency > 0: "
           + {True: "met", False: "not met", None: "not judged"}[goals["met"]])
     return {"plan": [list(x) for x in plan], "rounds": rounds, "load_average_1min": load,
+            "systems": per, "goals": goals}
+
+
+# --------------------------------------------------------------------------
+# PostgreSQL: the same workload on one throwaway server
+# --------------------------------------------------------------------------
+
+
+def pg_url(conninfo: str) -> str:
+    """``conninfo`` (libpq ``key=value`` pairs) as the URL DBOS takes."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    d = conninfo_to_dict(conninfo)
+    auth = str(d.get("user", "")) + (f":{d['password']}" if d.get("password") else "")
+    return (f"postgresql://{auth}{'@' if auth else ''}{d.get('host', 'localhost')}:"
+            f"{d.get('port', 5432)}/{d['dbname']}")
+
+
+def pg_worker(system: str, conninfo: str, warm: int, turns: int, idle: float) -> None:
+    """Child of the PostgreSQL table: ``warm`` untimed turns, ``idle`` seconds without a
+    statement (see :data:`PG_STATS_IDLE_S`), ``ready`` on stdout, then, once the parent
+    has read the server's counters and written a line, ``turns`` timed turns; the
+    measurement is its last line of output."""
+    import tempfile
+
+    effects = Effects()
+    with tempfile.TemporaryDirectory() as d:
+        turn, close, store = build(system, Path(d), effects, pg=conninfo)
+        try:
+            for n in range(warm):
+                turn(n)
+            time.sleep(idle)
+            print("ready", flush=True)
+            sys.stdin.readline()
+            res = measure(turn, store, effects, 0, turns, start=warm)
+        finally:
+            close()
+    print(json.dumps(res), flush=True)
+
+
+def wal_counters(admin: str) -> tuple[int, int]:
+    """``(WAL flushes, WAL bytes)`` of the server so far: ``pg_stat_wal.wal_sync`` (every
+    backend's and the WAL writer's, read until two reads 0.2 s apart agree) and the WAL
+    insert position (exact)."""
+    import psycopg
+
+    last = -1
+    with psycopg.connect(admin, autocommit=True) as conn:
+        for _ in range(30):
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            row = conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()
+            now = int(row[0]) if row else 0
+            if now == last:
+                break
+            last = now
+            time.sleep(0.2)
+        lsn = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()
+    return last, int(lsn[0]) if lsn else 0
+
+
+def pg_run_child(system: str, admin: str, warm: int, turns: int, idle: float) -> Result:
+    """One measurement of ``system`` in a fresh child, on a fresh database of the server
+    ``admin`` connects to; the server's WAL flushes and bytes over the timed turns."""
+    import uuid
+
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    db = f"peers_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {db}")
+    proc = subprocess.Popen(
+        _child_code(f"b.pg_worker({system!r}, {make_conninfo(admin, dbname=db)!r}, {warm}, "
+                    f"{turns}, {idle!r})"),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        for line in proc.stdout:
+            if line.strip() == "ready":
+                break
+        else:
+            raise RuntimeError(f"{system} child failed before its timed turns:\n"
+                               f"{proc.communicate(timeout=60)[1][-3000:]}")
+        before = wal_counters(admin)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=900)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{system} child failed ({proc.returncode}):\n{err[-3000:]}")
+        after = wal_counters(admin)  # the child's backends reported as they exited
+        res: Result = json.loads(out.strip().splitlines()[-1])
+        res["wal_flushes"], res["wal_bytes"] = after[0] - before[0], after[1] - before[1]
+        return res
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
+def pg_goals(per: dict[str, Result]) -> Result:
+    """Every toolledger path on PostgreSQL / each peer's best form there (the higher
+    calls/s of its forms); met when every ratio is >= :data:`PG_GOAL`."""
+    ratios: Result = {}
+    best: Result = {}
+    for peer, forms in PG_PEER_FORMS.items():
+        have = [f for f in forms if f in per]
+        if have:
+            best[peer] = max(have, key=lambda f: per[f]["calls_per_second"])
+    for row in PG_JUDGED:
+        if row in per:
+            ratios[row] = {peer: per[row]["calls_per_second"] / per[b]["calls_per_second"]
+                           for peer, b in best.items()}
+    judged = bool(best) and bool(ratios)
+    return {"target": PG_GOAL, "rows": list(PG_JUDGED), "forms": {k: list(v) for k, v in
+                                                                  PG_PEER_FORMS.items()},
+            "best_form": best, "ratios": ratios,
+            "met": all(r >= PG_GOAL for x in ratios.values() for r in x.values())
+            if judged else None}
+
+
+def pg_table(smoke: bool, conninfo: str | None = None) -> Result:
+    """The PostgreSQL table (see the module doc): interleaved rounds on one server."""
+    rounds, warm, turns = (1, 1, 2) if smoke else (3, 5, 30)
+    idle = 0.0 if smoke else PG_STATS_IDLE_S
+    systems = [s for s in PG_SYSTEMS if installed(s)]
+    missing = [s for s in PG_SYSTEMS if s not in systems]
+    raw: dict[str, list[Result]] = {s: [] for s in systems}
+    load = [os.getloadavg()[0]]
+
+    def rounds_on(admin: str) -> None:
+        for r in range(rounds):
+            for s in systems[r % len(systems):] + systems[:r % len(systems)]:
+                raw[s].append(pg_run_child(s, admin, warm, turns, idle))
+            load.append(os.getloadavg()[0])
+            print(f"  postgres round {r + 1}/{rounds}: " + ", ".join(
+                f"{s} {raw[s][-1]['calls'] / raw[s][-1]['seconds']:.0f}/s" for s in systems),
+                flush=True)
+
+    if conninfo is None:  # a throwaway server, as the tests start it
+        sys.path.insert(0, str(ROOT / "tests"))
+        from pg_cluster import NoPostgres, PgCluster
+
+        try:
+            with PgCluster() as pg:
+                rounds_on(pg.conninfo)
+        except NoPostgres as exc:
+            print(f"\npostgres rows not run: {exc}")
+            return {"not_run": str(exc), "not_installed": missing}
+    else:
+        rounds_on(conninfo)
+    per: dict[str, Result] = {}
+    for s in systems:
+        xs = raw[s]
+        row: Result = {"calls_per_second": median([x["calls"] / x["seconds"] for x in xs]),
+                       "cpu_ms_per_call": _per_call(xs, "cpu_seconds") * 1000,
+                       "wal_flushes_per_call": _per_call(xs, "wal_flushes"),
+                       "wal_bytes_per_call": _per_call(xs, "wal_bytes")}
+        if all("commits" in x for x in xs):
+            row["commits_per_message"] = median(
+                [x["commits"] / x["calls"] for x in xs]) * CALLS_PER_TURN
+        per[s] = row
+    goals = pg_goals(per)
+    print(f"\nPostgreSQL (one throwaway server on loopback, fsync on): {CALLS_PER_TURN}-call "
+          f"turns, {rounds} interleaved rounds of {turns} timed turns after {warm} untimed; "
+          f"load {min(load):.2f} to {max(load):.2f}"
+          + (f"; not installed: {', '.join(missing)}" if missing else "")
+          + ("" if idle >= 10 else "; WAL counts include the untimed turns (smoke)"))
+    peers = list(goals["best_form"])
+    print(table(
+        ("system", "calls/s", *(f"/{p} best" for p in peers), "WAL flushes/call",
+         "WAL KB/call", "commits/msg", "client CPU ms/call"),
+        [(s, format(r["calls_per_second"], ".0f"),
+          *(format(goals["ratios"][s][p], ".2f") if s in goals["ratios"] else "-"
+            for p in peers),
+          format(r["wal_flushes_per_call"], ".2f"), format(r["wal_bytes_per_call"] / 1024, ".1f"),
+          format(r["commits_per_message"], ".1f") if "commits_per_message" in r else "-",
+          format(r["cpu_ms_per_call"], ".2f"))
+         for s, r in per.items()], right=range(1, 6 + len(peers))))
+    print(f"goal: every toolledger path >= {PG_GOAL:g}x each peer's best form on PostgreSQL: "
+          + {True: "met", False: "not met", None: "not judged"}[goals["met"]])
+    return {"rounds": rounds, "warm_turns": warm, "timed_turns": turns, "idle_seconds": idle,
+            "wal_counts_timed_turns_only": idle >= 10, "not_installed": missing,
+            "load_average_1min": load,
+            "wal_counted_by": "pg_stat_wal.wal_sync and pg_current_wal_insert_lsn() of the "
+                              "server, before and after the child's timed turns",
             "systems": per, "goals": goals}
 
 
@@ -880,6 +1116,7 @@ def run(smoke: bool = False) -> Result:
                 flush=True)
         crash = [crash_row(s, d, p) for s, p in CRASH_CASES if s in systems]
         latency = latency_table(d, smoke)
+    postgres = pg_table(smoke)
 
     f_ms = median(fast_ms)
     s_ms = median(slow_ms) if slow_ms else None
@@ -988,6 +1225,7 @@ def run(smoke: bool = False) -> Result:
             "no_sync": f"strace -e inject=fsync,fdatasync:{NO_SYNC}",
             "fast_sync_ms": f_ms, "slow_sync_ms": s_ms, "model_sync_ms": MODEL_SYNC_MS},
         "systems": per, "crash": crash, "goals": goals, "latency": latency,
+        "postgres": postgres,
     }
 
 
