@@ -174,7 +174,8 @@ def goals(b: dict[str, Any]) -> list[dict[str, Any]]:
         return "measured {} / {} (this disk / slowed), model {} / {} (fast / slow disk)".format(
             *(f"{x[prefix + k]:.2f}" if x.get(prefix + k) is not None else "-" for k in keys))
 
-    for peer, name in (("langgraph", "LangGraph durability=sync"), ("dbos-wal", "DBOS on WAL")):
+    for peer, name in (("langgraph", "LangGraph durability=sync"), ("dbos-wal", "DBOS on WAL"),
+                       ("call4agents", "call4agents (stdlib: intent + result rows)")):
         x = pg.get(peer)
         if x is not None and "row" not in x:  # results of the sequential-only benchmark
             x = {**x, "row": "toolledger-batched", "forms": [peer], "met_by":

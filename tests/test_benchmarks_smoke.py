@@ -41,7 +41,7 @@ def test_every_benchmark_ran_and_the_machine_is_recorded(smoke: dict[str, Any]) 
     for key in ("date", "nproc", "python", "java", "sqlite", "scratch_fs", "git_commit"):
         assert machine[key], key
     goals = smoke["goals"]
-    assert len(goals) == 20  # the PostgreSQL rows' goal included
+    assert len(goals) == 21  # call4agents' and the PostgreSQL rows' goals included
     assert all(set(g) == {"goal", "target", "measured", "met"} for g in goals)
     assert all(g["measured"] is not None for g in goals)
 
@@ -147,6 +147,8 @@ def test_peers_figures_and_crash_table(smoke: dict[str, Any]) -> None:
     # the peers re-run a step whose checkpoint was lost: the table's point of comparison
     for peer in ("langgraph", "langgraph-parallel", "dbos", "dbos-wal", "dbos-wal-parallel"):
         assert crash[(peer, "as shipped")]["effects"] >= 1
+    # call4agents resends an action in doubt under the same key: deduplicated, one effect
+    assert crash[("call4agents", "idempotent_for")]["effects"] == 1
 
 
 def test_peers_latency_rows(smoke: dict[str, Any]) -> None:
@@ -199,9 +201,12 @@ def test_pg_goal_is_judged_against_each_peers_best_form() -> None:
     per["langgraph-parallel-pg"] = row(80)
     for s in bench_peers.PG_JUDGED:
         per[s] = row(130)
+    per["call4agents-pg"] = row(120)  # reported beside the judged peers, not judged
     got = bench_peers.pg_goals(per)
-    assert got["best_form"] == {"langgraph-pg": "langgraph-pg", "dbos-pg": "dbos-pg"}
-    assert got["ratios"]["toolledger-pg"] == {"langgraph-pg": 1.3, "dbos-pg": 1.3}
+    assert got["best_form"] == {"langgraph-pg": "langgraph-pg", "dbos-pg": "dbos-pg",
+                                "call4agents-pg": "call4agents-pg"}
+    assert got["ratios"]["toolledger-pg"] == {"langgraph-pg": 1.3, "dbos-pg": 1.3,
+                                              "call4agents-pg": 130 / 120}
     assert got["met"] is True
     per["toolledger-pg"] = row(110)  # one path under 1.2x one peer: not met
     assert bench_peers.pg_goals(per)["met"] is False
