@@ -137,6 +137,37 @@ toolledger row >= 1.0x each peer's parallel form at 20 and 200 ms; the
 sequential rows' ratios are printed beside them (they run the 5 bodies one
 after the other, so they tend to 1/5 of a parallel form as the tool slows).
 
+call4agents
+-----------
+``call4agents`` (0.5, stdlib only, the closest competitor library: an intent
+row before the action and a result row after it, approvals bound to exact
+arguments) runs the same turn as one ``c4a.run("turn-n")`` calling an
+``@c4a.effect(idempotent_for=...)`` tool 5 times (the tool sends
+``c4a.idempotency_key()``; its SQLite run record in WAL with
+``synchronous=FULL``, as shipped).  Its goal: the plain toolledger path >=
+1.5x.  Its crash row: resumed in the same run, the action in doubt is resent
+under the same key and the external system deduplicates it.
+
+PostgreSQL
+----------
+A second table runs the same workload on one throwaway PostgreSQL server
+(``tests/pg_cluster.py``: loopback, ``fsync`` on), each child on a fresh
+database: toolledger's :class:`toolledger.PostgresStore` on the plain
+(``toolledger-pg``), message (``toolledger-batched-pg``) and together
+(``toolledger-together-pg``) paths; DBOS with its system database there
+(``dbos-pg``, ``dbos-parallel-pg``: its primary configuration); LangGraph's
+``PostgresSaver`` (``langgraph-pg``, ``langgraph-parallel-pg``; the
+connection its documentation asks for: autocommit, ``prepare_threshold=0``,
+``dict_row``; ``durability="sync"``); call4agents' PostgreSQL run record
+(``call4agents-pg``, reported, not judged).  Interleaved rounds as above,
+fast disk only.  The server counts the WAL: a child idles
+:data:`PG_STATS_IDLE_S` after its untimed turns (an idle backend reports its
+counts after 10 s), says ``ready``, the parent reads ``pg_stat_wal.wal_sync``
+and the WAL insert position, the child runs its timed turns and exits (its
+backends report as they exit), the parent reads them again: WAL flushes and
+WAL bytes per call over the timed turns only.  CPU is the client's.  The goal
+(``PG_GOAL``): every toolledger path >= 1.2x DBOS's and LangGraph's best form.
+
 ``python benchmarks/bench_peers.py [--smoke] [--json]``; needs the
 ``peers`` extra (``pip install -e '.[peers]'``); a peer that is not installed
 is reported as such and skipped.
