@@ -137,6 +137,37 @@ toolledger row >= 1.0x each peer's parallel form at 20 and 200 ms; the
 sequential rows' ratios are printed beside them (they run the 5 bodies one
 after the other, so they tend to 1/5 of a parallel form as the tool slows).
 
+call4agents
+-----------
+``call4agents`` (0.5, stdlib only, the closest competitor library: an intent
+row before the action and a result row after it, approvals bound to exact
+arguments) runs the same turn as one ``c4a.run("turn-n")`` calling an
+``@c4a.effect(idempotent_for=...)`` tool 5 times (the tool sends
+``c4a.idempotency_key()``; its SQLite run record in WAL with
+``synchronous=FULL``, as shipped).  Its goal: the plain toolledger path >=
+1.5x.  Its crash row: resumed in the same run, the action in doubt is resent
+under the same key and the external system deduplicates it.
+
+PostgreSQL
+----------
+A second table runs the same workload on one throwaway PostgreSQL server
+(``tests/pg_cluster.py``: loopback, ``fsync`` on), each child on a fresh
+database: toolledger's :class:`toolledger.PostgresStore` on the plain
+(``toolledger-pg``), message (``toolledger-batched-pg``) and together
+(``toolledger-together-pg``) paths; DBOS with its system database there
+(``dbos-pg``, ``dbos-parallel-pg``: its primary configuration); LangGraph's
+``PostgresSaver`` (``langgraph-pg``, ``langgraph-parallel-pg``; the
+connection its documentation asks for: autocommit, ``prepare_threshold=0``,
+``dict_row``; ``durability="sync"``); call4agents' PostgreSQL run record
+(``call4agents-pg``, reported, not judged).  Interleaved rounds as above,
+fast disk only.  The server counts the WAL: a child idles
+:data:`PG_STATS_IDLE_S` after its untimed turns (an idle backend reports its
+counts after 10 s), says ``ready``, the parent reads ``pg_stat_wal.wal_sync``
+and the WAL insert position, the child runs its timed turns and exits (its
+backends report as they exit), the parent reads them again: WAL flushes and
+WAL bytes per call over the timed turns only.  CPU is the client's.  The goal
+(``PG_GOAL``): every toolledger path >= 1.2x DBOS's and LangGraph's best form.
+
 ``python benchmarks/bench_peers.py [--smoke] [--json]``; needs the
 ``peers`` extra (``pip install -e '.[peers]'``); a peer that is not installed
 is reported as such and skipped.
@@ -144,6 +175,7 @@ is reported as such and skipped.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import os
@@ -163,7 +195,7 @@ from benchmarks.common import ROOT, Result, cli, filesystem_of, heading, median,
 
 CALLS_PER_TURN = 5
 SYSTEMS = ("toolledger", "toolledger-batched", "toolledger-together", "langgraph",
-           "langgraph-parallel", "dbos", "dbos-wal", "dbos-wal-parallel")
+           "langgraph-parallel", "dbos", "dbos-wal", "dbos-wal-parallel", "call4agents")
 REFERENCE = "toolledger-together"
 """The toolledger row the ratios (tl/it) and the goals are computed from: an engine that
 runs a message's calls with ``Session.execute_message(..., together=True)`` (two commits
@@ -196,7 +228,8 @@ LATENCY_GOAL = 1.0
 TOOL_LATENCY_S = [0.0]
 """How long every system's tool body sleeps now (the latency child sets it)."""
 PEER_FORMS = {"langgraph": ("langgraph", "langgraph-parallel"),
-              "dbos-wal": ("dbos-wal", "dbos-wal-parallel")}
+              "dbos-wal": ("dbos-wal", "dbos-wal-parallel"),
+              "call4agents": ("call4agents",)}
 """Each judged peer's forms of the same message: its sequential loop and its own
 concurrent form; a goal is judged against the better of the two, metric by metric."""
 SLOW_SYNC_DELAY_US = 3000
@@ -210,16 +243,46 @@ one-row SQLite commit ~0.14 ms) and its slow one (~3 ms, as on many cloud volume
 MARK_BEGIN = "/toolledger-bench-mark-begin"
 MARK_END = "/toolledger-bench-mark-end"
 SYNC_CALLS = ("fdatasync", "fsync", "sync_file_range", "msync")
-GOALS = {"langgraph": 1.2, "dbos-wal": 2.0}
+GOALS = {"langgraph": 1.2, "dbos-wal": 2.0, "call4agents": 1.5}
 """toolledger / peer calls/s the issue asks for, on both kinds of disk."""
+PG_SUFFIX = "-pg"
+PG_SYSTEMS = ("toolledger-pg", "toolledger-batched-pg", "toolledger-together-pg", "langgraph-pg",
+              "langgraph-parallel-pg", "dbos-pg", "dbos-parallel-pg", "call4agents-pg")
+"""The PostgreSQL table's rows: each SQLite row's workload on one throwaway server
+(``base_system`` names the SQLite row)."""
+PG_JUDGED = ("toolledger-pg", "toolledger-batched-pg", "toolledger-together-pg")
+PG_PEER_FORMS = {"langgraph-pg": ("langgraph-pg", "langgraph-parallel-pg"),
+                 "dbos-pg": ("dbos-pg", "dbos-parallel-pg"),
+                 "call4agents-pg": ("call4agents-pg",)}
+PG_GOAL_PEERS = ("langgraph-pg", "dbos-pg")
+"""The peers the PostgreSQL goal judges (call4agents' row is reported beside them)."""
+PG_GOAL = 1.2
+"""Every toolledger path on PostgreSQL / each peer's best form on the same server, calls/s."""
+PG_STATS_IDLE_S = 11.0
+"""How long a PostgreSQL child idles after its untimed turns: a backend reports its WAL
+counts to ``pg_stat_wal`` when it has been idle 10 s (or exits), so the counts read then
+hold every untimed turn and none of the timed ones."""
 
 
 def _requirements(system: str) -> list[str]:
-    if system in ALL_MODES:
-        return []
-    if system.startswith("langgraph"):
-        return ["langgraph", "langgraph.checkpoint.sqlite"]
-    return ["dbos"]
+    base, pg = base_system(system)
+    if base in ALL_MODES:
+        return ["psycopg"] if pg else []
+    if base.startswith("langgraph"):
+        return ["langgraph", "langgraph.checkpoint.postgres" if pg else
+                "langgraph.checkpoint.sqlite", *(["psycopg"] if pg else [])]
+    if base == "call4agents":
+        return ["call4agents", *(["psycopg"] if pg else [])]
+    return ["dbos", *(["psycopg"] if pg else [])]
+
+
+def base_system(system: str) -> tuple[str, bool]:
+    """``(the SQLite row's name, whether the row runs on PostgreSQL)``: ``dbos-pg`` ->
+    ``("dbos-wal", True)`` (on PostgreSQL there is no journal mode to choose)."""
+    if not system.endswith(PG_SUFFIX):
+        return system, False
+    base = system[: -len(PG_SUFFIX)]
+    return {"dbos": "dbos-wal", "dbos-parallel": "dbos-wal-parallel"}.get(base, base), True
 
 
 def installed(system: str) -> bool:
@@ -272,25 +335,28 @@ class Effects:
 
 
 def toolledger_turns(directory: Path, effects: Effects, policy: str = "idempotent",
-                     after_effect: Hook = None, *, mode: str = "sequential") -> Workload:
-    turn, store = toolledger_workload(directory, effects, policy, after_effect, mode=mode)
+                     after_effect: Hook = None, *, mode: str = "sequential",
+                     pg: str | None = None) -> Workload:
+    turn, store = toolledger_workload(directory, effects, policy, after_effect, mode=mode, pg=pg)
     return turn, store.close
 
 
 def toolledger_workload(directory: Path, effects: Effects, policy: str = "idempotent",
-                        after_effect: Hook = None, *,
-                        mode: str = "sequential") -> tuple[Turn, Any]:
+                        after_effect: Hook = None, *, mode: str = "sequential",
+                        pg: str | None = None) -> tuple[Turn, Any]:
     """toolledger's turn in ``mode`` (``sequential``: record, then one ``execute`` per
     call; ``batched``: ``lazy_create`` + ``execute_message``; ``together``: the same with
     ``together=True``; ``concurrent`` / ``together-concurrent``: those two with
     ``concurrency=`` the message's calls), and its store (whose ``commits`` counter the
-    worker reads).  The tool sleeps ``TOOL_LATENCY_S[0]`` (a network call)."""
-    from toolledger import Session, SqliteStore, Tool
+    worker reads).  The tool sleeps ``TOOL_LATENCY_S[0]`` (a network call).  ``pg``: a
+    libpq connection string: the store is a :class:`toolledger.PostgresStore` there."""
+    from toolledger import PostgresStore, Session, SqliteStore, Tool
 
     if mode not in ALL_MODES.values():
         raise ValueError(f"unknown toolledger mode {mode!r}; one of "
                          f"{', '.join(ALL_MODES.values())}")
-    store = SqliteStore(directory / "toolledger.sqlite3")
+    store: Any = (SqliteStore(directory / "toolledger.sqlite3") if pg is None
+                  else PostgresStore(pg))
     tools = {"send": Tool(policy, requires_approval=False)}
 
     def turn(n: int, calls: int = CALLS_PER_TURN) -> None:
@@ -326,14 +392,27 @@ def toolledger_workload(directory: Path, effects: Effects, policy: str = "idempo
 
 
 def langgraph_turns(directory: Path, effects: Effects,
-                    after_effect: Hook = None, *, parallel: bool = False) -> Workload:
+                    after_effect: Hook = None, *, parallel: bool = False,
+                    pg: str | None = None) -> Workload:
     import sqlite3
 
-    from langgraph.checkpoint.sqlite import SqliteSaver
     from langgraph.func import entrypoint, task
 
-    conn = sqlite3.connect(str(directory / "langgraph.sqlite"), check_same_thread=False)
-    saver = SqliteSaver(conn)
+    saver: Any
+    conn: Any
+    if pg is None:
+        from langgraph.checkpoint.sqlite import SqliteSaver
+
+        conn = sqlite3.connect(str(directory / "langgraph.sqlite"), check_same_thread=False)
+        saver = SqliteSaver(conn)
+    else:  # the connection PostgresSaver's documentation asks for
+        import psycopg
+        from langgraph.checkpoint.postgres import PostgresSaver
+        from psycopg.rows import dict_row
+
+        conn = psycopg.Connection.connect(pg, autocommit=True, prepare_threshold=0,
+                                          row_factory=dict_row)
+        saver = PostgresSaver(conn)
     saver.setup()
 
     @task
@@ -363,12 +442,12 @@ def langgraph_turns(directory: Path, effects: Effects,
 
 def dbos_turns(directory: Path, effects: Effects, *, wal: bool,
                after_effect: Callable[[], None] | None = None,
-               parallel: bool = False) -> tuple[Turn, Callable[[], None]]:
+               parallel: bool = False, pg: str | None = None) -> tuple[Turn, Callable[[], None]]:
     import asyncio
 
     from dbos import DBOS, SetWorkflowID
 
-    if wal:
+    if wal and pg is None:
         from sqlalchemy import event
         from sqlalchemy.engine import Engine
 
@@ -380,8 +459,10 @@ def dbos_turns(directory: Path, effects: Effects, *, wal: bool,
 
         event.listen(Engine, "connect", pragmas)
     name = ("dbos-wal" if wal else "dbos") + ("-parallel" if parallel else "")
+    url = (f"sqlite:///{directory / (name + '.sqlite')}" if pg is None
+           else pg_url(pg))  # its primary system database: PostgreSQL
     DBOS(config={"name": "toolledger-bench", "log_level": "WARNING",
-                 "system_database_url": f"sqlite:///{directory / (name + '.sqlite')}"})
+                 "system_database_url": url})
 
     @DBOS.step()
     def send(i: int) -> str:
@@ -431,18 +512,56 @@ def dbos_turns(directory: Path, effects: Effects, *, wal: bool,
     return turn, close
 
 
+def call4agents_turns(directory: Path, effects: Effects, after_effect: Hook = None, *,
+                      pg: str | None = None) -> Workload:
+    """call4agents (a stdlib-only library: an intent row before the action, a result row
+    after it): one ``c4a.run`` per turn, the tool an ``@c4a.effect(idempotent_for=...)``
+    that sends ``c4a.idempotency_key()`` (an action in doubt after a crash is resent
+    under the same key, the external system deduplicates, as toolledger's idempotent
+    policy)."""
+    c4a: Any = importlib.import_module("call4agents")  # untyped
+    if pg is None:
+        c4a.init(str(directory / "call4agents.sqlite"))
+    else:  # a shared run record takes the secret its machines share
+        c4a.init(pg_url(pg), secret=b"toolledger-bench-shared-secret")
+
+    def body(i: int) -> str:
+        if TOOL_LATENCY_S[0]:
+            time.sleep(TOOL_LATENCY_S[0])
+        effects.apply(c4a.idempotency_key())
+        if after_effect is not None:
+            after_effect()
+        return "sent"
+
+    send = c4a.effect(body, name="send", idempotent_for=24 * 3600)
+
+    def turn(n: int, calls: int = CALLS_PER_TURN) -> None:
+        with c4a.run(f"turn-{n}"):
+            for i in range(calls):
+                send(i)
+
+    return turn, lambda: None  # its connections are per thread, closed with the process
+
+
 def make(system: str, directory: Path, effects: Effects, policy: str = "idempotent",
-         after_effect: Callable[[], None] | None = None) -> tuple[Turn, Callable[[], None]]:
-    if system in ALL_MODES:
+         after_effect: Callable[[], None] | None = None,
+         pg: str | None = None) -> tuple[Turn, Callable[[], None]]:
+    """``system``'s turn and how to close it; a ``-pg`` row needs ``pg`` (its database)."""
+    base, on_pg = base_system(system)
+    if on_pg and pg is None:
+        raise ValueError(f"{system} runs on PostgreSQL: pass pg=<connection string>")
+    if base in ALL_MODES:
         return toolledger_turns(directory, effects, policy, after_effect,
-                                mode=ALL_MODES[system])
-    if system in ("langgraph", "langgraph-parallel"):
+                                mode=ALL_MODES[base], pg=pg)
+    if base in ("langgraph", "langgraph-parallel"):
         return langgraph_turns(directory, effects, after_effect,
-                               parallel=system == "langgraph-parallel")
-    if system in ("dbos", "dbos-wal", "dbos-wal-parallel"):
-        return dbos_turns(directory, effects, wal=system != "dbos", after_effect=after_effect,
-                          parallel=system == "dbos-wal-parallel")
-    raise ValueError(f"unknown system {system!r}; one of {', '.join(SYSTEMS)}")
+                               parallel=base == "langgraph-parallel", pg=pg)
+    if base in ("dbos", "dbos-wal", "dbos-wal-parallel"):
+        return dbos_turns(directory, effects, wal=base != "dbos", after_effect=after_effect,
+                          parallel=base == "dbos-wal-parallel", pg=pg)
+    if base == "call4agents":
+        return call4agents_turns(directory, effects, after_effect, pg=pg)
+    raise ValueError(f"unknown system {system!r}; one of {', '.join(SYSTEMS + PG_SYSTEMS)}")
 
 
 def _io() -> dict[str, int]:
@@ -472,14 +591,15 @@ def worker(system: str, directory: Path, warm: int, turns: int) -> Result:
         close()
 
 
-def build(system: str, directory: Path, effects: Effects
+def build(system: str, directory: Path, effects: Effects, pg: str | None = None
           ) -> tuple[Turn, Callable[[], None], Any]:
     """``system``'s turn, how to close it, and its store (toolledger: the counters the
     measurement reads; None for a peer)."""
-    if system in ALL_MODES:
-        turn, store = toolledger_workload(directory, effects, mode=ALL_MODES[system])
+    base, _ = base_system(system)
+    if base in ALL_MODES:
+        turn, store = toolledger_workload(directory, effects, mode=ALL_MODES[base], pg=pg)
         return turn, store.close, store
-    turn, close = make(system, directory, effects)
+    turn, close = make(system, directory, effects, pg=pg)
     return turn, close, None
 
 
@@ -614,6 +734,193 @@ def latency_table(d: Path, smoke: bool) -> Result:
 
 
 # --------------------------------------------------------------------------
+# PostgreSQL: the same workload on one throwaway server
+# --------------------------------------------------------------------------
+
+
+def pg_url(conninfo: str) -> str:
+    """``conninfo`` (libpq ``key=value`` pairs) as the URL DBOS takes."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    d = conninfo_to_dict(conninfo)
+    auth = str(d.get("user", "")) + (f":{d['password']}" if d.get("password") else "")
+    return (f"postgresql://{auth}{'@' if auth else ''}{d.get('host', 'localhost')}:"
+            f"{d.get('port', 5432)}/{d['dbname']}")
+
+
+def pg_worker(system: str, conninfo: str, warm: int, turns: int, idle: float) -> None:
+    """Child of the PostgreSQL table: ``warm`` untimed turns, ``idle`` seconds without a
+    statement (see :data:`PG_STATS_IDLE_S`), ``ready`` on stdout, then, once the parent
+    has read the server's counters and written a line, ``turns`` timed turns; the
+    measurement is its last line of output."""
+    import tempfile
+
+    effects = Effects()
+    with tempfile.TemporaryDirectory() as d:
+        turn, close, store = build(system, Path(d), effects, pg=conninfo)
+        try:
+            for n in range(warm):
+                turn(n)
+            time.sleep(idle)
+            print("ready", flush=True)
+            sys.stdin.readline()
+            res = measure(turn, store, effects, 0, turns, start=warm)
+        finally:
+            close()
+    print(json.dumps(res), flush=True)
+
+
+def wal_counters(admin: str) -> tuple[int, int]:
+    """``(WAL flushes, WAL bytes)`` of the server so far: ``pg_stat_wal.wal_sync`` (every
+    backend's and the WAL writer's, read until two reads 0.2 s apart agree) and the WAL
+    insert position (exact)."""
+    import psycopg
+
+    last = -1
+    with psycopg.connect(admin, autocommit=True) as conn:
+        for _ in range(30):
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            row = conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()
+            now = int(row[0]) if row else 0
+            if now == last:
+                break
+            last = now
+            time.sleep(0.2)
+        lsn = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()
+    return last, int(lsn[0]) if lsn else 0
+
+
+def pg_run_child(system: str, admin: str, warm: int, turns: int, idle: float) -> Result:
+    """One measurement of ``system`` in a fresh child, on a fresh database of the server
+    ``admin`` connects to; the server's WAL flushes and bytes over the timed turns."""
+    import uuid
+
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    db = f"peers_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {db}")
+    proc = subprocess.Popen(
+        _child_code(f"b.pg_worker({system!r}, {make_conninfo(admin, dbname=db)!r}, {warm}, "
+                    f"{turns}, {idle!r})"),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        for line in proc.stdout:
+            if line.strip() == "ready":
+                break
+        else:
+            raise RuntimeError(f"{system} child failed before its timed turns:\n"
+                               f"{proc.communicate(timeout=60)[1][-3000:]}")
+        before = wal_counters(admin)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=900)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{system} child failed ({proc.returncode}):\n{err[-3000:]}")
+        after = wal_counters(admin)  # the child's backends reported as they exited
+        res: Result = json.loads(out.strip().splitlines()[-1])
+        res["wal_flushes"], res["wal_bytes"] = after[0] - before[0], after[1] - before[1]
+        return res
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
+def pg_goals(per: dict[str, Result]) -> Result:
+    """Every toolledger path on PostgreSQL / each peer's best form there (the higher
+    calls/s of its forms); met when every ratio is >= :data:`PG_GOAL`."""
+    ratios: Result = {}
+    best: Result = {}
+    for peer, forms in PG_PEER_FORMS.items():
+        have = [f for f in forms if f in per]
+        if have:
+            best[peer] = max(have, key=lambda f: per[f]["calls_per_second"])
+    for row in PG_JUDGED:
+        if row in per:
+            ratios[row] = {peer: per[row]["calls_per_second"] / per[b]["calls_per_second"]
+                           for peer, b in best.items()}
+    judged = any(p in best for p in PG_GOAL_PEERS) and bool(ratios)
+    return {"target": PG_GOAL, "rows": list(PG_JUDGED), "judged_peers": list(PG_GOAL_PEERS),
+            "forms": {k: list(v) for k, v in PG_PEER_FORMS.items()},
+            "best_form": best, "ratios": ratios,
+            "met": all(r >= PG_GOAL for x in ratios.values() for p, r in x.items()
+                       if p in PG_GOAL_PEERS) if judged else None}
+
+
+def pg_table(smoke: bool, conninfo: str | None = None) -> Result:
+    """The PostgreSQL table (see the module doc): interleaved rounds on one server."""
+    rounds, warm, turns = (1, 1, 2) if smoke else (3, 5, 30)
+    idle = 0.0 if smoke else PG_STATS_IDLE_S
+    systems = [s for s in PG_SYSTEMS if installed(s)]
+    missing = [s for s in PG_SYSTEMS if s not in systems]
+    raw: dict[str, list[Result]] = {s: [] for s in systems}
+    load = [os.getloadavg()[0]]
+
+    def rounds_on(admin: str) -> None:
+        for r in range(rounds):
+            for s in systems[r % len(systems):] + systems[:r % len(systems)]:
+                raw[s].append(pg_run_child(s, admin, warm, turns, idle))
+            load.append(os.getloadavg()[0])
+            print(f"  postgres round {r + 1}/{rounds}: " + ", ".join(
+                f"{s} {raw[s][-1]['calls'] / raw[s][-1]['seconds']:.0f}/s" for s in systems),
+                flush=True)
+
+    if conninfo is None:  # a throwaway server, as the tests start it
+        sys.path.insert(0, str(ROOT / "tests"))
+        from pg_cluster import NoPostgres, PgCluster
+
+        try:
+            with PgCluster() as pg:
+                rounds_on(pg.conninfo)
+        except NoPostgres as exc:
+            print(f"\npostgres rows not run: {exc}")
+            return {"not_run": str(exc), "not_installed": missing}
+    else:
+        rounds_on(conninfo)
+    per: dict[str, Result] = {}
+    for s in systems:
+        xs = raw[s]
+        row: Result = {"calls_per_second": median([x["calls"] / x["seconds"] for x in xs]),
+                       "cpu_ms_per_call": _per_call(xs, "cpu_seconds") * 1000,
+                       "wal_flushes_per_call": _per_call(xs, "wal_flushes"),
+                       "wal_bytes_per_call": _per_call(xs, "wal_bytes")}
+        if all("commits" in x for x in xs):
+            row["commits_per_message"] = median(
+                [x["commits"] / x["calls"] for x in xs]) * CALLS_PER_TURN
+        per[s] = row
+    goals = pg_goals(per)
+    print(f"\nPostgreSQL (one throwaway server on loopback, fsync on): {CALLS_PER_TURN}-call "
+          f"turns, {rounds} interleaved rounds of {turns} timed turns after {warm} untimed; "
+          f"load {min(load):.2f} to {max(load):.2f}"
+          + (f"; not installed: {', '.join(missing)}" if missing else "")
+          + ("" if idle >= 10 else "; WAL counts include the untimed turns (smoke)"))
+    peers = list(goals["best_form"])
+    print(table(
+        ("system", "calls/s", *(f"/{p} best" for p in peers), "WAL flushes/call",
+         "WAL KB/call", "commits/msg", "client CPU ms/call"),
+        [(s, format(r["calls_per_second"], ".0f"),
+          *(format(goals["ratios"][s][p], ".2f") if s in goals["ratios"] else "-"
+            for p in peers),
+          format(r["wal_flushes_per_call"], ".2f"), format(r["wal_bytes_per_call"] / 1024, ".1f"),
+          format(r["commits_per_message"], ".1f") if "commits_per_message" in r else "-",
+          format(r["cpu_ms_per_call"], ".2f"))
+         for s, r in per.items()], right=range(1, 6 + len(peers))))
+    print(f"goal: every toolledger path >= {PG_GOAL:g}x each peer's best form on PostgreSQL: "
+          + {True: "met", False: "not met", None: "not judged"}[goals["met"]])
+    return {"rounds": rounds, "warm_turns": warm, "timed_turns": turns, "idle_seconds": idle,
+            "wal_counts_timed_turns_only": idle >= 10, "not_installed": missing,
+            "load_average_1min": load,
+            "wal_counted_by": "pg_stat_wal.wal_sync and pg_current_wal_insert_lsn() of the "
+                              "server, before and after the child's timed turns",
+            "systems": per, "goals": goals}
+
+
+# --------------------------------------------------------------------------
 # Running the children
 # --------------------------------------------------------------------------
 
@@ -733,9 +1040,9 @@ def crash_child(system: str, directory: Path, policy: str, phase: str) -> None:
                     s.reconcile(st.call.key, ask)
                 # HALTED: a human decides; nothing is sent again without one
         return
-    if system.startswith("langgraph"):
+    if system.startswith("langgraph") or system == "call4agents":
         turn, close = make(system, directory, effects)
-        turn(0, 1)  # the same thread: LangGraph resumes it
+        turn(0, 1)  # the same thread (run): LangGraph resumes it, call4agents resends its key
         close()
         return
     turn, close = make(system, directory, effects)  # DBOS.launch() recovers turn-0
@@ -776,7 +1083,7 @@ CRASH_CASES = (("toolledger", "idempotent"), ("toolledger", "manual"), ("toolled
                ("toolledger-together", "reconcile"),
                ("langgraph", "as shipped"), ("langgraph-parallel", "as shipped"),
                ("dbos", "as shipped"), ("dbos-wal", "as shipped"),
-               ("dbos-wal-parallel", "as shipped"))
+               ("dbos-wal-parallel", "as shipped"), ("call4agents", "idempotent_for"))
 
 
 # --------------------------------------------------------------------------
@@ -880,6 +1187,7 @@ def run(smoke: bool = False) -> Result:
                 flush=True)
         crash = [crash_row(s, d, p) for s, p in CRASH_CASES if s in systems]
         latency = latency_table(d, smoke)
+    postgres = pg_table(smoke)
 
     f_ms = median(fast_ms)
     s_ms = median(slow_ms) if slow_ms else None
@@ -988,6 +1296,7 @@ def run(smoke: bool = False) -> Result:
             "no_sync": f"strace -e inject=fsync,fdatasync:{NO_SYNC}",
             "fast_sync_ms": f_ms, "slow_sync_ms": s_ms, "model_sync_ms": MODEL_SYNC_MS},
         "systems": per, "crash": crash, "goals": goals, "latency": latency,
+        "postgres": postgres,
     }
 
 

@@ -466,6 +466,41 @@ def _peers(pe: dict[str, Any]) -> list[str]:
     out.append(_md(("system", "policy", "effects", "duplicates"),
                    [(c["system"], c["policy"], c["effects"], c["duplicates"])
                     for c in pe["crash"]], right=(2, 3)))
+    pq = pe.get("postgres") or {}
+    if "systems" in pq:
+        out += _peers_pg(pq)
+    return out
+
+
+def _peers_pg(pq: dict[str, Any]) -> list[str]:
+    """The peers' PostgreSQL block: the same workload on one throwaway server."""
+    gl = pq["goals"]
+    peers = list(gl["best_form"])
+    load = pq.get("load_average_1min") or []
+    out = ["", f"On PostgreSQL (`bench_peers.py`, one throwaway server on loopback, `fsync` "
+           f"on, a fresh database per child): toolledger's `PostgresStore` on each path, "
+           f"DBOS with its system database there, LangGraph's `PostgresSaver` "
+           f"(`durability=\"sync\"`); {pq['rounds']} interleaved rounds of "
+           f"{pq['timed_turns']} timed turns (medians); WAL flushes (`pg_stat_wal.wal_sync`) "
+           f"and WAL bytes (the insert position) counted by the server over the timed turns"
+           + ("" if pq.get("wal_counts_timed_turns_only") else " and the untimed ones")
+           + "; CPU is the client process's."
+           + ("" if not load else f"  Load average {min(load):.2f} to {max(load):.2f}.")
+           + f"  `/ peer`: the row's calls/s over the peer's best form's "
+           f"({', '.join(f'`{v}`' for v in gl['best_form'].values())}).", ""]
+    rows = []
+    for name, r in pq["systems"].items():
+        rs = gl["ratios"].get(name, {})
+        rows.append((name, f"{r['calls_per_second']:.0f}",
+                     *(f"{rs[p]:.2f}" if p in rs else "-" for p in peers),
+                     f"{r['wal_flushes_per_call']:.2f}", f"{r['wal_bytes_per_call'] / 1024:.1f}",
+                     f"{r['commits_per_message']:.1f}" if "commits_per_message" in r else "-",
+                     f"{r['cpu_ms_per_call']:.2f}"))
+    out.append(_md(("system", "calls/s", *(f"/ {p}" for p in peers), "WAL flushes / call",
+                    "WAL KB / call", "commits / message", "client CPU ms / call"),
+                   rows, right=tuple(range(1, 6 + len(peers)))))
+    out += ["", f"Goal: every toolledger path >= {gl['target']:g}x each peer's best form: "
+            + {True: "met", False: "not met", None: "not judged"}[gl["met"]] + "."]
     return out
 
 

@@ -176,7 +176,8 @@ def goals(b: dict[str, Any]) -> list[dict[str, Any]]:
         return "measured {} / {} (this disk / slowed), model {} / {} (fast / slow disk)".format(
             *(f"{x[prefix + k]:.2f}" if x.get(prefix + k) is not None else "-" for k in keys))
 
-    for peer, name in (("langgraph", "LangGraph durability=sync"), ("dbos-wal", "DBOS on WAL")):
+    for peer, name in (("langgraph", "LangGraph durability=sync"), ("dbos-wal", "DBOS on WAL"),
+                       ("call4agents", "call4agents (stdlib: intent + result rows)")):
         x = pg.get(peer)
         if x is not None and "row" not in x:  # results of the sequential-only benchmark
             x = {**x, "row": "toolledger-batched", "forms": [peer], "met_by":
@@ -203,6 +204,17 @@ def goals(b: dict[str, Any]) -> list[dict[str, Any]]:
              f"each peer's parallel form ({', '.join(lat['peers'])}) calls/s",
              f">= {lat['target']:g}x",
              "; ".join(at(ms) for ms in lat["ratios"] if float(ms) > 0), lat["met"])
+    pq = _get(b.get("peers"), "postgres", "goals")
+    if pq is not None or _get(b.get("peers"), "postgres", "not_run") is not None:
+        goal("PostgreSQL, one server: every toolledger path (plain, message, together) / "
+             "DBOS on Postgres and LangGraph PostgresSaver durability=sync (each its best "
+             "form) calls/s", f">= {bench_peers.PG_GOAL:g}x",
+             "not run: " + str(_get(b.get("peers"), "postgres", "not_run"))
+             if pq is None else "; ".join(
+                 f"{row} " + " / ".join(f"{r:.2f}" for r in pq["ratios"][row].values())
+                 for row in pq["rows"] if row in pq["ratios"])
+             + f" (vs {', '.join(pq['best_form'].values())})",
+             None if pq is None else pq["met"])
     sy, by = pg.get("syncs_per_call"), pg.get("bytes_per_call")
 
     def both(g: dict[str, Any], fmt: Callable[[float], str]) -> str:

@@ -41,7 +41,7 @@ def test_every_benchmark_ran_and_the_machine_is_recorded(smoke: dict[str, Any]) 
     for key in ("date", "nproc", "python", "java", "sqlite", "scratch_fs", "git_commit"):
         assert machine[key], key
     goals = smoke["goals"]
-    assert len(goals) == 19
+    assert len(goals) == 21  # call4agents' and the PostgreSQL rows' goals included
     assert all(set(g) == {"goal", "target", "measured", "met"} for g in goals)
     assert all(g["measured"] is not None for g in goals)
 
@@ -147,6 +147,8 @@ def test_peers_figures_and_crash_table(smoke: dict[str, Any]) -> None:
     # the peers re-run a step whose checkpoint was lost: the table's point of comparison
     for peer in ("langgraph", "langgraph-parallel", "dbos", "dbos-wal", "dbos-wal-parallel"):
         assert crash[(peer, "as shipped")]["effects"] >= 1
+    # call4agents resends an action in doubt under the same key: deduplicated, one effect
+    assert crash[("call4agents", "idempotent_for")]["effects"] == 1
 
 
 def test_peers_latency_rows(smoke: dict[str, Any]) -> None:
@@ -165,6 +167,58 @@ def test_peers_latency_rows(smoke: dict[str, Any]) -> None:
         assert set(lat["goals"]["ratios"][ms]) == set(commits)
     assert lat["goals"]["met"] in (True, False)  # judged: a latency > 0 ran
     assert any(g["goal"].startswith("message paths with 20 ms") for g in smoke["goals"])
+
+
+def test_peers_postgres_rows(smoke: dict[str, Any]) -> None:
+    pq = smoke["benchmarks"]["peers"]["postgres"]
+    assert pq["not_installed"] == []  # the dev extra installs every peer's PostgreSQL driver
+    assert set(pq["systems"]) == set(bench_peers.PG_SYSTEMS)
+    for name, row in pq["systems"].items():
+        assert row["calls_per_second"] > 0 and row["cpu_ms_per_call"] > 0, name
+        # the server flushed its WAL at least once per toolledger commit (fsync on,
+        # synchronous_commit on), and every peer wrote WAL for its calls
+        floor = row.get("commits_per_message", 1) / bench_peers.CALLS_PER_TURN
+        assert row["wal_flushes_per_call"] >= floor, name
+        assert row["wal_bytes_per_call"] > 0, name
+    # the same commits per message as on SQLite: 2n + 2, n + 1, 2
+    commits = {s: r["commits_per_message"] for s, r in pq["systems"].items()
+               if "commits_per_message" in r}
+    assert commits == {"toolledger-pg": 12, "toolledger-batched-pg": 6,
+                       "toolledger-together-pg": 2}
+    gl = pq["goals"]
+    assert set(gl["ratios"]) == set(bench_peers.PG_JUDGED)
+    assert set(gl["best_form"]) == set(bench_peers.PG_PEER_FORMS)
+    assert gl["met"] in (True, False)
+    assert any(g["goal"].startswith("PostgreSQL, one server") for g in smoke["goals"])
+
+
+def test_pg_goal_is_judged_against_each_peers_best_form() -> None:
+    def row(rate: float) -> dict[str, Any]:
+        return {"calls_per_second": rate}
+
+    per = {s: row(100) for s in bench_peers.PG_SYSTEMS}
+    per["dbos-parallel-pg"] = row(50)  # dbos-pg (100) is its best form
+    per["langgraph-parallel-pg"] = row(80)
+    for s in bench_peers.PG_JUDGED:
+        per[s] = row(130)
+    per["call4agents-pg"] = row(120)  # reported beside the judged peers, not judged
+    got = bench_peers.pg_goals(per)
+    assert got["best_form"] == {"langgraph-pg": "langgraph-pg", "dbos-pg": "dbos-pg",
+                                "call4agents-pg": "call4agents-pg"}
+    assert got["ratios"]["toolledger-pg"] == {"langgraph-pg": 1.3, "dbos-pg": 1.3,
+                                              "call4agents-pg": 130 / 120}
+    assert got["met"] is True
+    per["toolledger-pg"] = row(110)  # one path under 1.2x one peer: not met
+    assert bench_peers.pg_goals(per)["met"] is False
+    assert bench_peers.pg_goals({"toolledger-pg": row(1)})["met"] is None  # no peer ran
+
+
+def test_pg_rows_name_their_sqlite_workload() -> None:
+    assert bench_peers.base_system("dbos-pg") == ("dbos-wal", True)
+    assert bench_peers.base_system("toolledger-together-pg") == ("toolledger-together", True)
+    assert bench_peers.base_system("langgraph") == ("langgraph", False)
+    with pytest.raises(ValueError, match="PostgreSQL"):
+        bench_peers.make("langgraph-pg", ROOT, bench_peers.Effects())
 
 
 def test_latency_goal_judges_the_concurrent_rows_at_every_latency() -> None:

@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -334,21 +334,26 @@ def race_in_threads(
     b_pid = b_store.connection.info.backend_pid
     b_done = threading.Event()
     outcomes: list[str] = []
-    checked = a_store._differs
+    checked = a_store._differs_query  # the commit's check of a call, sent with its reads
 
-    def a_differs(conn: Any, session_id: str, seen: CallView) -> str | None:
-        why = checked(conn, session_id, seen)
-        b_thread.start()  # A has checked, not written: B now decides on the same state
-        with psycopg.connect(pg.conninfo, autocommit=True) as admin:
-            deadline = time.monotonic() + 30
-            while not b_done.is_set() and time.monotonic() < deadline:
-                waiting = admin.execute(
-                    "SELECT 1 FROM pg_locks WHERE pid = %s AND NOT granted", (b_pid,)
-                ).fetchone()
-                if waiting:
-                    break  # B waits for A's row lock
-                time.sleep(0.01)
-        return why
+    def a_differs(conn: Any, session_id: str, seen: CallView) -> Callable[[], str | None]:
+        answer = checked(conn, session_id, seen)
+
+        def check() -> str | None:
+            why = answer()
+            b_thread.start()  # A has checked, not written: B now decides on the same state
+            with psycopg.connect(pg.conninfo, autocommit=True) as admin:
+                deadline = time.monotonic() + 30
+                while not b_done.is_set() and time.monotonic() < deadline:
+                    waiting = admin.execute(
+                        "SELECT 1 FROM pg_locks WHERE pid = %s AND NOT granted", (b_pid,)
+                    ).fetchone()
+                    if waiting:
+                        break  # B waits for A's row lock
+                    time.sleep(0.01)
+            return why
+
+        return check
 
     def run_b() -> None:
         try:
@@ -360,7 +365,7 @@ def race_in_threads(
             b_done.set()
 
     b_thread = threading.Thread(target=run_b)
-    a_store._differs = a_differs  # type: ignore[method-assign]
+    a_store._differs_query = a_differs  # type: ignore[method-assign]
     a.step(E(A.Recover, POS))
     outcomes.append("a won")
     b_thread.join(60)

@@ -119,6 +119,8 @@ class PgConnection:
         self._lock = threading.RLock()
         self._broken: str | None = None
         self._conn: psycopg.Connection[Any] | None = None
+        # the row-count checks of a pipelined transaction, made before its COMMIT
+        self._pending_checks: list[tuple[Any, Exception]] | None = None
         info = self._pg.conninfo.conninfo_to_dict(conninfo)
         self.host = str(info.get("host", "localhost"))
         self.port = str(info.get("port", "5432"))
@@ -228,15 +230,42 @@ class PgConnection:
         return self._conn
 
     def _transaction(
-        self, what: str, begin: str, body: Callable[[psycopg.Connection[Any]], _T], *, read: bool
+        self,
+        what: str,
+        begin: str,
+        body: Callable[[psycopg.Connection[Any]], _T],
+        *,
+        read: bool,
+        pipelined: bool = False,
     ) -> _T:
+        """``begin``, ``body``, then ``COMMIT`` (or ``ROLLBACK``: ``read``, or an error).
+
+        ``pipelined=True`` (a commit, docs/benchmarks.md): ``begin`` and ``body``
+        run in psycopg's pipeline mode, so a statement whose result ``body``
+        does not read at once shares a round trip with the next one read (a
+        read's ``fetch`` sends everything queued before it); ``body`` registers
+        the checks on its writes' row counts with :meth:`_expect_one`, made once
+        the pipeline has sent everything and BEFORE ``COMMIT`` is sent on its
+        own: a failed check rolls the whole transaction back, as before.
+        """
         with self._lock:
             conn = self._live()
             try:
-                self._exec(conn, begin)
                 try:
-                    value = body(conn)
+                    if pipelined:
+                        self._pending_checks = []
+                        with conn.pipeline():
+                            self._exec(conn, begin)
+                            value = body(conn)
+                        checks, self._pending_checks = self._pending_checks, None
+                        for cursor, error in checks:
+                            if cursor.rowcount != 1:
+                                raise error
+                    else:
+                        self._exec(conn, begin)
+                        value = body(conn)
                 except BaseException:
+                    self._pending_checks = None
                     self._rollback(conn)
                     raise
                 if read:
@@ -270,8 +299,21 @@ class PgConnection:
             "reading", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", body, read=True
         )
 
-    def _write(self, what: str, body: Callable[[psycopg.Connection[Any]], None]) -> None:
-        self._transaction(what, "BEGIN ISOLATION LEVEL READ COMMITTED", body, read=False)
+    def _write(
+        self, what: str, body: Callable[[psycopg.Connection[Any]], None], *,
+        pipelined: bool = False,
+    ) -> None:
+        self._transaction(what, "BEGIN ISOLATION LEVEL READ COMMITTED", body, read=False,
+                          pipelined=pipelined)
+
+    def _expect_one(self, cursor: Any, error: Exception) -> None:
+        """``error`` unless the statement of ``cursor`` touched exactly one row: checked
+        now, or, inside a pipelined transaction, once its result is back (before
+        ``COMMIT``; see :meth:`_transaction`)."""
+        if self._pending_checks is not None:
+            self._pending_checks.append((cursor, error))
+        elif cursor.rowcount != 1:
+            raise error
 
     # -- lifecycle --------------------------------------------------------------------
 

@@ -33,6 +33,14 @@ commits included.  The writers' own checks (``UPDATE ... WHERE row_checksum =
 old``, inserts refused by primary keys) stay as a second line.  Sessions do
 not block each other.
 
+Round trips: a commit runs in psycopg's pipeline mode, in three round trips
+however many rows it writes: [``BEGIN``, the row lock, every check's and
+every writer's read], [every INSERT/UPDATE], then ``COMMIT`` alone, sent only
+after every write's row count was checked (a failed check rolls the whole
+transaction back, as before: nothing of it is written).  The statements, and
+their order on the server, are the ones sent one at a time before; what is
+folded is the waiting (docs/benchmarks.md, "PostgreSQL round trips").
+
 Reads run in ``REPEATABLE READ READ ONLY`` transactions (one snapshot) ended
 by ``ROLLBACK``.  Durability is the server's: ``COMMIT`` returns once the WAL
 is flushed (``synchronous_commit`` on, checked on open).
@@ -62,7 +70,7 @@ same row lock, and a worker that lost the session gets
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
@@ -268,15 +276,33 @@ class PostgresStore(PgConnection):
         *,
         lock: bool = False,
     ) -> list[Row]:
+        return self._query(conn, table, where, params, lock=lock)()
+
+    def _query(
+        self,
+        conn: psycopg.Connection[Any],
+        table: str,
+        where: str,
+        params: Sequence[object],
+        *,
+        lock: bool = False,
+    ) -> Callable[[], list[Row]]:
+        """Send the SELECT of :meth:`_select` now; its checked rows when called (in a
+        pipelined transaction, the reads sent before the first call share one round
+        trip)."""
         columns = _COLUMNS[table]
         order = ", ".join(_KEY[table])
-        rows = []
         cursor = self._exec(
             conn, f"SELECT {_q(columns)} FROM {table} {where} ORDER BY {order}"
             + (" FOR UPDATE" if lock else ""),
             params,
         )
-        for values in cursor.fetchall():
+        return lambda: self._checked(table, cursor.fetchall())
+
+    def _checked(self, table: str, fetched: Sequence[Sequence[object]]) -> list[Row]:
+        columns = _COLUMNS[table]
+        rows = []
+        for values in fetched:
             row = dict(zip(columns, values, strict=True))
             try:
                 ok = row["row_checksum"] == _checksum(table, row)
@@ -317,8 +343,7 @@ class PostgresStore(PgConnection):
                 current["row_checksum"],
             ),
         )
-        if cursor.rowcount != 1:
-            raise StaleState(f"the {table} row changed under this commit: {RELOAD}")
+        self._expect_one(cursor, StaleState(f"the {table} row changed under this commit: {RELOAD}"))
 
     # -- the port ----------------------------------------------------------------------
 
@@ -378,13 +403,13 @@ class PostgresStore(PgConnection):
     def _session_row(
         self, conn: psycopg.Connection[Any], session_id: str, *, lock: bool = False
     ) -> tuple[int, int]:
-        rows = self._select(
-            conn,
-            "sessions",
-            "WHERE session_id = %s",
-            (session_id,),
-            lock=lock,
+        return self._session_values(
+            session_id,
+            self._select(conn, "sessions", "WHERE session_id = %s", (session_id,), lock=lock),
         )
+
+    def _session_values(self, session_id: str, rows: list[Row]) -> tuple[int, int]:
+        """The marker and max_attempts of the session's row (:meth:`_session_row`)."""
         if not rows:
             raise UnknownSession(
                 f"no session {session_id!r} in {self.where}: create it with create_session() "
@@ -540,7 +565,13 @@ class PostgresStore(PgConnection):
         self, conn: psycopg.Connection[Any], session_id: str, seen: CallView
     ) -> str | None:
         """What of the call ``seen`` describes differs from what is stored: one statement."""
-        found = self._exec(
+        return self._differs_query(conn, session_id, seen)()
+
+    def _differs_query(
+        self, conn: psycopg.Connection[Any], session_id: str, seen: CallView
+    ) -> Callable[[], str | None]:
+        """Send :meth:`_differs`'s statement now; what differs when called."""
+        cursor = self._exec(
             conn,
             f"SELECT c.execution_id, {', '.join(f'c.{r}' for r in _RESULT)}, "
             "(SELECT row_checksum FROM ledger WHERE execution_id = c.execution_id), "
@@ -549,8 +580,8 @@ class PostgresStore(PgConnection):
             "WHERE execution_id = c.execution_id) "
             "FROM calls AS c WHERE c.session_id = %s AND c.turn = %s AND c.slot = %s",
             (session_id, *seen.position),
-        ).fetchone()
-        return stored_difference(found, session_id, seen)
+        )
+        return lambda: stored_difference(cursor.fetchone(), session_id, seen)
 
     # The statement that serializes the commits of one session (see the module doc);
     # a class attribute so a test can remove the lock and watch the race get through.
@@ -587,7 +618,16 @@ class PostgresStore(PgConnection):
             if created is not None:
                 row = {"session_id": session_id, "marker": created[0],
                        "max_attempts": created[1], "epoch": 0}
-                if self._insert(conn, "sessions", row).rowcount != 1:
+                # RETURNING: read at once (in the pipeline too), so a session created
+                # since is refused before anything else is sent
+                cols = (*_DATA["sessions"], "row_checksum")
+                got = self._exec(
+                    conn,
+                    f"INSERT INTO sessions ({_q(cols)}) VALUES ({', '.join(['%s'] * len(cols))}) "
+                    "ON CONFLICT DO NOTHING RETURNING session_id",
+                    (*(row[c] for c in _DATA["sessions"]), _checksum("sessions", row)),
+                ).fetchone()
+                if got is None:
                     raise StaleState(_CREATED_SINCE.format(session_id=session_id))
             if epoch is not None:
                 check_lease(
@@ -595,23 +635,38 @@ class PostgresStore(PgConnection):
                     self._epoch_row(conn, session_id, lock=self.LOCK_SESSION)[1],
                     epoch,
                 )
+            # Every read the checks and the writers need is sent before the first is
+            # read: in the pipeline, one round trip (the session's row lock first, so
+            # the reads after it see what the lock's holder committed).
+            session = self._query(conn, "sessions", "WHERE session_id = %s", (session_id,),
+                                  lock=self.LOCK_SESSION)
+            guards = {seen.position: self._differs_query(conn, session_id, seen)
+                      for seen in plan.guards}
+            prior = {new.position: self._query(
+                conn, "calls", "WHERE session_id = %s AND turn = %s AND slot = %s",
+                (session_id, *new.position)) for _, new in plan.results}
+            approvals = {eid: self._query(conn, "approvals", "WHERE execution_id = %s", (eid,))
+                         for eid, _, _ in plan.approvals}
             plan.check_session(
                 session_id,
-                self._session_row(conn, session_id, lock=self.LOCK_SESSION),
+                self._session_values(session_id, session()),
                 after,
-                lambda seen: self._differs(conn, session_id, seen),
+                lambda seen: guards[seen.position](),
             )
             plan.write(
                 call=lambda c, text: self._write_call(conn, session_id, c, text),
-                result=lambda old, new: self._write_result(conn, session_id, old, new),
+                result=lambda old, new: self._write_result(
+                    conn, session_id, old, new, prior[new.position]()),
                 approval=lambda eid, was, now: self._write_approval(
-                    conn, session_id, eid, was, now
+                    conn, session_id, eid, was, now, approvals[eid]()
                 ),
                 record=lambda old, new: self._write_record(conn, session_id, old, new),
                 audit=lambda row: self._write_audit(conn, row),
             )
 
-        self._write(f"committing to session {session_id!r}", body)
+        # pipelined: the writes share round trips, their row counts are checked before
+        # COMMIT (PgConnection._transaction)
+        self._write(f"committing to session {session_id!r}", body, pipelined=True)
         self.commits += 1
         if plan.writes_ledger:
             self.ledger_commits += 1
@@ -636,21 +691,28 @@ class PostgresStore(PgConnection):
             **_result_values(call.result),
             "retention_window": call.tool.retention_window,
         }
-        if self._insert(conn, "calls", row).rowcount != 1:
-            raise StaleState(
-                f"call {call.position} of session {session_id!r} is already durable: "
-                f"another engine persisted it; {RELOAD}"
-            )
+        self._expect_one(self._insert(conn, "calls", row), StaleState(
+            f"call {call.position} of session {session_id!r} is already durable: "
+            f"another engine persisted it; {RELOAD}"
+        ))
 
     def _write_result(
-        self, conn: psycopg.Connection[Any], session_id: str, old: CallState, new: CallState
+        self,
+        conn: psycopg.Connection[Any],
+        session_id: str,
+        old: CallState,
+        new: CallState,
+        rows: list[Row] | None = None,
     ) -> None:
-        rows = self._select(
-            conn,
-            "calls",
-            "WHERE session_id = %s AND turn = %s AND slot = %s",
-            (session_id, *new.position),
-        )
+        """Set a call's result, only if it still is ``old``'s (``rows``: its row, read
+        already in this transaction)."""
+        if rows is None:
+            rows = self._select(
+                conn,
+                "calls",
+                "WHERE session_id = %s AND turn = %s AND slot = %s",
+                (session_id, *new.position),
+            )
         if not rows or any(rows[0][k] != v for k, v in _result_values(old.result).items()):
             raise StaleState(
                 f"the result of call {new.position} of session {session_id!r} is not the one "
@@ -665,8 +727,10 @@ class PostgresStore(PgConnection):
         execution_id: str,
         was: ApprovalState | None,
         now: ApprovalState,
+        rows: list[Row] | None = None,
     ) -> None:
-        rows = self._select(conn, "approvals", "WHERE execution_id = %s", (execution_id,))
+        if rows is None:  # else read already in this transaction
+            rows = self._select(conn, "approvals", "WHERE execution_id = %s", (execution_id,))
         found = rows[0]["state"] if rows else None
         if found != (was.value if was is not None else None) or (
             rows and rows[0]["session_id"] != session_id
@@ -679,8 +743,8 @@ class PostgresStore(PgConnection):
             self._update(conn, "approvals", rows[0], {"state": now.value})
         else:
             row = {"execution_id": execution_id, "session_id": session_id, "state": now.value}
-            if self._insert(conn, "approvals", row).rowcount != 1:
-                raise StaleState(f"the approval of {execution_id} was just written: {RELOAD}")
+            self._expect_one(self._insert(conn, "approvals", row), StaleState(
+                f"the approval of {execution_id} was just written: {RELOAD}"))
 
     def _write_record(
         self,
@@ -696,8 +760,7 @@ class PostgresStore(PgConnection):
             f"one this engine saw: another engine wrote it; {RELOAD}"
         )
         if old is None:
-            if self._insert(conn, "ledger", values).rowcount != 1:
-                raise stale
+            self._expect_one(self._insert(conn, "ledger", values), stale)
             return
         columns = _DATA["ledger"]
         cursor = self._exec(
@@ -711,8 +774,7 @@ class PostgresStore(PgConnection):
                 _checksum("ledger", _record_values(session_id, old)),
             ),
         )
-        if cursor.rowcount != 1:
-            raise stale
+        self._expect_one(cursor, stale)
 
     def _write_audit(self, conn: psycopg.Connection[Any], row: AuditRow) -> None:
         self._insert(
