@@ -25,7 +25,7 @@ what the quick mode misses).  Goal (issue 24): >= 90 %, each quick answer
 average is printed with them, and CPU seconds beside wall seconds.
 
 ``python benchmarks/bench_quick.py [--smoke] [--json] [--only NAME] [--no-cache]``
-(``--smoke``: one spec and one reference mutant, no full check).
+(``--smoke``: the first mutant, no full check).
 """
 
 from __future__ import annotations
@@ -284,7 +284,7 @@ def run(smoke: bool = False, only: Sequence[str] = (), use_cache: bool = True,
         full_timeout: float = 1800.0, run_full: bool = True) -> Result:
     mutants = [m for m in MUTANTS if not only or m.name in only]
     if smoke:
-        mutants = [next(m for m in MUTANTS if m.kind == k) for k in ("spec", "reference")]
+        mutants = list(MUTANTS[:1])  # the cheapest quick answer (about 10 s of CPU)
     if not mutants:
         raise SystemExit(f"no mutant named {', '.join(only)}; the names: "
                          + ", ".join(m.name for m in MUTANTS))
@@ -364,7 +364,7 @@ def run(smoke: bool = False, only: Sequence[str] = (), use_cache: bool = True,
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--smoke", action="store_true", help="two mutants, no full check")
+    p.add_argument("--smoke", action="store_true", help="one mutant, no full check")
     p.add_argument("--json", action="store_true", help="print the figures as JSON at the end")
     p.add_argument("--only", action="append", default=[], metavar="NAME", help="only this mutant")
     p.add_argument("--no-cache", action="store_true", help="ignore the full check's cache")

@@ -52,6 +52,7 @@ from benchmarks import (
 from benchmarks.common import ROOT, code_state, machine_info, table
 
 RESULTS = ROOT / "benchmarks" / "results.json"
+STEP_CPU = "largest_step_cpu_per_call_median_ms"
 GOALS_PEERS = bench_peers.GOALS
 
 BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -244,6 +245,22 @@ def goals(b: dict[str, Any]) -> list[dict[str, Any]]:
          f"{cw:.0f} s wall, {cc:.0f} s CPU (floor on 2 quiet cores: {cc / 2:.0f} s; "
          f"load average {_get(ck, 'load_average')})",
          None if cw is None else cw <= bench_check.GOAL_SECONDS)
+    dp: Any = b.get("deep")
+    goal("deep target (TLC -simulate, 3 calls, 3 crashes, 3 attempts, expiring keys, "
+         "depth 120): the spec holds, its twin is caught", "no violation; twin violated",
+         None if dp is None or "spec" not in dp else
+         f"{dp['spec']['traces']:,} behaviours, {dp['spec']['states']:,} states: "
+         f"{dp['spec']['violated'] or 'no violation'}; twin: {dp['twin']['violated'] or 'none'}",
+         None if dp is None else dp.get("goal_met"))
+    asy = _get(b.get("async"), "modes", "AsyncSession")
+    goal("AsyncSession: the loop thread's CPU in its largest step per call (median over calls); "
+         "wall stall beside it", "<= 1 ms",
+         None if asy is None else
+         f"{asy[STEP_CPU]:.3f} ms CPU (Session called from coroutines: "
+         f"{_get(b['async'], 'modes', 'Session', STEP_CPU)} ms); wall stall "
+         f"{asy['largest_stall_per_call_median_ms']:.1f} ms at load average "
+         f"{b['async']['load_average']}",
+         None if asy is None else asy[STEP_CPU] <= 1.0)
     qk: Any = b.get("quick")
     qr, qw = _get(qk, "rate"), _get(qk, "quick_max_wall_seconds")
     goal("`toolledger check --quick`: deliberate mutants caught / caught by the full check; "

@@ -41,7 +41,7 @@ def test_every_benchmark_ran_and_the_machine_is_recorded(smoke: dict[str, Any]) 
     for key in ("date", "nproc", "python", "java", "sqlite", "scratch_fs", "git_commit"):
         assert machine[key], key
     goals = smoke["goals"]
-    assert len(goals) == 21  # call4agents' and the PostgreSQL rows' goals included
+    assert len(goals) == 24  # with call4agents', PostgreSQL's, deep's, async's and quick's
     assert all(set(g) == {"goal", "target", "measured", "met"} for g in goals)
     assert all(g["measured"] is not None for g in goals)
 
