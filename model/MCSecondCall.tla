@@ -1,0 +1,40 @@
+---------------------------- MODULE MCSecondCall ----------------------------
+(***************************************************************************)
+(* Second-call twins (model/clauses.toml, the "first" narrowing of a      *)
+(* bound): a one-call twin violates its invariant at the only value of    *)
+(* the domain, which is the first, so narrowing the bound to its first    *)
+(* value changes nothing and no one-call twin can notice.  Here each twin *)
+(* has two calls: c1, the first value of Calls (and, in turn 1, of        *)
+(* ExecIds; first of LegacyCalls when both are legacy), is a readonly     *)
+(* call that bypasses the ledger, so no invariant can fail at it; c2,     *)
+(* in turn 2 (emitted once c1 has its result), is the one-call twin's     *)
+(* call with the twin's mistake (the same .cfg substitution: a readonly   *)
+(* call never reaches the paths any of them changes).  Every violation    *)
+(* lies at c2: with the bound narrowed to its first value the twin        *)
+(* passes.  For NoReinvokeAfterKnownOutcome, whose domain is knownOutcome, *)
+(* c1 is an idempotent call with no approval and no user Stop (HumanCancel *)
+(* off), so it is in knownOutcome before c2 is emitted.                   *)
+(***************************************************************************)
+EXTENDS MCTwins
+
+SecondCalls == {"c1", "c2"}
+SecondTurn == [c1 |-> 1, c2 |-> 2]
+SecondSlot == [c1 |-> 0, c2 |-> 0]
+SecondId == [c1 |-> "call_0", c2 |-> "call_0"]
+SecondArgs == [c1 |-> {"a0"}, c2 |-> {"a1"}]
+\* the repair twin (ApprovalByPosition): c2's arguments may change
+SecondArgsChange == [c1 |-> {"a0"}, c2 |-> {"a1", "a2"}]
+SecondRepairs == 1
+SecondBindsPosition == FALSE
+SecondApproval == [c1 |-> FALSE, c2 |-> TRUE]
+SecondNoApproval == [c1 |-> FALSE, c2 |-> FALSE]
+SecondManual == [c1 |-> "readonly", c2 |-> "manual"]
+SecondIdempotent == [c1 |-> "readonly", c2 |-> "idempotent"]
+SecondReconcile == [c1 |-> "readonly", c2 |-> "reconcile"]
+\* knownOutcome's first value: c1 must have a known outcome
+KnownThenReconcile == [c1 |-> "idempotent", c2 |-> "reconcile"]
+NoUserStop(c) == FALSE
+\* LegacyCalls' first value: both calls legacy (turn 0, before the marker)
+SecondLegacyTurn == [c1 |-> 0, c2 |-> 0]
+SecondLegacySlot == [c1 |-> 0, c2 |-> 1]
+=============================================================================
