@@ -30,7 +30,6 @@ SecondApproval == [c1 |-> FALSE, c2 |-> TRUE]
 SecondNoApproval == [c1 |-> FALSE, c2 |-> FALSE]
 SecondManual == [c1 |-> "readonly", c2 |-> "manual"]
 SecondIdempotent == [c1 |-> "readonly", c2 |-> "idempotent"]
-SecondReconcile == [c1 |-> "readonly", c2 |-> "reconcile"]
 \* knownOutcome's first value: c1 must have a known outcome
 KnownThenReconcile == [c1 |-> "idempotent", c2 |-> "reconcile"]
 NoUserStop(c) == FALSE
