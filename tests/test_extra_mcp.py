@@ -23,9 +23,9 @@ from typing import Any
 
 import anyio
 import pytest
-from mcp import ClientSession, StdioServerParameters
-from mcp.client.stdio import stdio_client
+from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
+from mcp_support import run_with_server, server_params
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from mcp_types.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS
 
@@ -63,14 +63,7 @@ def _env(tmp_path: Path, *, dedupe: bool, hang: bool = False) -> dict[str, str]:
 
 def _with_server(tmp_path: Path, *, dedupe: bool,
                  body: Callable[[ClientSession], Awaitable[None]]) -> None:
-    async def main() -> None:
-        params = StdioServerParameters(command=sys.executable, args=[str(SERVER)],
-                                       env=_env(tmp_path, dedupe=dedupe))
-        async with stdio_client(params) as (r, w), ClientSession(r, w) as client:
-            await client.initialize()
-            with anyio.fail_after(WAIT):
-                await body(client)
-    anyio.run(main)
+    run_with_server(SERVER, _env(tmp_path, dedupe=dedupe), body, WAIT)
 
 
 def test_the_execution_id_reaches_the_server_in_meta_and_a_rerun_sends_nothing(
@@ -292,8 +285,7 @@ def test_the_mcp_block_of_docs_frameworks_md_runs(tmp_path: Path,
         return True
 
     monkeypatch.chdir(tmp_path)  # the block opens ledger.sqlite3 here
-    params = StdioServerParameters(command=sys.executable, args=[str(SERVER)],
-                                   env=_env(tmp_path, dedupe=False))
+    params = server_params(SERVER, _env(tmp_path, dedupe=False))
     scope: dict[str, Any] = {"server_params": params, "model_calls": [EMAIL],
                              "ask_a_human": ask_a_human}
     exec(compile(code, "docs/frameworks.md", "exec"), scope)

@@ -32,10 +32,9 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
-from mcp import ClientSession, StdioServerParameters
-from mcp.client.stdio import stdio_client
+from mcp import ClientSession
+from mcp_support import connected, run_with_server
 from mcp_types import (
     ServerCapabilities,
     ServerTasksCapability,
@@ -87,14 +86,7 @@ def _env(tmp_path: Path, *, hang: bool = False, end: str = "completed") -> dict[
 
 def _with_server(tmp_path: Path, body: Callable[[ClientSession], Awaitable[None]], *,
                  end: str = "completed") -> None:
-    async def main() -> None:
-        params = StdioServerParameters(command=sys.executable, args=[str(SERVER)],
-                                       env=_env(tmp_path, end=end))
-        async with stdio_client(params) as (r, w), ClientSession(r, w) as client:
-            await client.initialize()
-            with anyio.fail_after(WAIT):
-                await body(client)
-    anyio.run(main)
+    run_with_server(SERVER, _env(tmp_path, end=end), body, WAIT)
 
 
 # ----------------------------------------------------------------------- the live path
@@ -264,11 +256,8 @@ class _Shared:
         self.client = ready.result(timeout=WAIT)
 
     async def _hold(self, ready: concurrent.futures.Future[ClientSession]) -> None:
-        params = StdioServerParameters(command=sys.executable, args=[str(SERVER)],
-                                       env=_env(self.root))
         try:
-            async with stdio_client(params) as (r, w), ClientSession(r, w) as client:
-                await client.initialize()
+            async with connected(SERVER, _env(self.root)) as client:
                 ready.set_result(client)
                 await self.stop.wait()
         except BaseException as exc:
