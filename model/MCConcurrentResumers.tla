@@ -105,4 +105,75 @@ TimeoutAsFailure(p) ==
     /\ pc' = [pc EXCEPT ![p] = "got_fail"]
     /\ UNCHANGED durable /\ UNCHANGED <<view, held>> /\ UNCHANGED external
     /\ UNCHANGED ghosts
+
+(***************************************************************************)
+(* Narrowing twins (model/clauses.toml, kind = "bound"): each a clause    *)
+(* twin above whose mistake is confined to one value of a bound, so that  *)
+(* narrowing the bound to its first value ("first") or to the others      *)
+(* ("rest") drops every violation and the twin passes.  The processes run  *)
+(* the same code, so a mistake in every process has its mirror at the     *)
+(* other one; here it is in one process only, Faulty(p): the first of      *)
+(* Procs in TLC's order (the CHOOSE the narrowings use, so the twin does   *)
+(* not depend on how TLC orders strings), or the other one (the cfg's      *)
+(* Faulty <- FaultyOther).  Attempts are numbers and invocations tuples    *)
+(* led by their attempt, so their first value is attempt 1's.              *)
+(***************************************************************************)
+FirstProc == CHOOSE p \in Procs : TRUE
+Faulty(p) == p = FirstProc
+FaultyOther(p) == p # FirstProc
+
+\* ConcurrentRetryKnown's decision in the faulty process only.
+DecideRetriesKnownIfFaulty(p) ==
+    IF Faulty(p) THEN DecideRetriesKnown(p) ELSE Decide(InputsOf(view[p]))
+
+\* Recover with the stage it moves to chosen per process: the spec's
+\* Recover (keepsLive FALSE, honours HonourRetryGrant), with the halt of
+\* ConcurrentHaltKeepsLive (keepsLive) or the forgotten grant of
+\* ConcurrentRetryGrantForgotten (~honours).  A copy of the spec's Recover
+\* (a cfg substitution replaces a name everywhere, so the twin cannot call
+\* the original): a change to Recover must be made here too.
+RecoverStaged(p, keepsLive, honours) ==
+    LET d == DecisionFor(p) IN
+    /\ pc[p] = "resume"
+    /\ pc' = [pc EXCEPT ![p] = IF d = "recovery_required" /\ honours
+                                   /\ RetryGranted(view[p])
+                                THEN "retry"
+                                ELSE IF keepsLive THEN StageAfterKeepsLive(d)
+                                ELSE StageAfter(d)]
+    /\ IF d = "skip"
+       THEN NoCommit
+       ELSE Commit(p, RecoverRecord(p), view[p].res, RecoverRows(p))
+    /\ UNCHANGED external
+    /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
+                   refusals, staleDropped, sentAfterOutcome,
+                   droppedAfterOutcome>>
+RecoverKeepsLiveIfFaulty(p) == RecoverStaged(p, Faulty(p), HonourRetryGrant)
+RecoverForgetsGrantIfFaulty(p) == RecoverStaged(p, FALSE, ~Faulty(p))
+
+\* The adapter of a process waiting for attempt n sends it again (its own
+\* retry loop, under the same id); for attempt 2 only, or attempt 1 only.
+\* One re-send per attempt (a bound for TLC).
+ResendWaiting(p) ==
+    LET n == view[p].rec.attempt IN
+    /\ pc[p] = "waiting" /\ sent[n] < 2
+    /\ inflight' = inflight \cup {<<n, held[p], p>>}
+    /\ sent' = [sent EXCEPT ![n] = @ + 1]
+    /\ invocations' = invocations \cup {<<n, view[p].rec.auth, p, held[p]>>}
+    /\ sentAfterOutcome' = IF knownOutcome /\ ~Refusable(held[p])
+                          THEN sentAfterOutcome + 1 ELSE sentAfterOutcome
+    /\ UNCHANGED durable /\ UNCHANGED volatile
+    /\ UNCHANGED <<fenced, extEpoch>>
+    /\ UNCHANGED <<applied, humanRetries, crashes, staleCommits, refusals,
+                   staleDropped, knownOutcome, droppedAfterOutcome, staleViewCommits>>
+ResendSecondSpec ==
+    Init /\ rec.status = "dispatched"
+    /\ [][Next \/ \E p \in Procs : view[p].rec.attempt = 2 /\ ResendWaiting(p)]_vars
+ResendFirstSpec ==
+    Init /\ rec = NoRecord
+    /\ [][Next \/ \E p \in Procs : view[p].rec.attempt = 1 /\ ResendWaiting(p)]_vars
+
+\* The crashed engine's attempt 1 was never sent (no invocation: a retry's
+\* is the first), or was sent (in flight or applied: a retry's follows it).
+UnsentSpec == Init /\ rec.status = "dispatched" /\ invocations = {} /\ [][Next]_vars
+SentSpec == Init /\ rec.status = "dispatched" /\ invocations # {} /\ [][Next]_vars
 =============================================================================

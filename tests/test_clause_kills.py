@@ -62,3 +62,22 @@ def test_a_narrowed_bound_is_killed_and_an_unchanged_one_is_not(tmp_path: Path) 
     got = {k.entry.weakened: k for k in run_kills(manifest, [rest, first], tmp_path)}
     assert got["rest"].killed, got["rest"].detail
     assert not got["first"].killed and "does not isolate" in got["first"].detail
+
+
+def test_a_one_process_twin_kills_one_narrowing_of_procs(tmp_path: Path) -> None:
+    """The processes of ConcurrentResumers are symmetric, so a narrowing of
+    ``p \\in Procs`` needs a twin with the mistake in one process only
+    (model/MCConcurrentResumers.tla, Faulty): ConcurrentRetryKnownFirstProcess,
+    the mistake in the first process, kills the narrowing to the rest and
+    not the one to the first, which ConcurrentRetryKnownSecondProcess kills."""
+    manifest = load_manifest(ROOT)
+    entries = {(e.operator, e.kind, e.clause, e.weakened): e for e in load_clauses(ROOT)}
+    key = ("NoReinvokeAfterKnownOutcome", "bound", "p \\in Procs")
+    assert entries[(*key, "rest")].twin == "ConcurrentRetryKnownFirstProcess"
+    assert entries[(*key, "first")].twin == "ConcurrentRetryKnownSecondProcess"
+    rest, first = (ClauseEntry("ConcurrentResumers", key[0], key[2], weakened=w,
+                               twin="ConcurrentRetryKnownFirstProcess", kind="bound")
+                   for w in ("rest", "first"))
+    got = {k.entry.weakened: k for k in run_kills(manifest, [rest, first], tmp_path)}
+    assert got["rest"].killed, got["rest"].detail
+    assert not got["first"].killed and "does not isolate" in got["first"].detail
