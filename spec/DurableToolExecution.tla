@@ -1239,6 +1239,84 @@ Next ==
     \/ \E c \in Calls : ConversationRenumber(c)
 
 (***************************************************************************)
+(* Steps of several engine processes (spec/ConcurrentResumers.tla), which *)
+(* one engine never takes: NOT in Next, so no model of this module takes   *)
+(* them and every state count stays; ConcurrentNext is the main spec's     *)
+(* image of the concurrent one, which model/MCConcurrentRefinesMain.tla    *)
+(* checks the concurrent models against                                    *)
+(* (docs/protocol.md#concurrent-resumers).                                 *)
+(*  - EngineZombieSend: an engine declared dead (its lease taken: the main *)
+(*    spec's Crash) between its dispatched commit and its send still sends *)
+(*    attempt n, dispatched (its row is there) and never sent.  Its        *)
+(*    authorization is the one its dispatch had: a human's grant for n,    *)
+(*    the approval for attempt 1, else the policy;                        *)
+(*  - ConnectorFenceUnrecorded: a query-and-fence for attempt n (a        *)
+(*    reconcile decided for n) answered "not applied" and fenced, and the *)
+(*    engine has not recorded the answer (its commit is                   *)
+(*    EngineReconcileNotApplied; it never comes if the engine that asked  *)
+(*    crashed or was declared dead);                                       *)
+(*  - HumanResolvedRecorded: the process that shows a halted call records *)
+(*    the human's "applied" or "abandon" and appends it, without deciding  *)
+(*    again (the main spec's human resolution resumes, and Recover         *)
+(*    reconstructs).                                                       *)
+(***************************************************************************)
+ZombieAuth(c, n) ==
+    IF HasRow(ExecId(c), "human_retry", n) THEN "human"
+    ELSE IF n = 1 THEN (IF NeedsApproval[c] THEN "approval" ELSE "auto")
+    ELSE "policy"
+
+EngineZombieSend(c, n) ==
+    LET e == ExecId(c) IN
+    /\ Policy[c] # "readonly" /\ n \in 1..MaxAttempts
+    /\ HasRow(e, "dispatch", n) /\ sent[c][n] = 0
+    /\ inflight' = [inflight EXCEPT ![e] = @ \cup {n}]
+    /\ invocations' = [invocations EXCEPT ![c] = @ \cup {<<e, n, ZombieAuth(c, n)>>}]
+    /\ sent' = [sent EXCEPT ![c][n] = @ + 1]
+    /\ sentAfterOutcome' = [sentAfterOutcome EXCEPT ![c] =
+                              IF c \in knownOutcome THEN @ + 1 ELSE @]
+    /\ UNCHANGED durable /\ UNCHANGED stage /\ UNCHANGED fenced
+    /\ UNCHANGED <<applied, humanApproved, humanRetries, crashes>>
+    /\ UNCHANGED <<knownOutcome, decided>>
+    /\ UNCHANGED positions
+    /\ UNCHANGED extVars
+
+ConnectorFenceUnrecorded(c, n) ==
+    LET e == ExecId(c) IN
+    /\ FenceOnReconcile /\ applied[e] = 0 /\ n < MaxAttempts
+    /\ n <= Rec(c).attempt /\ HasRow(e, "reconcile", n)
+    /\ fenced' = [fenced EXCEPT ![e] = IF n > @ THEN n ELSE @]
+    /\ UNCHANGED durable /\ UNCHANGED stage /\ UNCHANGED inflight
+    /\ UNCHANGED ghosts /\ UNCHANGED positions /\ UNCHANGED extVars
+
+HumanResolvedRecorded(c) ==
+    LET e == ExecId(c) IN
+    /\ msg[c] = "durable" /\ result[c] = NoResult
+    /\ Rec(c).status = "recovery_required" /\ stage[c] = "none"
+    /\ \E k \in {"human_applied", "human_abandon"} :
+         /\ ledger' = [ledger EXCEPT
+                         ![e].status = IF k = "human_applied" THEN "succeeded"
+                                       ELSE "abandoned",
+                         ![e].result = Result(IF k = "human_applied" THEN "human"
+                                              ELSE "abandoned", e, args[c]),
+                         ![e].args = args[c], ![e].call = c]
+         /\ Audited(e, k, Rec(c).attempt)
+         /\ Decided(c, k, Rec(c).attempt)
+    /\ OutcomeKnown(c)
+    /\ stage' = [stage EXCEPT ![c] = "recorded"]
+    /\ UNCHANGED <<msg, args, result, approval, approvalArgs, marker>>
+    /\ UNCHANGED external
+    /\ UNCHANGED <<applied, invocations, humanApproved, humanRetries, crashes,
+                   sent, sentAfterOutcome>>
+    /\ UNCHANGED positions
+    /\ UNCHANGED extVars
+
+ConcurrentNext ==
+    \/ Next
+    \/ \E c \in Calls, n \in 1..MaxAttempts : EngineZombieSend(c, n)
+    \/ \E c \in Calls, n \in 1..MaxAttempts : ConnectorFenceUnrecorded(c, n)
+    \/ \E c \in Calls : HumanResolvedRecorded(c)
+
+(***************************************************************************)
 (* Fairness: the engine, the provider and the engine's time-out are weakly *)
 (* fair; humans eventually answer approvals and recovery items (without    *)
 (* that, EventuallySettled cannot hold and we say so here rather than      *)

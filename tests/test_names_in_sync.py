@@ -20,6 +20,9 @@ def _names(section: str, text: str) -> set[str]:
 CONCURRENT_MODULES = {"MCConcurrentResumers", "MCConcurrentDecideTie"}
 # Those of spec/ResponsePlacement.tla (the ledger places responses) check its own.
 PLACEMENT_MODULES = {"MCResponsePlacement", "MCPlacementTable"}
+# The refinement mapping of the concurrent spec to the main one checks its own
+# step property and the concurrent spec's invariants (test below).
+REFINEMENT_MODULES = {"MCConcurrentRefinesMain"}
 
 
 def test_python_invariants_are_exactly_the_specs() -> None:
@@ -28,7 +31,8 @@ def test_python_invariants_are_exactly_the_specs() -> None:
     cfgs = sorted((ROOT / "model").glob("*.cfg"))
     models = load_manifest(ROOT).models
     assert {c.name for c in cfgs} == {m.cfg for m in models}
-    concurrent = {m.cfg for m in models if m.module in CONCURRENT_MODULES | PLACEMENT_MODULES}
+    concurrent = {m.cfg for m in models
+                  if m.module in CONCURRENT_MODULES | PLACEMENT_MODULES | REFINEMENT_MODULES}
     for cfg in cfgs:
         if cfg.name in concurrent:
             continue
@@ -109,3 +113,20 @@ def test_the_protocol_summary_and_protocol_use_the_same_names() -> None:
         assert name in summary, f"docs/models.md does not mention {name}"
     for action in (p.Action.EnginePersistDispatched, p.Action.Recover, p.Action.Crash):
         assert action.value in summary
+
+
+def test_the_refinement_models_check_the_mapping_and_the_concurrent_names() -> None:
+    """Their property is the mapping's step relation, defined with its comment in
+    the mapping module; their invariants the mapped TypeOK or the concurrent spec's."""
+    module = (ROOT / "model" / "MCConcurrentRefinesMain.tla").read_text()
+    spec = (ROOT / "spec" / "ConcurrentResumers.tla").read_text()
+    models = [m for m in load_manifest(ROOT).models if m.module in REFINEMENT_MODULES]
+    assert {m.expect for m in models} >= {"pass", "StepsRefine"}
+    for m in models:
+        text = m.cfg_path.read_text()
+        assert _names("PROPERT(?:Y|IE)", text) <= {"StepsRefine"}, m.cfg
+        for name in _names("INVARIANT", text) - {"MappedTypeOK"}:
+            assert re.search(rf"^{name} ==", spec, re.MULTILINE), f"{m.cfg}: {name}"
+    for name in ("StepsRefine", "MappedTypeOK"):
+        assert re.search(rf"^{name} ==", module, re.MULTILINE), name
+        assert re.search(rf"\(\* {name}[: ]", module), f"{name} has no comment box"

@@ -470,3 +470,15 @@ def test_fixture_cfgs_do_not_use_check_deadlock() -> None:
     for cfg in FIXTURES.glob("*.cfg"):
         assert "CHECK_DEADLOCK" not in parse_cfg(cfg).keywords, cfg
     assert os.environ.get("TLA2TOOLS_JAR") is None or Path(os.environ["TLA2TOOLS_JAR"]).is_file()
+
+
+def test_an_action_property_violation_names_the_property() -> None:
+    """TLC reports a violated [][A]_v (a refinement's step relation, 2112) by name."""
+    from toolledger.check.tlcoutput import Outcome, _Collector
+
+    out = ("@!@!@STARTMSG 2112:1 @!@!@\nAction property StepsRefine is violated.\n"
+           "@!@!@ENDMSG 2112 @!@!@\n")
+    c = _Collector(None, time.monotonic())
+    for item in parse_tool_output(out.splitlines(keepends=True)):
+        c.feed(item)
+    assert c.kind is Outcome.PROPERTY_VIOLATED and c.violated == "StepsRefine"

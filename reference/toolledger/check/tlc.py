@@ -16,6 +16,7 @@ code  message                                            outcome
 2107  Invariant X is violated by the initial state       INVARIANT_VIOLATED
 2110  Invariant X is violated                            INVARIANT_VIOLATED
 2116  Temporal properties were violated                  PROPERTY_VIOLATED
+2112  Action property X is violated                      PROPERTY_VIOLATED
 2114  Deadlock reached                                   DEADLOCK
 3002  Parsing or semantic analysis failed (exit 150)     PARSE_ERROR
 ====  =================================================  ====================

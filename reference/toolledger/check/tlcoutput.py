@@ -121,6 +121,7 @@ MSG_STATS = 2199
 MSG_PROGRESS = 2200
 MSG_INVARIANT_INITIAL = 2107
 MSG_INVARIANT = 2110
+MSG_ACTION_PROPERTY = 2112  # "Action property X is violated."
 MSG_DEADLOCK = 2114
 MSG_TEMPORAL = 2116
 MSG_BEHAVIOR = 2121
@@ -191,6 +192,7 @@ _STATS_RE = re.compile(
 _INIT_RE = re.compile(_COUNT + r" distinct states? generated")
 _INIT_DUP_RE = re.compile(_COUNT + r" states? generated, with " + _COUNT + r" of them distinct")
 _DEPTH_RE = re.compile(r"depth of the complete state graph search is (\d+)")
+_ACTION_PROPERTY_RE = re.compile(r"Action property (\w+) is violated")
 _INVARIANT_RE = re.compile(r"Invariant (\S+) is violated")
 _TRACE_HEAD_RE = re.compile(
     r"(\d+): (?:(Back to state): )?<(.*?)"
@@ -281,6 +283,11 @@ class _Collector:
                 self.initial_violation_state = text.partition("\n")[2]
         elif code == MSG_TEMPORAL:
             self.kind = Outcome.PROPERTY_VIOLATED
+        elif code == MSG_ACTION_PROPERTY:
+            # a [][A]_v property (a refinement's step relation): TLC names it
+            self.kind = Outcome.PROPERTY_VIOLATED
+            m = _ACTION_PROPERTY_RE.search(text)
+            self.violated = m.group(1) if m else None
         elif code == MSG_DEADLOCK:
             self.kind = Outcome.DEADLOCK
         elif code in (MSG_TRACE_STATE, MSG_STUTTERING, MSG_BACK_TO_STATE):
