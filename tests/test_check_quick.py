@@ -337,7 +337,8 @@ def test_a_touched_invariant_gets_its_twins_and_a_must_pass_checker() -> None:
     costs = {"P": 1.0, "Q": 2.0, "T1": 5.0, "T2": 3.0, "U": 0.5}
     sel = quick.select(table, quick.Touched(definitions={"S": {"Inv"}}),
                        cost=lambda m, conf: costs[m], ci=list(costs), conformance_models=[],
-                       module_of={m: f"MC{m}" for m in costs}, cfg_of={m: f"{m}.cfg" for m in costs},
+                       module_of={m: f"MC{m}" for m in costs},
+                       cfg_of={m: f"{m}.cfg" for m in costs},
                        budget=9.0, must_pass=["P", "Q", "U"],
                        expects={"P": "pass", "Q": "pass", "T1": "Inv", "T2": "Inv", "U": "pass"})
     assert sel.models[:2] == ["T2", "P"]  # the cheapest twin, the cheapest checker
