@@ -308,12 +308,12 @@ def _select_ref(units: set[str | None], actions: dict[str, set[str]],
 
 
 def test_a_reference_change_selects_the_conformance_rows_taking_its_actions() -> None:
-    # _down reaches Down: C (cheapest taker of Down) and, in budget, no more
+    # _down reaches Down: C (cheapest taker of Down) first, then the cover (A
+    # adds Up): an action is too coarse a unit to trust alone
     sel = _select_ref({"_down"}, {"_down": {"Down"}})
-    assert sel.conformance == ["C"] and "reached from Down" in sel.reasons[0]
-    # Up: A is its cheapest conformance row (the cover would have taken D, which
-    # takes every action, but it does not fit)
-    assert _select_ref({"_guard"}, {"_guard": {"Up"}}).conformance == ["A"]
+    assert sel.conformance == ["C", "A"] and "reached from Down" in sel.reasons[0]
+    # Up: A is its cheapest conformance row, first; C then covers Down
+    assert _select_ref({"_guard"}, {"_guard": {"Up"}}).conformance == ["A", "C"]
     # a line outside any function, or a function no handler reaches: the cover
     cover = _select_ref({None}, {})
     assert cover.conformance and "every action they take" in cover.reasons[-1]

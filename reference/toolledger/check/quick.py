@@ -487,7 +487,9 @@ def select(
         for m in sorted(conf_reached, key=lambda m: cost(m, True)):  # the others, in budget
             if m not in chosen_conf and spent + cost(m, True) <= budget:
                 take(m, conf=True)
-    if unreached:
+    # and the cover, always: an action is too coarse a unit (the cheapest row
+    # taking Recover may hold no reconcile call: ref-decide-reconcile-retries)
+    if unreached or change.reference:
         goal = set().union(*(actions_of[m] for m in conf_ok)) if conf_ok else set()
         have: set[str] = set().union(*(actions_of[m] for m in chosen_conf)) if chosen_conf \
             else set()
