@@ -226,3 +226,122 @@ def test_quick_catches_the_dropped_guard_with_a_few_models(tmp_path: Path) -> No
     tlc_rows = [r for r in rows if r["check"] == "tlc"]
     assert len(tlc_rows) < ci // 3, [r["model"] for r in tlc_rows]  # a few, not the whole check
     assert "the full answer is `toolledger check`" in done.stderr
+
+
+# ---------------------------------------------------------------------------
+# A reference change: which spec actions reach the changed function
+
+CORE = '''from enum import Enum
+
+
+class Action(Enum):
+    Up = "Up"
+    Down = "Down"
+
+
+LIMIT = 3
+
+
+def _handles(action):
+    return lambda f: f
+
+
+def _guard(x):
+    return x < LIMIT
+
+
+def _step(x):
+    return x + 1
+
+
+@_handles(Action.Up)
+def _up(x):
+    assert _guard(x)
+    return _step(x)
+
+
+@_handles(Action.Down)
+def _down(x):
+    return x - 1
+'''
+
+
+def test_python_units_name_functions_handlers_and_constants() -> None:
+    units = {name: (first, last, action) for name, first, last, _, action
+             in quick.python_units(CORE)}
+    assert units["_up"] == (24, 27, "Up")  # from its decorator to its last line
+    assert units["_guard"][2] is None and units["LIMIT"] == (9, 9, None)
+    assert quick.python_units("def broken(:\n") == []
+
+
+def test_reference_actions_follow_the_calls_to_the_handlers(tmp_path: Path) -> None:
+    core = tmp_path / quick.CORE
+    core.mkdir(parents=True)
+    (core / "protocol.py").write_text(CORE)
+    (core / "other.py").write_text("def unused():\n    return 1\n")
+    got = quick.reference_actions(tmp_path, ["_guard", "LIMIT", "_down", "unused", "Action"])
+    assert got["_guard"] == {"Up"}  # _up calls it
+    assert got["LIMIT"] == {"Up"}  # through _guard
+    assert got["_down"] == {"Down"}  # the handler itself
+    assert got["unused"] == set()  # no handler reaches it
+    assert got["Action"] == {"Up", "Down"}  # both decorators name it
+
+
+def test_touched_names_the_changed_functions_of_the_reference(tmp_path: Path) -> None:
+    path = "reference/toolledger/_core/protocol.py"
+    (tmp_path / path).parent.mkdir(parents=True)
+    (tmp_path / path).write_text(CORE.replace("x < LIMIT", "x <= LIMIT"))
+    diff = f"diff --git a/{path} b/{path}\n@@ -17 +17 @@\n"
+    t = quick.touched(tmp_path, diff, old_text=lambda p: CORE)
+    assert t.reference == [path] and t.reference_units == {path: {"_guard"}}
+
+
+def _select_ref(units: set[str | None], actions: dict[str, set[str]],
+                path: str = "reference/toolledger/_core/protocol.py") -> quick.Selection:
+    change = quick.Touched(reference=[path], reference_units={path: units})
+    table = _table()
+    return quick.select(table, change, cost=_cost, ci=["A", "B", "C", "D"],
+                        conformance_models=["A", "C", "D"],
+                        module_of={m: f"MC{m}" for m in "ABCD"},
+                        cfg_of={m: f"{m}.cfg" for m in "ABCD"}, budget=10.0,
+                        reference_actions=actions)
+
+
+def test_a_reference_change_selects_the_conformance_rows_taking_its_actions() -> None:
+    # _down reaches Down: C (cheapest taker of Down) first, then the cover (A
+    # adds Up): an action is too coarse a unit to trust alone
+    sel = _select_ref({"_down"}, {"_down": {"Down"}})
+    assert sel.conformance == ["C", "A"] and "reached from Down" in sel.reasons[0]
+    # Up: A is its cheapest conformance row, first; C then covers Down
+    assert _select_ref({"_guard"}, {"_guard": {"Up"}}).conformance == ["A", "C"]
+    # a line outside any function, or a function no handler reaches: the cover
+    cover = _select_ref({None}, {})
+    assert cover.conformance and "every action they take" in cover.reasons[-1]
+    assert _select_ref({"unused"}, {"unused": set()}).reasons[-1] == cover.reasons[-1]
+    # outside the core (the checker's own code): the cover too
+    outside = _select_ref({"_down"}, {"_down": {"Down"}},
+                          path="reference/toolledger/check/system.py")
+    assert "every action they take" in outside.reasons[-1]
+
+
+def test_a_touched_invariant_gets_its_twins_and_a_must_pass_checker() -> None:
+    """A weakened invariant still holds in every must-pass model: only a twin
+    that must violate it sees the change; a strengthened one fails a checker."""
+    table = {"models": {
+        "P": {"actions": ["Up"], "invariants": ["Inv"], "definitions": {"S": ["Up", "Inv"]}},
+        "Q": {"actions": ["Up"], "invariants": ["Inv"], "definitions": {"S": ["Up", "Inv"]}},
+        "T1": {"actions": ["Up"], "invariants": ["Inv"], "definitions": {"S": ["Up", "Inv"]}},
+        "T2": {"actions": ["Up"], "invariants": ["Inv"], "definitions": {"S": ["Up", "Inv"]}},
+        "U": {"actions": ["Up"], "invariants": ["Other"], "definitions": {"S": ["Up"]}},
+    }}
+    costs = {"P": 1.0, "Q": 2.0, "T1": 5.0, "T2": 3.0, "U": 0.5}
+    sel = quick.select(table, quick.Touched(definitions={"S": {"Inv"}}),
+                       cost=lambda m, conf: costs[m], ci=list(costs), conformance_models=[],
+                       module_of={m: f"MC{m}" for m in costs},
+                       cfg_of={m: f"{m}.cfg" for m in costs},
+                       budget=9.0, must_pass=["P", "Q", "U"],
+                       expects={"P": "pass", "Q": "pass", "T1": "Inv", "T2": "Inv", "U": "pass"})
+    assert sel.models[:2] == ["T2", "P"]  # the cheapest twin, the cheapest checker
+    assert "T1" in sel.models  # the other twin next, before the other checker Q
+    assert "Q" not in sel.models and "U" not in sel.models and sel.left_out == 1
+    assert "2 twins must violate it" in sel.reasons[0]

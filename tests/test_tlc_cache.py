@@ -70,7 +70,7 @@ def test_any_changed_input_is_a_new_run(tmp_path: Path) -> None:
     assert _run(d, "LedgerPass", cache).cached
 
 
-def test_only_complete_verdicts_and_no_dumps_are_kept(tmp_path: Path) -> None:
+def test_only_complete_verdicts_are_kept(tmp_path: Path) -> None:
     d, cache = _copy(tmp_path), tmp_path / "cache"
     timed_out = run_tlc("Ledger", d / "LedgerBig.cfg", search_dirs=[d], check_deadlock=False,
                         timeout=2, cache=cache)
@@ -78,9 +78,29 @@ def test_only_complete_verdicts_and_no_dumps_are_kept(tmp_path: Path) -> None:
     broken = run_tlc("Broken", d / "Broken.cfg", search_dirs=[d], check_deadlock=True,
                      cache=cache)
     assert broken.outcome is Outcome.PARSE_ERROR
-    dumped = _run(d, "LedgerPass", cache, dump_dot=tmp_path / "g.dot")
-    assert dumped.outcome is Outcome.PASS and (tmp_path / "g.dot").stat().st_size > 0
     assert _entries(cache) == []
+
+
+def test_a_dumped_run_is_kept_with_its_state_graph(tmp_path: Path) -> None:
+    """The graph is a function of the same inputs (-fp 0, one worker): a change
+    of the reference alone (check --quick) reuses it instead of running TLC."""
+    d, cache = _copy(tmp_path), tmp_path / "cache"
+    dumped = _run(d, "LedgerPass", cache, dump_dot=tmp_path / "g.dot")
+    assert dumped.outcome is Outcome.PASS and not dumped.cached
+    graph = (tmp_path / "g.dot").read_bytes()
+    assert graph and len(_entries(cache)) == 1
+    again = _run(d, "LedgerPass", cache, dump_dot=tmp_path / "again" / "g.dot")
+    assert again.cached and (tmp_path / "again" / "g.dot").read_bytes() == graph
+    _same(dumped, again)
+    # the same run without a dump is another key (its entry has no graph to give)
+    plain = _run(d, "LedgerPass", cache)
+    assert not plain.cached and len(_entries(cache)) == 2
+    # an entry whose graph is gone is a miss: TLC runs and writes both again
+    for dot in (cache / "dumps").rglob("*.dot"):
+        dot.unlink()
+    rerun = _run(d, "LedgerPass", cache, dump_dot=tmp_path / "third.dot")
+    assert not rerun.cached and (tmp_path / "third.dot").read_bytes() == graph
+    assert len(list((cache / "dumps").rglob("*.dot"))) == 1
 
 
 def test_a_damaged_entry_is_a_miss_and_is_replaced(tmp_path: Path) -> None:

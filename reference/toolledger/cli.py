@@ -639,6 +639,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         if picked is None:
             return 0
         models, conform, quick_line = picked
+        if getattr(args, "tlc_cache", None) is None:  # what `make check` left
+            default = root / QUICK_CACHE
+            args.tlc_cache = default if default.is_dir() else None
 
     cancel = Cancellation()
     with _Interrupt(cancel) as interrupt, tempfile.TemporaryDirectory(
@@ -655,6 +658,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         finally:
             run.stop()
         status = run.report(interrupted=interrupt if interrupt.signum is not None else None)
+        if run.stopped_at is not None:
+            quick_line += (f"; stopped at the first failing row, {run.stopped_at}: the rows "
+                           "after it were not run")
         if quick_line:
             print(quick_line, file=sys.stderr if args.json else sys.stdout)
         return status
@@ -663,6 +669,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 # The budget of `check --quick` in estimated CPU seconds (job_cost): 2 cores
 # for 20 s, less SANY's parse and the estimates' error on a busy machine.
 QUICK_BUDGET = 30.0
+# `check --quick` without --tlc-cache reads and fills the cache `make check` fills
+# (Makefile's TLC_CACHE): after a change of the reference alone, the spec's
+# state graphs (and every TLC verdict) are answered from there.
+QUICK_CACHE = Path("build") / "tlc-cache"
 
 
 def _quick_selection(root: Path, manifest: Manifest, args: argparse.Namespace
@@ -697,6 +707,9 @@ def _quick_selection(root: Path, manifest: Manifest, args: argparse.Namespace
         conformance_models=[] if args.no_conformance else [e.name for e in ci if e.conformance],
         module_of={e.name: e.module for e in ci}, cfg_of={e.name: e.cfg for e in ci},
         budget=QUICK_BUDGET, must_pass=[e.name for e in ci if e.expect == "pass"],
+        expects={e.name: e.expect for e in ci},
+        reference_actions=quick.reference_actions(root, {
+            u for units in change.reference_units.values() for u in units if u is not None}),
     )
     out = sys.stderr
     print(f"quick: {', '.join(change.files)} changed against HEAD", file=out)
@@ -896,6 +909,12 @@ class _Job:
             return 1, -self.cost()
         return 0, self.cost()
 
+    def quick_priority(self) -> tuple[int, float]:
+        """``check --quick``'s order: it stops at the first failing row, so the
+        cheapest answer first (a conformance check, then the TLC runs that dump
+        a graph for one, then the others), smallest first."""
+        return (2 if self.kind == "conformance" else 1 if self.dumps else 0), -self.cost()
+
     def cost(self) -> float:
         """A rough estimate of the seconds of the job and of the conformance
         check waiting for it (:func:`job_cost`), to start the longest first."""
@@ -935,6 +954,11 @@ class _CheckRun:
         self.tlc_rows: dict[str, Row] = {}
         self.conformance_rows: dict[str, Row] = {}
         self.pool: concurrent.futures.ThreadPoolExecutor | None = None
+        # --quick: stop at the first failing row (the answer a maintainer waits for)
+        self.fail_fast = bool(getattr(args, "quick", False))
+        self.order: Callable[[_Job], tuple[int, float]] = (
+            _Job.quick_priority if self.fail_fast else _Job.priority)
+        self.stopped_at: str | None = None  # the failing row --quick stopped at
 
     # -- running
 
@@ -948,7 +972,8 @@ class _CheckRun:
         # Its result counts only if its module parses (a module that does not
         # parse makes TLC stop at once, and its rows are NOT CHECKED anyway).
         self.to_run = list(self.models)
-        head = max(self._plan(), key=_Job.cost, default=None)
+        head = max(self._plan(), key=self.order if self.fail_fast else _Job.cost,
+                   default=None)
         first = None if head is None else self.pool.submit(self._run_job, head)
         self._parse()
         self._run_all(None if head is None or first is None else (head, first))
@@ -1135,7 +1160,7 @@ class _CheckRun:
         assert self.pool is not None
         while self.ready or pending:
             while self.ready and len(pending) < self.jobs:
-                job = max(self.ready, key=_Job.priority)
+                job = max(self.ready, key=self.order)
                 self.ready.remove(job)
                 pending[self.pool.submit(self._run_job, job)] = job
             done, _ = concurrent.futures.wait(
@@ -1149,6 +1174,18 @@ class _CheckRun:
                                        f"({out.wall_seconds:.1f} s)")
                 else:
                     self._finish_tlc(job, out)
+            if self.fail_fast and self.stopped_at is None:
+                failed = [r for r in (*self.tlc_rows.values(), *self.conformance_rows.values())
+                          if not r.ok]
+                if failed:
+                    first = failed[0]
+                    self.stopped_at = first.model + (
+                        "" if first.check == "tlc" else f" [{first.check}]")
+                    left = len(self.ready) + len(pending) + len(self.to_run) - self.started_runs
+                    self.progress.note(f"quick: {self.stopped_at} failed: stopping "
+                                       f"({left} jobs not run)")
+                    self.ready = []
+                    break
         self.progress.live(None)
 
     def stop(self) -> None:

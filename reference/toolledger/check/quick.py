@@ -14,8 +14,17 @@ commit) of ``spec/``, ``model/`` and ``reference/``:
   it lies in (in the old and in the new text); the models that evaluated
   that definition exercise the change;
 - a changed ``.cfg`` or ``MC*.tla`` selects the models that use it;
-- a changed reference (``reference/``) selects conformance rows that
-  together take every action the conformance models take.
+- a changed line of the reference's core (``reference/toolledger/_core``)
+  is mapped to the function it lies in, and that function to the spec
+  actions whose handler (``@_handles(Action.X)`` in ``protocol.py``) calls
+  it, directly or through other functions of the core
+  (:func:`reference_actions`); the conformance rows that take those actions
+  exercise the change.  A change no handler reaches (a constant, the
+  checker's own ``check/`` code) selects conformance rows that together take
+  every action the conformance models take;
+- a changed invariant or property selects the twins that expect it to be
+  violated (a weakened invariant is seen only there: the models that must
+  pass still pass) and the cheapest must-pass model that checks it.
 
 Within a budget of estimated CPU seconds (:func:`toolledger.cli.job_cost`),
 every touched definition gets its cheapest must-pass model first, then the
@@ -26,6 +35,7 @@ out is said, so that the answer is never mistaken for the full check
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import re
@@ -43,6 +53,8 @@ __all__ = [
     "exercised_definitions",
     "load_table",
     "markdown",
+    "python_units",
+    "reference_actions",
     "select",
     "touched",
 ]
@@ -158,6 +170,8 @@ class Touched:
     definitions: dict[str, set[str]] = field(default_factory=dict)  # module -> names
     model_files: set[str] = field(default_factory=set)  # model/<file> names
     reference: list[str] = field(default_factory=list)  # changed files under reference/
+    # reference path -> the functions its changed lines lie in (None: a line outside any)
+    reference_units: dict[str, set[str | None]] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
 
     @property
@@ -191,6 +205,13 @@ def touched(root: Path, diff: str | None = None,
         if p.parts[0] == "reference":
             if p.suffix == ".py":
                 out.reference.append(path)
+                units = out.reference_units.setdefault(path, set())
+                for text, ranges in ((head_text(path), old), (_read(root / path), new)):
+                    spans = [(name, first, last) for name, first, last, _, _ in
+                             python_units(text)]
+                    for first, last in ranges:
+                        for ln in range(first, last + 1):
+                            units.add(_def_at(spans, ln))
             continue
         if p.parts[0] == "model" and (p.suffix == ".cfg" or p.name.startswith("MC")):
             out.model_files.add(p.name)
@@ -212,6 +233,7 @@ def touched(root: Path, diff: str | None = None,
         p = Path(path)
         if p.parts[0] == "reference" and p.suffix == ".py":
             out.reference.append(path)
+            out.reference_units[path] = {None}  # a new file: no handler is known to reach it
         elif p.parts[0] == "model" and (p.suffix == ".cfg" or p.name.startswith("MC")):
             out.model_files.add(p.name)
     return out
@@ -222,6 +244,73 @@ def _read(path: Path) -> str:
         return path.read_text(encoding="utf-8")
     except OSError:
         return ""  # deleted in the working tree
+
+
+CORE = Path("reference") / "toolledger" / "_core"
+
+
+def python_units(text: str) -> list[tuple[str, int, int, set[str], str | None]]:
+    """The top-level functions and classes of a Python text: ``(name, first line,
+    last line, the names it refers to, the spec action it handles)``; the
+    action is ``X`` of a ``@_handles(Action.X)`` decorator (protocol.py), the
+    first line that of the first decorator.  A text that does not parse has none."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    out: list[tuple[str, int, int, set[str], str | None]] = []
+    for node in tree.body:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        action = None
+        for d in node.decorator_list:
+            if (isinstance(d, ast.Call) and isinstance(d.func, ast.Name)
+                    and d.func.id == "_handles" and d.args
+                    and isinstance(d.args[0], ast.Attribute)):
+                action = d.args[0].attr
+        out.append((node.name, first, node.end_lineno or first, _names(node), action))
+    for node in tree.body:  # a module-level constant (a table of stages, say)
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Name):
+                    out.append((t.id, node.lineno, node.end_lineno or node.lineno,
+                                _names(node), None))
+    return sorted(out, key=lambda u: u[1])
+
+
+def _names(node: ast.AST) -> set[str]:
+    names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return names | {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+
+
+def reference_actions(root: Path, functions: Iterable[str]) -> dict[str, set[str]]:
+    """Per changed function (or class) of the core, the spec actions whose
+    handler reaches it: the handler is it, or refers to it by name, directly or
+    through other functions and classes of ``reference/toolledger/_core``
+    (by name, so a name defined twice counts for both: more rows, never fewer).
+    A function no handler reaches maps to an empty set."""
+    refers: dict[str, set[str]] = {}
+    handles: dict[str, set[str]] = {}
+    for path in sorted((root / CORE).glob("*.py")):
+        for name, _first, _last, names, action in python_units(_read(path)):
+            refers.setdefault(name, set()).update(names - {name})
+            if action is not None:
+                handles.setdefault(name, set()).add(action)
+    out: dict[str, set[str]] = {}
+    for fn in functions:
+        reached: set[str] = set()
+        todo, seen = [fn], {fn}
+        while todo:  # the units that refer to what is reached, transitively
+            cur = todo.pop()
+            reached |= handles.get(cur, set())
+            for unit, names in refers.items():
+                if cur in names and unit not in seen:
+                    seen.add(unit)
+                    todo.append(unit)
+        out[fn] = reached
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -251,6 +340,8 @@ def select(
     cfg_of: Mapping[str, str],
     budget: float,
     must_pass: Iterable[str] = (),
+    expects: Mapping[str, str] | None = None,
+    reference_actions: Mapping[str, set[str]] | None = None,
 ) -> Selection:
     """The models (and conformance rows) that exercise ``change``, within ``budget``.
 
@@ -261,7 +352,11 @@ def select(
     space, so a weakened guard breaks an invariant there and a strengthened
     one changes their state count; a twin or probe stops at its first
     violation and sees less (a dropped fence in ExternalApply passed 19 of
-    them unnoticed)."""
+    them unnoticed). ``expects``: each model's ``expect`` (``pass``, or the
+    invariant a twin must violate): a touched invariant gets its twins.
+    ``reference_actions``: per changed function of the reference's core, the
+    spec actions that reach it (:func:`reference_actions`); without it, or
+    for a change no action reaches, the conformance rows cover every action."""
     models_data = table.get("models", {})
     assert isinstance(models_data, dict)
     exercised: dict[str, dict[str, set[str]]] = {
@@ -321,9 +416,37 @@ def select(
                 wanted[(module, def_name)] = by
             elif not module.startswith("MC"):
                 uncovered.append(f"{module}!{def_name}")
+    # an invariant or property: the twins that must violate it (they see a
+    # weakening: every must-pass model still passes) and a must-pass model
+    # that checks it (it sees a strengthening)
+    expect = dict(expects or {})
+    checked_by: dict[str, list[str]] = {}
+    for name, info in models_data.items():
+        if name in exercised:
+            for inv in (*info.get("invariants", ()), *info.get("properties", ())):
+                checked_by.setdefault(inv, []).append(name)
+    twins_first: list[str] = []
+    for module, names in sorted(change.definitions.items()):
+        for def_name in sorted(names):
+            if def_name not in checked_by:
+                continue
+            twins = sorted((m for m in ci if expect.get(m) == def_name and m in exercised),
+                           key=lambda m: cost(m, False))
+            checkers = sorted((m for m in checked_by[def_name] if m in passing),
+                              key=lambda m: cost(m, False))
+            wanted[(module, def_name)] = sorted(
+                {*wanted.get((module, def_name), ()), *twins, *checkers}, key=rank)
+            for m in [*twins[:1], *checkers[:1]]:
+                take(m)
+            twins_first += [m for m in twins[1:] if m not in twins_first]
+            reasons.append(f"{module}!{def_name}: checked by {len(checkers)} must-pass model"
+                           f"{'' if len(checkers) == 1 else 's'}, {len(twins)} twin"
+                           f"{'' if len(twins) == 1 else 's'} must violate it")
     for (module, def_name), by in wanted.items():
         if not any(m in chosen for m in by):
             take(by[0])
+        if def_name in checked_by:
+            continue
         how = "taken" if def_name in all_actions else "evaluated"
         reasons.append(f"{module}!{def_name}: {how} by {len(by)} CI model"
                        f"{'' if len(by) == 1 else 's'} (cheapest {by[0]})")
@@ -337,8 +460,36 @@ def select(
                     and spent + cost(conf_by[0], True) <= budget):
                 take(conf_by[0], conf=True)
 
-    # 3. the reference changed: conformance rows covering every action they take
-    if change.reference:
+    # 3. the reference changed: per action that reaches a changed function, its
+    # cheapest conformance row; what no action reaches: rows covering every action
+    reached: set[str] = set()
+    unreached = bool(change.reference)
+    if change.reference and reference_actions is not None:
+        units = {u for us in change.reference_units.values() for u in us}
+        in_core = all(Path(f).parent == CORE for f in change.reference)
+        unreached = not in_core or None in units or any(
+            not reference_actions.get(u) for u in units if u is not None)
+        reached = {a for u in units if u is not None for a in reference_actions.get(u, ())}
+        conf_reached: list[str] = []
+        for action in sorted(reached):
+            by = sorted((m for m in conf_ok if action in actions_of[m]),
+                        key=lambda m: cost(m, True))
+            if not by:
+                unreached = True  # no conformance row takes it: cover them all
+                continue
+            if not any(m in chosen_conf for m in by):
+                take(by[0], conf=True)
+            conf_reached += [m for m in by if m not in conf_reached]
+        if reached:
+            reasons.append(f"the reference's {', '.join(sorted(u for u in units if u))}: "
+                           f"reached from {', '.join(sorted(reached))}; conformance of "
+                           f"{', '.join(chosen_conf) or 'no model'}")
+        for m in sorted(conf_reached, key=lambda m: cost(m, True)):  # the others, in budget
+            if m not in chosen_conf and spent + cost(m, True) <= budget:
+                take(m, conf=True)
+    # and the cover, always: an action is too coarse a unit (the cheapest row
+    # taking Recover may hold no reconcile call: ref-decide-reconcile-retries)
+    if unreached or change.reference:
         goal = set().union(*(actions_of[m] for m in conf_ok)) if conf_ok else set()
         have: set[str] = set().union(*(actions_of[m] for m in chosen_conf)) if chosen_conf \
             else set()
@@ -355,7 +506,9 @@ def select(
                        f"{len(have)} of {len(goal)})")
 
     # 4. fill the budget: the other models exercising a touched definition, cheapest first
-    rest = sorted({m for by in wanted.values() for m in by if m not in chosen}, key=rank)
+    rest = [m for m in twins_first if m not in chosen] + sorted(
+        {m for by in wanted.values() for m in by if m not in chosen and m not in twins_first},
+        key=rank)
     left_out = 0
     for m in rest:
         if spent + cost(m, False) <= budget:

@@ -493,7 +493,9 @@ def run_tlc(
     (:mod:`toolledger.check.tlccache`): a run whose inputs were checked
     before is answered by parsing that run's output again (``cached`` is
     True, no JVM starts, ``on_progress`` is not called); a new complete
-    verdict is added.  A run with ``dump_dot`` is never cached.
+    verdict is added.  A run with ``dump_dot`` is cached with its state graph
+    (the graph is a function of the same inputs: ``-fp 0``, one worker), so
+    that a change of the reference alone reuses the spec's graphs.
 
     Raises :class:`ToolchainError` if java or the jar is unusable, and
     ``FileNotFoundError``/``ValueError`` for a missing module, cfg or directory.
@@ -511,12 +513,16 @@ def run_tlc(
     if cancel is not None:
         cancel.check()
     digest = None
-    if cache is not None and dump_dot is None:
+    if cache is not None and (dump_dot is None or fp is not None):
         options = [f"workers={workers}", f"fp={fp}", f"lncheck_final={liveness_at_end}",
                    f"deadlock={check_deadlock}", *extra_args]
+        if dump_dot is not None:
+            options.append("dump=dot,actionlabels")
         digest = tlccache.key(module=module, cfg=cfg, files=files, options=options, jar=jar,
                               java=java, java_major=_java_major(java))
         hit = tlccache.load(cache, digest)
+        if hit is not None and dump_dot is not None and not _load_dump(cache, digest, dump_dot):
+            hit = None  # the entry without its graph: run TLC
         if hit is not None:
             replay = _Collector(None, time.monotonic())
             for item in parse_tool_output(iter(hit.output.splitlines(keepends=True))):
@@ -624,10 +630,45 @@ def run_tlc(
 
     result = _result(collector, cfg_info, exit_code=exit_code, timed_out=timed_out.is_set(),
                      timeout=timeout, wall=wall, output=output, cmd=tuple(cmd))
-    if cache is not None and digest is not None and result.outcome in _CACHEABLE:
+    if cache is not None and digest is not None and result.outcome in _CACHEABLE and (
+            dump_dot is None or _store_dump(cache, digest, dump_dot)):
         tlccache.store(cache, digest, tlccache.Entry(output=output, exit_code=exit_code,
                                                      wall_seconds=wall, command=tuple(cmd)))
     return result
+
+
+def _dump_path(cache: Path, digest: str) -> Path:
+    return cache / "dumps" / digest[:2] / f"{digest}.dot"
+
+
+def _store_dump(cache: Path, digest: str, dump_dot: Path) -> bool:
+    """Copy a run's state graph into the cache (atomically, before its entry is
+    written: an entry is only ever found with its graph); False if it cannot."""
+    target = _dump_path(cache, digest)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".dot")
+        os.close(fd)
+        try:
+            shutil.copyfile(dump_dot, tmp)
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError:
+        return False
+    return True
+
+
+def _load_dump(cache: Path, digest: str, dump_dot: Path) -> bool:
+    """The cached state graph of ``digest`` copied to ``dump_dot``; False if absent."""
+    try:
+        Path(dump_dot).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_dump_path(cache, digest), dump_dot)
+    except OSError:
+        return False
+    return True
 
 
 # Complete verdicts, the same on every run of the same inputs: the only ones cached.
