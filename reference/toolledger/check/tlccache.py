@@ -17,8 +17,10 @@ every ``.tla`` copied next to it (names and contents), TLC's options
 jar's contents and the java binary and version.  JVM flags (``-Xss``, C1/C2)
 are not in it: they change how fast TLC runs, not what it finds.  Only
 complete verdicts are kept (pass, invariant or property violated,
-deadlock); a timeout, an error, a parse error or a cancelled run never is,
-and neither is a run that dumps its state graph (the dump is the point).
+deadlock); a timeout, an error, a parse error or a cancelled run never is.
+A run that dumps its state graph is kept with the graph (``run_tlc`` copies
+it beside the entry, under ``dumps/``), so a conformance row whose spec did
+not change reuses the graph instead of running TLC again.
 Entries are written atomically (a temporary file, then a rename), so a
 crashed run leaves no half-written entry; an unreadable entry is a miss.
 
