@@ -492,7 +492,10 @@ def run_tlc(
     (:mod:`toolledger.check.tlccache`): a run whose inputs were checked
     before is answered by parsing that run's output again (``cached`` is
     True, no JVM starts, ``on_progress`` is not called); a new complete
-    verdict is added.  A run with ``dump_dot`` is never cached.
+    verdict is added.  With ``dump_dot`` the dump is part of the key and
+    only a run that passed (a whole graph) is kept, under its key and under
+    the key of the same run without a dump; a hit copies the stored dump to
+    ``dump_dot``.
 
     Raises :class:`ToolchainError` if java or the jar is unusable, and
     ``FileNotFoundError``/``ValueError`` for a missing module, cfg or directory.
@@ -509,13 +512,21 @@ def run_tlc(
     archive = _cds_archive(java, jar, jvm_args) if class_data_sharing else None
     if cancel is not None:
         cancel.check()
-    digest = None
-    if cache is not None and dump_dot is None:
+    digest = verdict_digest = None
+    if cache is not None:
         options = [f"workers={workers}", f"fp={fp}", f"lncheck_final={liveness_at_end}",
                    f"deadlock={check_deadlock}", *extra_args]
-        digest = tlccache.key(module=module, cfg=cfg, files=files, options=options, jar=jar,
-                              java=java, java_major=_java_major(java))
+        digest = verdict_digest = tlccache.key(
+            module=module, cfg=cfg, files=files, options=options, jar=jar, java=java,
+            java_major=_java_major(java))
+        if dump_dot is not None:  # the dump is an input too: its entry must hold one
+            digest = tlccache.key(
+                module=module, cfg=cfg, files=files, options=[*options, "dump=dot,actionlabels"],
+                jar=jar, java=java, java_major=_java_major(java))
         hit = tlccache.load(cache, digest)
+        if hit is not None and dump_dot is not None and not tlccache.copy_dump(
+                hit, Path(dump_dot).resolve()):
+            hit = None
         if hit is not None:
             replay = _Collector(None, time.monotonic())
             for item in parse_tool_output(iter(hit.output.splitlines(keepends=True))):
@@ -624,8 +635,17 @@ def run_tlc(
     result = _result(collector, cfg_info, exit_code=exit_code, timed_out=timed_out.is_set(),
                      timeout=timeout, wall=wall, output=output, cmd=tuple(cmd))
     if cache is not None and digest is not None and result.outcome in _CACHEABLE:
-        tlccache.store(cache, digest, tlccache.Entry(output=output, exit_code=exit_code,
-                                                     wall_seconds=wall, command=tuple(cmd)))
+        dump = Path(dump_dot).resolve() if dump_dot is not None else None
+        # a dump is kept only when it is the whole graph (a violation stops TLC early)
+        entry = tlccache.Entry(output=output, exit_code=exit_code, wall_seconds=wall,
+                               command=tuple(cmd))
+        if dump is None:
+            tlccache.store(cache, digest, entry)
+        elif result.outcome is Outcome.PASS and dump.is_file():
+            tlccache.store(cache, digest, replace(entry, dump=dump))
+            # the same exploration answers the run without a dump (its verdict and counts)
+            if verdict_digest is not None and tlccache.load(cache, verdict_digest) is None:
+                tlccache.store(cache, verdict_digest, entry)
     return result
 
 
