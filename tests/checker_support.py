@@ -15,11 +15,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from toolledger._core import protocol as p
 from toolledger._core.stores import Store
 from toolledger.check.system import CallConfig, ModelConfig
+
+if TYPE_CHECKING:
+    from toolledger.check.stategraph import StateGraph
+    from toolledger.check.tlc import TLCResult
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -367,3 +371,18 @@ class Watched:
 def watched(store: Store) -> tuple[Watched, Store]:
     w = Watched(store)
     return w, cast(Store, w)
+
+
+def dump_graph(name: str, where: Path) -> tuple[TLCResult, StateGraph]:
+    """Manifest row ``name``'s TLC result and state graph, from the very run
+    ``make check`` makes of it (:func:`toolledger.check.batch.run_as_check`):
+    under ``make test`` (``TOOLLEDGER_TLC_CACHE``) a graph ``make check`` or
+    another test already dumped is copied from the cache, not re-explored."""
+    from toolledger.check.batch import run_as_check
+    from toolledger.check.manifest import load_manifest
+    from toolledger.check.stategraph import load_dot
+    from toolledger.check.tlccache import cache_from_env
+
+    dot = where / f"{name}.dot"
+    result = run_as_check(load_manifest(ROOT), name, where, dump_dot=dot, cache=cache_from_env())
+    return result, load_dot(dot)

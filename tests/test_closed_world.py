@@ -22,14 +22,14 @@ from contextlib import nullcontext
 
 import pytest
 
-from checker_support import BROKEN, ROOT, model_config
+from checker_support import BROKEN, ROOT, dump_graph, model_config
 from toolledger._core import protocol as p
 from toolledger.check import conformance, memo
 from toolledger.check.manifest import load_manifest
 from toolledger.check.mapping import from_spec
-from toolledger.check.stategraph import StateGraph, load_dot
+from toolledger.check.stategraph import StateGraph
 from toolledger.check.system import successors
-from toolledger.check.tlc import Outcome, run_tlc
+from toolledger.check.tlc import Outcome
 
 pytestmark = pytest.mark.slow
 
@@ -42,12 +42,10 @@ RESOLVES = (p.Action.HumanResolveApplied, p.Action.HumanResolveRetry,
 @pytest.fixture(scope="module")
 def graph(tmp_path_factory: pytest.TempPathFactory) -> StateGraph:
     entry = load_manifest(ROOT).get(MODEL)
-    dot = tmp_path_factory.mktemp("dump") / f"{MODEL}.dot"
-    result = run_tlc(entry.module, entry.cfg_path, search_dirs=[ROOT / "spec", ROOT / "model"],
-                     check_deadlock=entry.check_deadlock, dump_dot=dot)
+    result, graph = dump_graph(MODEL, tmp_path_factory.mktemp("dump"))
     assert result.outcome is Outcome.PASS
     assert result.distinct_states == entry.distinct_states
-    return load_dot(dot)
+    return graph
 
 
 def test_the_real_core_conforms(graph: StateGraph) -> None:

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from checker_support import BROKEN, ROOT, model_config
+from checker_support import BROKEN, ROOT, dump_graph, model_config
 from toolledger.check import conformance
 from toolledger.check.manifest import load_manifest
 from toolledger.check.stategraph import StateGraph, load_dot
-from toolledger.check.tlc import Outcome, run_tlc
+from toolledger.check.tlc import Outcome
+from toolledger.check.tlccache import cache_from_env
 
 MODEL = "TwoCalls"
 
@@ -26,17 +27,10 @@ MODEL = "TwoCalls"
 @pytest.fixture(scope="module")
 def graph(tmp_path_factory: pytest.TempPathFactory) -> StateGraph:
     entry = {m.name: m for m in load_manifest(ROOT).models}[MODEL]
-    dot = tmp_path_factory.mktemp("dump") / f"{MODEL}.dot"
-    result = run_tlc(
-        entry.module,
-        ROOT / "model" / entry.cfg,
-        search_dirs=[ROOT / "spec", ROOT / "model"],
-        check_deadlock=entry.check_deadlock,
-        dump_dot=dot,
-    )
+    result, graph = dump_graph(MODEL, tmp_path_factory.mktemp("dump"))
     assert result.outcome is Outcome.PASS
     assert result.distinct_states == entry.distinct_states
-    return load_dot(dot)
+    return graph
 
 
 def test_reference_allows_exactly_the_specs_steps(graph: StateGraph) -> None:
@@ -103,7 +97,7 @@ def test_the_rows_left_to_make_test_conform() -> None:
     left = [m for m in load_manifest(ROOT).ci_models()
             if m.conformance and m.conformance_tier == "test" and m.name != MODEL]
     for entry in left:
-        report = conformance.run_conformance(ROOT, entry)
+        report = conformance.run_conformance(ROOT, entry, cache=cache_from_env())
         details = "\n".join(conformance.render_mismatch(report, m) for m in report.mismatches)
         assert report.tlc is not None and report.tlc.distinct_states == entry.distinct_states
         assert report.mismatch_count == 0 and report.states == entry.distinct_states, details

@@ -18,7 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from checker_support import ROOT, ignores_key_retention, model_config, takes_late_answer
+from checker_support import (
+    ROOT,
+    dump_graph,
+    ignores_key_retention,
+    model_config,
+    takes_late_answer,
+)
 from toolledger import InvalidInput, MemoryStore, SqliteStore, Tool
 from toolledger._core import protocol as p
 from toolledger._core.ledger import Ledger
@@ -27,10 +33,10 @@ from toolledger.check import conformance
 from toolledger.check.invariants import check_all
 from toolledger.check.manifest import load_manifest
 from toolledger.check.mapping import spec_key, to_spec
-from toolledger.check.stategraph import StateGraph, load_dot
+from toolledger.check.stategraph import StateGraph
 from toolledger.check.system import ModelConfig, SystemState, initial_states, successors
 from toolledger.check.tlavalues import Value
-from toolledger.check.tlc import Outcome, run_tlc
+from toolledger.check.tlc import Outcome
 
 MODEL = "KeyExpiry"
 
@@ -38,17 +44,10 @@ MODEL = "KeyExpiry"
 @pytest.fixture(scope="module")
 def graph(tmp_path_factory: pytest.TempPathFactory) -> StateGraph:
     entry = {m.name: m for m in load_manifest(ROOT).models}[MODEL]
-    dot = tmp_path_factory.mktemp("dump") / f"{MODEL}.dot"
-    result = run_tlc(
-        entry.module,
-        ROOT / "model" / entry.cfg,
-        search_dirs=[ROOT / "spec", ROOT / "model"],
-        check_deadlock=entry.check_deadlock,
-        dump_dot=dot,
-    )
+    result, graph = dump_graph(MODEL, tmp_path_factory.mktemp("dump"))
     assert result.outcome is Outcome.PASS
     assert result.distinct_states == entry.distinct_states
-    return load_dot(dot)
+    return graph
 
 
 def _reachable(cfg: ModelConfig) -> tuple[int, dict[str, list[str]], set[p.Action]]:

@@ -374,21 +374,12 @@ def test_tlc_pins_the_old_rules_counterexample() -> None:
 def test_conformance_catches_the_old_halt(tmp_path: Path) -> None:
     """The LostConversation graph against the core with the old rule: the
     core allows a human retry the spec does not have (an extra step)."""
-    from checker_support import ROOT
+    from checker_support import dump_graph
     from toolledger.check import conformance
-    from toolledger.check.stategraph import load_dot
-    from toolledger.check.tlc import Outcome, run_tlc
+    from toolledger.check.tlc import Outcome
 
-    dot = tmp_path / "LostConversation.dot"
-    result = run_tlc(
-        "MCLostConversation",
-        ROOT / "model" / "LostConversation.cfg",
-        search_dirs=[ROOT / "spec", ROOT / "model"],
-        check_deadlock=False,
-        dump_dot=dot,
-    )
+    result, graph = dump_graph("LostConversation", tmp_path)  # make check's dump, if cached
     assert result.outcome is Outcome.PASS
-    graph = load_dot(dot)
     cfg = model_config("LostConversation")
     assert conformance.check_graph(cfg, graph, model="LostConversation").ok
     with halt_rebinds_record():

@@ -31,7 +31,8 @@ CACHE = cache_from_env()
 
 def _dumped_by_make_check(b: Batch) -> bool:
     """make check's run of this batch dumps the state graph for a conformance
-    row (never cached): its probes run alone here, as with ``--trace``."""
+    row (the dumped run is cached under another key): its probes run alone
+    here, as with ``--trace``."""
     return b.host is not None and b.host.conformance and b.host.conformance_tier == "check"
 
 

@@ -26,14 +26,12 @@ from typing import Any
 
 import pytest
 
-from checker_support import ROOT
+from checker_support import dump_graph
 from toolledger import Session, Tool
 from toolledger._core import placement as pl
 from toolledger._core import session as session_module
 from toolledger._core.stores import MemoryStore
-from toolledger.check.manifest import load_manifest
-from toolledger.check.stategraph import load_dot
-from toolledger.check.tlc import Outcome, run_tlc
+from toolledger.check.tlc import Outcome
 
 TOOL = "send"  # the spec has one tool; the Python compares (id, name, digest)
 Place = Callable[[Sequence[pl.LiveResponse], Sequence[pl.CallKey]],
@@ -43,13 +41,8 @@ Same = Callable[[Sequence[str], Sequence[str]], list[int | None]]
 
 @pytest.fixture(scope="module")
 def table(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    manifest = load_manifest(ROOT)
-    entry = manifest.get("PlacementTable")
-    dot = Path(tmp_path_factory.mktemp("placement")) / "table.dot"
-    result = run_tlc(entry.module, entry.cfg_path, search_dirs=manifest.search_dirs,
-                     check_deadlock=entry.check_deadlock, dump_dot=dot)
+    result, graph = dump_graph("PlacementTable", Path(tmp_path_factory.mktemp("placement")))
     assert result.outcome is Outcome.PASS, result.output[-2000:]
-    graph = load_dot(dot)
     (state,) = graph.states.values()
     return state["table"]
 

@@ -3,7 +3,8 @@
 Oracles: TLC's own result of the same run (a cached answer must equal it
 field by field, the counterexample included), and a JVM that must start
 again whenever any input changes (a byte of a module, the cfg, an option).
-A cached answer is marked ``cached``; nothing but complete verdicts is kept.
+A cached answer is marked ``cached``; nothing but complete verdicts is kept,
+and a state-graph dump only when it is the whole graph (the run passed).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 
 from checker_support import ROOT
 from toolledger.check import tlccache
+from toolledger.check.stategraph import load_dot
 from toolledger.check.tlc import Outcome, TLCResult, run_tlc
 from toolledger.cli import main
 
@@ -70,7 +72,7 @@ def test_any_changed_input_is_a_new_run(tmp_path: Path) -> None:
     assert _run(d, "LedgerPass", cache).cached
 
 
-def test_only_complete_verdicts_are_kept(tmp_path: Path) -> None:
+def test_only_complete_verdicts_and_whole_dumps_are_kept(tmp_path: Path) -> None:
     d, cache = _copy(tmp_path), tmp_path / "cache"
     timed_out = run_tlc("Ledger", d / "LedgerBig.cfg", search_dirs=[d], check_deadlock=False,
                         timeout=2, cache=cache)
@@ -78,29 +80,69 @@ def test_only_complete_verdicts_are_kept(tmp_path: Path) -> None:
     broken = run_tlc("Broken", d / "Broken.cfg", search_dirs=[d], check_deadlock=True,
                      cache=cache)
     assert broken.outcome is Outcome.PARSE_ERROR
+    # a run stopped at a violation dumped a prefix of the graph: never kept
+    partial = _run(d, "LedgerRetry", cache, dump_dot=tmp_path / "partial.dot")
+    assert partial.outcome is Outcome.INVARIANT_VIOLATED
+    assert (tmp_path / "partial.dot").stat().st_size > 0
     assert _entries(cache) == []
+    assert not _run(d, "LedgerRetry", cache, dump_dot=tmp_path / "partial.dot").cached
 
 
-def test_a_dumped_run_is_kept_with_its_state_graph(tmp_path: Path) -> None:
-    """The graph is a function of the same inputs (-fp 0, one worker): a change
-    of the reference alone (check --quick) reuses it instead of running TLC."""
+def test_a_whole_dump_is_kept_and_copied_to_the_next_identical_run(tmp_path: Path) -> None:
     d, cache = _copy(tmp_path), tmp_path / "cache"
-    dumped = _run(d, "LedgerPass", cache, dump_dot=tmp_path / "g.dot")
-    assert dumped.outcome is Outcome.PASS and not dumped.cached
-    graph = (tmp_path / "g.dot").read_bytes()
-    assert graph and len(_entries(cache)) == 1
-    again = _run(d, "LedgerPass", cache, dump_dot=tmp_path / "again" / "g.dot")
-    assert again.cached and (tmp_path / "again" / "g.dot").read_bytes() == graph
-    _same(dumped, again)
-    # the same run without a dump is another key (its entry has no graph to give)
+    first = _run(d, "LedgerPass", cache, dump_dot=tmp_path / "a.dot")
+    assert first.outcome is Outcome.PASS and not first.cached
+    [entry] = [e for e in _entries(cache) if e.with_suffix(".dot").exists()]
+    assert entry.with_suffix(".dot").read_bytes() == (tmp_path / "a.dot").read_bytes()
+    again = _run(d, "LedgerPass", cache, dump_dot=tmp_path / "sub" / "b.dot")
+    assert again.cached
+    _same(first, again)
+    # the very graph TLC dumped, read back the same
+    assert (tmp_path / "sub" / "b.dot").read_bytes() == (tmp_path / "a.dot").read_bytes()
+    assert load_dot(tmp_path / "sub" / "b.dot") == load_dot(tmp_path / "a.dot")
+    # the dumped run also answers the same run without a dump (its verdict)...
     plain = _run(d, "LedgerPass", cache)
-    assert not plain.cached and len(_entries(cache)) == 2
-    # an entry whose graph is gone is a miss: TLC runs and writes both again
-    for dot in (cache / "dumps").rglob("*.dot"):
-        dot.unlink()
-    rerun = _run(d, "LedgerPass", cache, dump_dot=tmp_path / "third.dot")
-    assert not rerun.cached and (tmp_path / "third.dot").read_bytes() == graph
-    assert len(list((cache / "dumps").rglob("*.dot"))) == 1
+    assert plain.cached and len(_entries(cache)) == 2
+    assert (plain.outcome, plain.distinct_states) == (first.outcome, first.distinct_states)
+    # ...but a verdict without a dump never answers a run that wants the graph
+    other = _run(d, "LedgerPass", cache, fp=1)
+    assert not other.cached
+    assert not _run(d, "LedgerPass", cache, fp=1, dump_dot=tmp_path / "c.dot").cached
+    assert load_dot(tmp_path / "c.dot").states.keys() != load_dot(tmp_path / "a.dot").states.keys()
+
+
+def test_a_changed_module_misses_the_dump_cache(tmp_path: Path) -> None:
+    """The broken variant: a module that allows one more step has another
+    graph; a cache that answered it with the old dump would hide the change."""
+    d, cache = _copy(tmp_path), tmp_path / "cache"
+    before = _run(d, "LedgerPass", cache, dump_dot=tmp_path / "before.dot")
+    ledger = d / "Ledger.tla"
+    text = ledger.read_text()
+    # Ack no longer needs the engine up: more edges, the same states
+    assert "Ack(c) == /\\ up\n" in text
+    ledger.write_text(text.replace("Ack(c) == /\\ up\n", "Ack(c) == /\\ TRUE\n", 1))
+    after = _run(d, "LedgerPass", cache, dump_dot=tmp_path / "after.dot")
+    assert not after.cached and after.outcome is Outcome.PASS
+    old, new = load_dot(tmp_path / "before.dot"), load_dot(tmp_path / "after.dot")
+    assert len(new.edges) > len(old.edges)
+    assert before.outcome is Outcome.PASS and len(_entries(cache)) == 4  # with their verdicts
+    # and the new entry answers the new module with the new graph
+    assert _run(d, "LedgerPass", cache, dump_dot=tmp_path / "again.dot").cached
+    assert load_dot(tmp_path / "again.dot") == new
+
+
+def test_an_entry_whose_dump_is_gone_or_cut_is_a_miss(tmp_path: Path) -> None:
+    d, cache = _copy(tmp_path), tmp_path / "cache"
+    _run(d, "LedgerPass", cache, dump_dot=tmp_path / "a.dot")
+    [dump] = sorted(cache.rglob("*.dot"))
+    whole = dump.read_bytes()
+    dump.write_bytes(whole[: len(whole) // 2])  # a dump cut short
+    assert not _run(d, "LedgerPass", cache, dump_dot=tmp_path / "b.dot").cached
+    assert (tmp_path / "b.dot").read_bytes() == whole  # the real run's, and kept again
+    assert dump.read_bytes() == whole
+    dump.unlink()
+    assert not _run(d, "LedgerPass", cache, dump_dot=tmp_path / "c.dot").cached
+    assert _run(d, "LedgerPass", cache, dump_dot=tmp_path / "d.dot").cached
 
 
 def test_a_damaged_entry_is_a_miss_and_is_replaced(tmp_path: Path) -> None:

@@ -43,10 +43,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .manifest import ModelEntry
-from .tlc import _CFG_KEYWORDS, _CFG_TOKEN_RE, Outcome, TLCResult, parse_cfg
+from .manifest import Manifest, ModelEntry
+from .tlc import _CFG_KEYWORDS, _CFG_TOKEN_RE, Outcome, TLCResult, parse_cfg, run_tlc
 
-__all__ = ["Batch", "batch_files", "plan", "split_result"]
+__all__ = ["Batch", "batch_files", "plan", "run_as_check", "split_result"]
 
 _NOTE = "toolledger-probe"
 _NOTE_RE = re.compile(r'<<"' + _NOTE + r'", "([^"]+)", (\d+)>>')
@@ -225,3 +225,28 @@ def split_result(batch: Batch, result: TLCResult) -> dict[str, TLCResult]:
     if batch.host is not None:
         out[batch.host.name] = result
     return out
+
+
+def run_as_check(manifest: Manifest, name: str, where: Path, *, dump_dot: Path | None = None,
+                 cache: Path | None = None) -> TLCResult:
+    """Row ``name``'s TLC result from the very run the full ``toolledger check``
+    makes of it: inside its batch of :func:`plan` over the manifest's check
+    rows (the generated files written under ``where``), else alone.
+
+    The inputs are byte for byte those of ``make check``'s run, so with the
+    same ``cache`` (:mod:`toolledger.check.tlccache`) that run's answer, and
+    its state-graph dump (``dump_dot``; a batch's graph is its host's: the
+    batch only adds an invariant that never fails), are reused instead of
+    running TLC again."""
+    entry = manifest.get(name)
+    batches, _ = plan(manifest.check_models())
+    batch = next((b for b in batches if any(e.name == name for e in b.entries)), None)
+    if batch is None:
+        return run_tlc(entry.module, entry.cfg_path, search_dirs=manifest.search_dirs,
+                       check_deadlock=entry.check_deadlock, workers=entry.workers,
+                       dump_dot=dump_dot, cache=cache)
+    _, cfg = batch_files(batch, where / batch.module)
+    result = run_tlc(batch.module, cfg, search_dirs=[*manifest.search_dirs, where / batch.module],
+                     check_deadlock=batch.base.check_deadlock, workers=batch.base.workers,
+                     dump_dot=dump_dot, cache=cache)
+    return split_result(batch, result)[name]

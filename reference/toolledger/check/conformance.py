@@ -360,11 +360,14 @@ def run_conformance(
     initial_fn: InitialFn = initial_states,
     on_progress: Callable[[Progress], None] | None = None,
     dump_dir: Path | None = None,
+    cache: Path | None = None,
 ) -> ConformanceReport:
     """Run TLC on ``entry`` with a state-graph dump, then check the reference.
 
     The report carries TLC's result, so the caller also sees whether the model
-    itself passed and how long TLC took on it (the time ratio).
+    itself passed and how long TLC took on it (the time ratio).  ``cache``:
+    a graph dumped before from the same inputs is reused
+    (:mod:`toolledger.check.tlccache`).
     """
     cfg = ModelConfig.from_mc_module(_module_path(root, entry.module))
     with tempfile.TemporaryDirectory(prefix="toolledger-conf-") as tmp:
@@ -377,6 +380,7 @@ def run_conformance(
             workers=entry.workers,
             dump_dot=dot,
             on_progress=on_progress,
+            cache=cache,
         )
         if not dot.exists():
             report = ConformanceReport(model=entry.name, tlc=tlc)

@@ -16,7 +16,6 @@ code  message                                            outcome
 2107  Invariant X is violated by the initial state       INVARIANT_VIOLATED
 2110  Invariant X is violated                            INVARIANT_VIOLATED
 2116  Temporal properties were violated                  PROPERTY_VIOLATED
-2112  Action property X is violated                      PROPERTY_VIOLATED
 2114  Deadlock reached                                   DEADLOCK
 3002  Parsing or semantic analysis failed (exit 150)     PARSE_ERROR
 ====  =================================================  ====================
@@ -493,9 +492,10 @@ def run_tlc(
     (:mod:`toolledger.check.tlccache`): a run whose inputs were checked
     before is answered by parsing that run's output again (``cached`` is
     True, no JVM starts, ``on_progress`` is not called); a new complete
-    verdict is added.  A run with ``dump_dot`` is cached with its state graph
-    (the graph is a function of the same inputs: ``-fp 0``, one worker), so
-    that a change of the reference alone reuses the spec's graphs.
+    verdict is added.  With ``dump_dot`` the dump is part of the key and
+    only a run that passed (a whole graph) is kept, under its key and under
+    the key of the same run without a dump; a hit copies the stored dump to
+    ``dump_dot``.
 
     Raises :class:`ToolchainError` if java or the jar is unusable, and
     ``FileNotFoundError``/``ValueError`` for a missing module, cfg or directory.
@@ -512,17 +512,21 @@ def run_tlc(
     archive = _cds_archive(java, jar, jvm_args) if class_data_sharing else None
     if cancel is not None:
         cancel.check()
-    digest = None
-    if cache is not None and (dump_dot is None or fp is not None):
+    digest = verdict_digest = None
+    if cache is not None:
         options = [f"workers={workers}", f"fp={fp}", f"lncheck_final={liveness_at_end}",
                    f"deadlock={check_deadlock}", *extra_args]
-        if dump_dot is not None:
-            options.append("dump=dot,actionlabels")
-        digest = tlccache.key(module=module, cfg=cfg, files=files, options=options, jar=jar,
-                              java=java, java_major=_java_major(java))
+        digest = verdict_digest = tlccache.key(
+            module=module, cfg=cfg, files=files, options=options, jar=jar, java=java,
+            java_major=_java_major(java))
+        if dump_dot is not None:  # the dump is an input too: its entry must hold one
+            digest = tlccache.key(
+                module=module, cfg=cfg, files=files, options=[*options, "dump=dot,actionlabels"],
+                jar=jar, java=java, java_major=_java_major(java))
         hit = tlccache.load(cache, digest)
-        if hit is not None and dump_dot is not None and not _load_dump(cache, digest, dump_dot):
-            hit = None  # the entry without its graph: run TLC
+        if hit is not None and dump_dot is not None and not tlccache.copy_dump(
+                hit, Path(dump_dot).resolve()):
+            hit = None
         if hit is not None:
             replay = _Collector(None, time.monotonic())
             for item in parse_tool_output(iter(hit.output.splitlines(keepends=True))):
@@ -630,45 +634,19 @@ def run_tlc(
 
     result = _result(collector, cfg_info, exit_code=exit_code, timed_out=timed_out.is_set(),
                      timeout=timeout, wall=wall, output=output, cmd=tuple(cmd))
-    if cache is not None and digest is not None and result.outcome in _CACHEABLE and (
-            dump_dot is None or _store_dump(cache, digest, dump_dot)):
-        tlccache.store(cache, digest, tlccache.Entry(output=output, exit_code=exit_code,
-                                                     wall_seconds=wall, command=tuple(cmd)))
+    if cache is not None and digest is not None and result.outcome in _CACHEABLE:
+        dump = Path(dump_dot).resolve() if dump_dot is not None else None
+        # a dump is kept only when it is the whole graph (a violation stops TLC early)
+        entry = tlccache.Entry(output=output, exit_code=exit_code, wall_seconds=wall,
+                               command=tuple(cmd))
+        if dump is None:
+            tlccache.store(cache, digest, entry)
+        elif result.outcome is Outcome.PASS and dump.is_file():
+            tlccache.store(cache, digest, replace(entry, dump=dump))
+            # the same exploration answers the run without a dump (its verdict and counts)
+            if verdict_digest is not None and tlccache.load(cache, verdict_digest) is None:
+                tlccache.store(cache, verdict_digest, entry)
     return result
-
-
-def _dump_path(cache: Path, digest: str) -> Path:
-    return cache / "dumps" / digest[:2] / f"{digest}.dot"
-
-
-def _store_dump(cache: Path, digest: str, dump_dot: Path) -> bool:
-    """Copy a run's state graph into the cache (atomically, before its entry is
-    written: an entry is only ever found with its graph); False if it cannot."""
-    target = _dump_path(cache, digest)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".dot")
-        os.close(fd)
-        try:
-            shutil.copyfile(dump_dot, tmp)
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-    except OSError:
-        return False
-    return True
-
-
-def _load_dump(cache: Path, digest: str, dump_dot: Path) -> bool:
-    """The cached state graph of ``digest`` copied to ``dump_dot``; False if absent."""
-    try:
-        Path(dump_dot).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(_dump_path(cache, digest), dump_dot)
-    except OSError:
-        return False
-    return True
 
 
 # Complete verdicts, the same on every run of the same inputs: the only ones cached.

@@ -18,11 +18,17 @@ jar's contents and the java binary and version.  JVM flags (``-Xss``, C1/C2)
 are not in it: they change how fast TLC runs, not what it finds.  Only
 complete verdicts are kept (pass, invariant or property violated,
 deadlock); a timeout, an error, a parse error or a cancelled run never is.
-A run that dumps its state graph is kept with the graph (``run_tlc`` copies
-it beside the entry, under ``dumps/``), so a conformance row whose spec did
-not change reuses the graph instead of running TLC again.
-Entries are written atomically (a temporary file, then a rename), so a
-crashed run leaves no half-written entry; an unreadable entry is a miss.
+
+A run that dumps its state graph (``-dump dot,actionlabels``: the
+conformance rows, the tests and notebooks that read a graph) has the dump in
+its key, and is kept only when it passed, i.e. the dump is the whole
+reachable graph: the dot file is stored next to the entry
+(``<digest>.dot``, its size recorded), and a hit copies it to the path the
+caller asked for.  A run that stopped at a violation dumped a prefix of the
+graph and is never kept.  Entries are written atomically (the dump first,
+then the entry, each a temporary file and a rename), so a crashed run leaves
+no half-written entry; an unreadable entry, or one whose dump is missing or
+of another size, is a miss.
 
 See docs/models.md ("What `make check` and `make test` share").
 """
@@ -33,13 +39,14 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["CACHE_ENV", "Entry", "cache_from_env", "key", "load", "store"]
+__all__ = ["CACHE_ENV", "Entry", "cache_from_env", "copy_dump", "key", "load", "store"]
 
 CACHE_ENV = "TOOLLEDGER_TLC_CACHE"
 _VERSION = 1
@@ -53,6 +60,7 @@ class Entry:
     exit_code: int
     wall_seconds: float
     command: tuple[str, ...]
+    dump: Path | None = None  # the stored state graph (a run with ``-dump``)
 
 
 def cache_from_env() -> Path | None:
@@ -92,34 +100,67 @@ def _path(directory: Path, digest: str) -> Path:
     return directory / digest[:2] / f"{digest}.json"
 
 
+def _dump_path(directory: Path, digest: str) -> Path:
+    return directory / digest[:2] / f"{digest}.dot"
+
+
 def load(directory: Path, digest: str) -> Entry | None:
     """The entry for ``digest``, or None (absent, unreadable or of another version)."""
     try:
         data = json.loads(_path(directory, digest).read_text(encoding="utf-8"))
         if data.get("v") != _VERSION or data.get("key") != digest:
             return None
+        dump = None
+        if data.get("dump_size") is not None:
+            dump = _dump_path(directory, digest)
+            if dump.stat().st_size != int(data["dump_size"]):
+                return None
         return Entry(output=str(data["output"]), exit_code=int(data["exit_code"]),
                      wall_seconds=float(data["wall_seconds"]),
-                     command=tuple(str(c) for c in data["command"]))
+                     command=tuple(str(c) for c in data["command"]), dump=dump)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def store(directory: Path, digest: str, entry: Entry) -> None:
-    """Write the entry atomically; a cache that cannot be written is skipped."""
-    target = _path(directory, digest)
-    data = {"v": _VERSION, "key": digest, "output": entry.output, "exit_code": entry.exit_code,
-            "wall_seconds": entry.wall_seconds, "command": list(entry.command)}
+def _atomic(target: Path, write: Callable[[Path], object]) -> None:
+    """``write`` a temporary file next to ``target``, then rename it there."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=target.suffix)
+    os.close(fd)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(data, f)
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write(Path(tmp))
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def store(directory: Path, digest: str, entry: Entry) -> None:
+    """Write the entry (and a copy of ``entry.dump``) atomically; a cache
+    that cannot be written is skipped."""
+    target = _path(directory, digest)
+    data: dict[str, object] = {
+        "v": _VERSION, "key": digest, "output": entry.output, "exit_code": entry.exit_code,
+        "wall_seconds": entry.wall_seconds, "command": list(entry.command)}
+    try:
+        if entry.dump is not None:
+            source = entry.dump
+            _atomic(_dump_path(directory, digest), lambda tmp: shutil.copyfile(source, tmp))
+            data["dump_size"] = _dump_path(directory, digest).stat().st_size
+        _atomic(target, lambda tmp: tmp.write_text(json.dumps(data), encoding="utf-8"))
     except OSError:
         return
+
+
+def copy_dump(entry: Entry, to: Path) -> bool:
+    """Copy the entry's stored state graph to ``to`` (atomically); False if
+    the entry has none or the copy failed (the caller then runs TLC)."""
+    if entry.dump is None:
+        return False
+    source = entry.dump
+    try:
+        _atomic(to, lambda tmp: shutil.copyfile(source, tmp))
+    except OSError:
+        return False
+    return True

@@ -554,7 +554,7 @@ class TLCWorkspace:
         dot = folder / "graph.dot" if dump else None
         result = run_tlc(f"MC{name}", folder / f"{name}.cfg",
                          search_dirs=[self.root / "spec", folder], check_deadlock=False,
-                         dump_dot=dot)
+                         dump_dot=dot, cache=cache_from_env())
         graph = load_dot(dot) if dot is not None and result.outcome is Outcome.PASS else None
         return ModelRun(name, question, result, graph)
 
