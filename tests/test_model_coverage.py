@@ -201,7 +201,8 @@ def test_execution_id_unique_is_checked_not_assumed() -> None:
     assert lost_two and lost_two[0].expect == "pass"
     assert "ExecutionIdUnique" in lost_two[0].cfg_path.read_text()
     twins = [m.name for m in placement_models() if m.witnesses == ("ExecutionIdUnique",)]
-    assert sorted(twins) == ["KeyByListIndex", "KeyByProviderId", "PlaceAgainstLatestOnly"]
+    assert sorted(twins) == ["FirstKeyByProviderId", "KeyByListIndex", "KeyByProviderId",
+                             "PlaceAgainstLatestOnly"]
 
 
 # --- clause-level twins (model/clauses.toml, toolledger.check.clauses) -------
