@@ -63,6 +63,9 @@ __all__ = [
 _DECISIONS: Final = frozenset(d.value for d in Decision)
 
 
+_FROZEN: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
 def _frozen_json(value: Mapping[str, Any], what: str) -> str:
     if not isinstance(value, Mapping):
         raise InvalidInput(f"{what} must be a JSON object (a dict), got {type(value).__name__}")
@@ -70,7 +73,7 @@ def _frozen_json(value: Mapping[str, Any], what: str) -> str:
     if bad:
         raise InvalidInput(f"{what} must have string keys, got {bad[0]!r}: use str keys")
     try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        return _FROZEN.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(
             f"{what} is not JSON-serializable ({exc}): pass plain str/int/float/bool/None, "

@@ -83,6 +83,11 @@ _RESULT_DDL: Final = (
 )
 
 
+_COMPACT: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+"""``json.dumps(..., ensure_ascii=False, separators=(",", ":"))`` without building an
+encoder per call (the same text)."""
+
+
 def _checksum(table: str, row: Mapping[str, Any]) -> str:
     values = tuple(row[c] for c in _DATA[table])
     # The types are part of the key: 1, 1.0 and True are equal as keys but
@@ -95,7 +100,7 @@ def _checksum_of(table: str, values: tuple[Any, ...], _types: tuple[type, ...]) 
     """The checksum of a row's values, remembered: a commit checks the checksum of
     the record it replaces, which the commit that wrote it (or the read that
     checked it) already computed (bench_bytes: ~10 checksums per protected call)."""
-    text = json.dumps([table, *values], ensure_ascii=False, separators=(",", ":"))
+    text = _COMPACT.encode([table, *values])
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -14,6 +14,7 @@ columns and checksums shared with PostgreSQL are in :mod:`toolledger._core.rows`
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Sequence
 from typing import Final
@@ -49,11 +50,8 @@ class SqliteRows(RowDecoder):
         self, conn: sqlite3.Connection, table: str, where: str, params: Sequence[object]
     ) -> list[Row]:
         columns = _COLUMNS[table]
-        order = ", ".join(_KEY[table])
         rows = []
-        for values in conn.execute(
-            f"SELECT {', '.join(columns)} FROM {table} {where} ORDER BY {order}", params
-        ):
+        for values in conn.execute(_select_sql(table, where), params):
             row = dict(zip(columns, values, strict=True))
             if table == "calls":
                 row.update(_unpacked_result(row))
@@ -107,12 +105,10 @@ class SqliteRows(RowDecoder):
         """Insert ``row`` with its checksum; ``unchecked``: columns outside the row
         checksum written by the same statement (a call's record, which has its own)."""
         extra = unchecked or {}
-        columns = (*_DATA[table], "row_checksum", *extra)
         stored = {**row, **_packed_result(row)} if table == "calls" else row
-        values = [stored[c] for c in _DATA[table]]
         conn.execute(
-            f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-            (*values, _checksum(table, row), *extra.values()),
+            _insert_sql(table, tuple(extra)),
+            (*[stored[c] for c in _DATA[table]], _checksum(table, row), *extra.values()),
         )
 
     def _update(self, conn: sqlite3.Connection, table: str, current: Row, changes: Row,
@@ -121,14 +117,11 @@ class SqliteRows(RowDecoder):
         columns outside the row checksum set by the same statement."""
         extra = unchecked or {}
         new = {**current, **changes}
-        sets = [*changes, "row_checksum", *extra]
-        keys = _KEY[table]
         stored = {**new, **_packed_result(new)} if table == "calls" else new
         conn.execute(
-            f"UPDATE {table} SET {', '.join(f'{c} = ?' for c in sets)} "
-            f"WHERE {' AND '.join(f'{k} = ?' for k in keys)}",
+            _update_sql(table, tuple(changes), tuple(extra)),
             (*(stored[c] for c in changes), _checksum(table, new), *extra.values(),
-             *(current[k] for k in keys)),
+             *(current[k] for k in _KEY[table])),
         )
 
     def _differs(self, conn: sqlite3.Connection, session_id: str, seen: CallView) -> str | None:
@@ -296,6 +289,28 @@ def packed_record(call: CallState, values: Row) -> Row:
         if call.result is not None and values["result_content"] == call.result.content:
             out["record_result_content"] = None
     return out
+
+
+# The statements' texts, built once per shape (every commit sends the same few).
+
+
+@functools.cache
+def _select_sql(table: str, where: str) -> str:
+    return (f"SELECT {', '.join(_COLUMNS[table])} FROM {table} {where} "
+            f"ORDER BY {', '.join(_KEY[table])}")
+
+
+@functools.cache
+def _insert_sql(table: str, extra: tuple[str, ...]) -> str:
+    columns = (*_DATA[table], "row_checksum", *extra)
+    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+
+
+@functools.cache
+def _update_sql(table: str, changes: tuple[str, ...], extra: tuple[str, ...]) -> str:
+    sets = (*changes, "row_checksum", *extra)
+    return (f"UPDATE {table} SET {', '.join(f'{c} = ?' for c in sets)} "
+            f"WHERE {' AND '.join(f'{k} = ?' for k in _KEY[table])}")
 
 
 def _unpacked(call: Row, row: Row) -> Row:

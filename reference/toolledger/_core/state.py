@@ -212,6 +212,9 @@ CallPosition = tuple[int, int]
 
 MAX_TOOL_CALL_ID_LENGTH: Final = 512
 _ID_PREFIX: Final = "tlx1-"
+# Encoders built once (json.dumps with options builds one per call): the same text.
+_COMPACT_ASCII: Final = json.JSONEncoder(separators=(",", ":"))
+_CANONICAL: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 
 
 def _check_position(turn: object, slot: object) -> None:
@@ -261,14 +264,14 @@ def derive_execution_id(session_id: str, turn: int, slot: int, tool_call_id: str
             f"tool_call_id is {len(tool_call_id)} characters long; at most "
             f"{MAX_TOOL_CALL_ID_LENGTH} are accepted: truncate or hash it in the provider adapter"
         )
-    material = json.dumps([session_id, turn, slot, tool_call_id], separators=(",", ":"))
+    material = _COMPACT_ASCII.encode([session_id, turn, slot, tool_call_id])
     return _ID_PREFIX + hashlib.sha256(material.encode()).hexdigest()[:32]
 
 
 def args_digest(tool_name: str, arguments: Mapping[str, Any]) -> str:
     """Digest of a call's tool name and arguments (canonical JSON)."""
     try:
-        text = json.dumps([tool_name, arguments], sort_keys=True, separators=(",", ":"))
+        text = _CANONICAL.encode([tool_name, arguments])
     except (TypeError, ValueError) as exc:
         raise InvalidInput(
             f"arguments of {tool_name!r} are not JSON-serializable ({exc}): "
