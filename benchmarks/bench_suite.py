@@ -1,7 +1,9 @@
 """Where the time of ``make test``'s pytest run goes: per test file and per kind.
 
 ``python benchmarks/bench_suite.py`` runs what ``make pytest`` runs (the same
-plugins, the tests and the notebooks, ``HYPOTHESIS_PROFILE=ci``) with the
+plugins, the tests and the notebooks, ``HYPOTHESIS_PROFILE=ci``, on every
+core with pytest-xdist, a file per worker at a time; ``--workers 0`` runs it
+in one process, so that no test's wall time is inflated by its neighbour) with the
 recording plugin :mod:`benchmarks.suite_times` (each test's wall seconds and
 the CPU seconds of the pytest process and the children it waited for), then
 prints, like pytest's ``--durations``, the slowest test files, the time per
@@ -45,6 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import suite_times
 from benchmarks.common import ROOT, Result, heading, machine_info, rounded
 
 README = ROOT / "benchmarks" / "README.md"
@@ -60,7 +63,7 @@ TOP_TESTS = 15
 # the recording plugin charges each test its own CPU (make pytest spreads the
 # same tests over every core with pytest-xdist, so its wall time is about
 # this run's CPU over the cores, never this run's wall time)
-PLUGINS = ("-p", "_hypothesis_pytestplugin", "-p", "nbmake")
+PLUGINS = ("-p", "_hypothesis_pytestplugin", "-p", "nbmake", "-p", "xdist")
 # --smoke: one test of three kinds (a tiny TLC run, a Hypothesis test, a plain one)
 SMOKE_TESTS = (
     "tests/test_tlc_runner.py::test_invariant_violated_by_initial_state",
@@ -88,16 +91,20 @@ def kind_of(record: dict[str, Any]) -> str:
 
 
 def load_records(path: Path) -> list[dict[str, Any]]:
-    """The plugin's JSON lines; a line that is not a record is a clear error."""
+    """The plugin's JSON lines (``path``, or ``path.gw*`` of an xdist run);
+    a line that is not a record is a clear error."""
     out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    files = suite_times.recorded_files(path) or [path]
+    lines = [(f, n, line) for f in files
+             for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1)]
+    for f, n, line in lines:
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
             float(rec["wall"]), float(rec["cpu"]), str(rec["nodeid"])
         except (ValueError, KeyError, TypeError) as e:
-            raise SystemExit(f"{path}:{n}: not a record of benchmarks/suite_times.py ({e}); "
+            raise SystemExit(f"{f}:{n}: not a record of benchmarks/suite_times.py ({e}); "
                              "record a run with `python benchmarks/bench_suite.py`") from e
         out.append(rec)
     if not out:
@@ -185,12 +192,12 @@ def rewrite_readme(block: str, readme: Path = README) -> None:
     readme.write_text(f"{head}{BEGIN}\n{block}\n{END}{tail}", encoding="utf-8")
 
 
-def record_run(out: Path, paths: Sequence[str]) -> dict[str, Any]:
+def record_run(out: Path, paths: Sequence[str], workers: str = "auto") -> dict[str, Any]:
     """Run pytest as ``make pytest`` does, recording into ``out``: wall and CPU
     of the whole run and the 1-minute load average sampled every 10 s."""
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "HYPOTHESIS_PROFILE": "ci"}
     cmd = [sys.executable, "-m", "pytest", *PLUGINS, "-p", "benchmarks.suite_times",
-           f"--suite-times={out}", "-q", *paths]
+           f"--suite-times={out}", "-q", "-n", workers, "--dist", "loadfile", *paths]
     loads: list[float] = [os.getloadavg()[0]]
     stop = threading.Event()
 
@@ -216,7 +223,7 @@ def record_run(out: Path, paths: Sequence[str]) -> dict[str, Any]:
 
 
 def run(smoke: bool = False, source: Path | None = None, note: str | None = None,
-        write_readme: bool = True) -> Result:
+        write_readme: bool = True, workers: str = "auto") -> Result:
     run_info: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="bench-suite-") as tmp:
         if source is None:
@@ -224,14 +231,15 @@ def run(smoke: bool = False, source: Path | None = None, note: str | None = None
                                for p in (ROOT / "notebooks").glob("*.ipynb"))
             paths = list(SMOKE_TESTS) if smoke else ["tests", "--nbmake", *notebooks]
             source = Path(tmp) / "times.jsonl"
-            run_info = record_run(source, paths)
+            run_info = record_run(source, paths, "0" if smoke else workers)
         records = load_records(source)
     s = summarize(records)
     if note is None:
         if run_info is not None:
             la = run_info["load_average"]
             note = (f"The whole run: {run_info['wall_seconds']:,.1f} s wall, "
-                    f"{run_info['cpu_seconds']:,.1f} s CPU; 1-minute load average "
+                    f"{run_info['cpu_seconds']:,.1f} s CPU, pytest-xdist workers: "
+                    f"{workers}; 1-minute load average "
                     f"{la['min']:.2f} to {la['max']:.2f} (mean {la['mean']:.2f}) on "
                     f"{os.cpu_count()} cores.")
         else:
@@ -254,9 +262,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--note", default=None,
                    help="the line under the totals (with --from: how loaded the machine was)")
     p.add_argument("--no-readme", action="store_true", help="do not rewrite benchmarks/README.md")
+    p.add_argument("--workers", default="auto", metavar="N",
+                   help="pytest-xdist workers, as make pytest's PYTEST_WORKERS (default auto; "
+                        "0: one process)")
     args = p.parse_args(argv)
     result = run(smoke=args.smoke, source=args.source, note=args.note,
-                 write_readme=not args.no_readme)
+                 write_readme=not args.no_readme, workers=args.workers)
     if args.json:
         print(json.dumps(result, indent=2))
     return 0

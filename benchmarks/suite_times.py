@@ -10,7 +10,9 @@ programs it started (``subprocess.Popen``'s first argument, base name only).
 CPU time barely depends on how loaded the machine is, wall time does: the
 table of ``benchmarks/bench_suite.py`` shows both.  Session-scoped fixtures
 are charged to the first test that uses them, as in pytest's own
-``--durations``.
+``--durations``.  Under pytest-xdist each worker writes its own file,
+``PATH.<worker id>`` (``PATH.gw0``, ...), and the controller writes none;
+:func:`recorded_files` lists what one run wrote.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 import subprocess
 import time
 from collections.abc import Generator
+from pathlib import Path
 from typing import IO, Any
 
 import pytest
@@ -45,11 +48,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="write each test's wall and CPU seconds to PATH (JSON lines)")
 
 
+def recorded_files(path: Path) -> list[Path]:
+    """The files one run with ``--suite-times=path`` wrote: ``path`` itself in a
+    run without xdist, ``path.gw0``, ``path.gw1``, ... with it."""
+    workers = sorted(path.parent.glob(path.name + ".gw*"))
+    return workers or ([path] if path.exists() else [])
+
+
 def pytest_configure(config: pytest.Config) -> None:
     path = config.getoption("--suite-times")
-    if path:
-        config.stash[_KEY] = open(path, "w", encoding="utf-8")  # noqa: SIM115 closed at unconfigure
-        subprocess.Popen.__init__ = _recording_init  # type: ignore[method-assign]
+    if not path:
+        return
+    worker = getattr(config, "workerinput", None)  # set by xdist in its workers
+    if worker is not None:
+        path = f"{path}.{worker['workerid']}"
+    elif getattr(config.option, "numprocesses", None):
+        return  # the xdist controller runs no test: its workers record
+    config.stash[_KEY] = open(path, "w", encoding="utf-8")  # noqa: SIM115 closed at unconfigure
+    subprocess.Popen.__init__ = _recording_init  # type: ignore[method-assign]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

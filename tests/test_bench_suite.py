@@ -9,6 +9,7 @@ figures typed in).
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,18 @@ def test_a_bad_record_file_is_a_clear_error(tmp_path: Path) -> None:
     bad.write_text('{"nodeid": "x", "wall": 1}\n')
     with pytest.raises(SystemExit, match=r"t\.jsonl:1: not a record"):
         bench_suite.load_records(bad)
+
+
+def test_an_xdist_run_is_read_from_every_workers_file(tmp_path: Path) -> None:
+    base = tmp_path / "t.jsonl"
+    for worker, node in (("gw0", "tests/test_a.py::t"), ("gw1", "tests/test_b.py::t")):
+        (tmp_path / f"t.jsonl.{worker}").write_text(
+            json.dumps({"nodeid": node, "wall": 1.0, "cpu": 0.5}) + "\n")
+    assert sorted(r["nodeid"] for r in bench_suite.load_records(base)) == [
+        "tests/test_a.py::t", "tests/test_b.py::t"]
+    (tmp_path / "t.jsonl.gw1").write_text("not json\n")
+    with pytest.raises(SystemExit, match=r"t\.jsonl\.gw1:1: not a record"):
+        bench_suite.load_records(base)
 
 
 def test_the_readme_markers_are_refused_when_missing(tmp_path: Path) -> None:
