@@ -63,13 +63,35 @@ def test_any_changed_input_is_a_new_run(tmp_path: Path) -> None:
     d, cache = _copy(tmp_path), tmp_path / "cache"
     passed = _run(d, "LedgerPass", cache)
     assert passed.outcome is Outcome.PASS and not passed.cached
-    # a module TLC does not even read is copied next to the cfg: still an input
-    (d / "Stuck.tla").write_text((d / "Stuck.tla").read_text() + "\n\\* a comment\n")
-    assert not _run(d, "LedgerPass", cache).cached
     cfg = d / "LedgerPass.cfg"
     cfg.write_text(cfg.read_text() + "\n")
     assert not _run(d, "LedgerPass", cache).cached
     assert _run(d, "LedgerPass", cache).cached
+
+
+def test_the_key_covers_the_modules_a_run_reads_transitively_and_no_other(
+        tmp_path: Path) -> None:
+    """Ledger EXTENDS Extra, which INSTANCEs Deeper: a byte of either is a new
+    run (the broken variant, a key of the model's own module only, would answer
+    the old verdict); a module beside them that none names is not an input."""
+    d, cache = _copy(tmp_path), tmp_path / "cache"
+    (d / "Deeper.tla").write_text("---- MODULE Deeper ----\nLimit == 3\n====\n")
+    (d / "Extra.tla").write_text("---- MODULE Extra ----\nD == INSTANCE Deeper\n====\n")
+    ledger = d / "Ledger.tla"
+    text = ledger.read_text().replace("EXTENDS Naturals,", "EXTENDS Extra, Naturals,", 1)
+    ledger.write_text(text)
+    files = {p.name: p for p in d.glob("*.tla")}
+    assert tlccache.read_set("Ledger", (d / "LedgerPass.cfg").read_bytes(), files) == [
+        "Deeper.tla", "Extra.tla", "Ledger.tla"]
+    first = _run(d, "LedgerPass", cache)
+    assert first.outcome is Outcome.PASS and not first.cached
+    # a module TLC does not read is copied next to the cfg, but is no input
+    (d / "Stuck.tla").write_text((d / "Stuck.tla").read_text() + "\n\\* a comment\n")
+    assert _run(d, "LedgerPass", cache).cached
+    for name in ("Deeper.tla", "Extra.tla"):
+        (d / name).write_text((d / name).read_text() + "\\* changed\n")
+        assert not _run(d, "LedgerPass", cache).cached, name
+        assert _run(d, "LedgerPass", cache).cached, name
 
 
 def test_only_complete_verdicts_and_whole_dumps_are_kept(tmp_path: Path) -> None:
@@ -154,7 +176,7 @@ def test_a_damaged_entry_is_a_miss_and_is_replaced(tmp_path: Path) -> None:
     assert not again.cached  # a real run: same verdict, its own time and output
     assert (again.outcome, again.distinct_states) == (first.outcome, first.distinct_states)
     data = json.loads(entry.read_text())
-    assert data["key"] == entry.stem and data["v"] == 1
+    assert data["key"] == entry.stem and data["v"] == tlccache._VERSION
     # an entry under another key's name is not trusted either
     data["key"] = "0" * 64
     entry.write_text(json.dumps(data))

@@ -12,7 +12,11 @@ the same digest, parses that output again instead of starting a JVM: the
 result is exactly what parsing the original run gave (``cached`` is True).
 
 The digest covers every byte TLC reads: the module name, the ``.cfg`` and
-every ``.tla`` copied next to it (names and contents), TLC's options
+every ``.tla`` copied next to it that the run can read (names and
+contents: :func:`read_set`, the modules named, transitively, by the model's
+module or its cfg; a word is taken for a module name wherever it appears,
+comments included, so the set can only be larger than what SANY loads, never
+smaller), TLC's options
 (workers, deadlock check, fingerprint, liveness mode, extra arguments), the
 jar's contents and the java binary and version.  JVM flags (``-Xss``, C1/C2)
 are not in it: they change how fast TLC runs, not what it finds.  Only
@@ -39,6 +43,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -46,10 +51,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["CACHE_ENV", "Entry", "cache_from_env", "copy_dump", "key", "load", "store"]
+__all__ = ["CACHE_ENV", "Entry", "cache_from_env", "copy_dump", "key", "load", "read_set", "store"]
 
 CACHE_ENV = "TOOLLEDGER_TLC_CACHE"
-_VERSION = 1
+_VERSION = 2  # 2: the key covers the modules a run can read, not every .tla beside it
+_WORD = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,23 @@ def _digest_of(path: Path) -> str:
     return _file_digest(str(path.resolve()), st.st_size, st.st_mtime_ns)
 
 
+def read_set(module: str, cfg_text: bytes, files: Mapping[str, Path]) -> list[str]:
+    """The names (``X.tla``) of ``files`` a run of ``module`` with this cfg can
+    read: ``module``, every module whose name is a word of the cfg or of a
+    module already in the set (EXTENDS, INSTANCE, a cfg's ``<-[M]``; a word in
+    a comment counts too: a larger set only costs a cache miss), transitively."""
+    by_stem = {Path(name).stem: name for name in files}
+    todo, seen = [module], set()
+    todo += [w.decode() for w in _WORD.findall(cfg_text)]
+    while todo:
+        stem = todo.pop()
+        if stem in seen or stem not in by_stem:
+            continue
+        seen.add(stem)
+        todo += [w.decode() for w in set(_WORD.findall(files[by_stem[stem]].read_bytes()))]
+    return sorted(by_stem[s] for s in seen)
+
+
 def key(*, module: str, cfg: Path, files: Mapping[str, Path], options: Sequence[str],
         jar: Path, java: str, java_major: int) -> str:
     """The digest of everything a TLC run reads (see the module doc)."""
@@ -90,8 +113,9 @@ def key(*, module: str, cfg: Path, files: Mapping[str, Path], options: Sequence[
     head = {"v": _VERSION, "module": module, "cfg": cfg.name, "options": list(options),
             "jar": _digest_of(jar), "java": str(Path(java).resolve()), "java_major": java_major}
     h.update(json.dumps(head, sort_keys=True).encode())
-    h.update(b"\0cfg\0" + cfg.read_bytes())
-    for name in sorted(files):
+    cfg_text = cfg.read_bytes()
+    h.update(b"\0cfg\0" + cfg_text)
+    for name in read_set(module, cfg_text, files):
         h.update(f"\0file\0{name}\0".encode() + hashlib.sha256(files[name].read_bytes()).digest())
     return h.hexdigest()
 
