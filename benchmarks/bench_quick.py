@@ -36,7 +36,8 @@ what the quick mode misses).  Goal (issue 24): >= 90 %, each quick answer
 average is printed with them, and CPU seconds beside wall seconds.
 
 ``python benchmarks/bench_quick.py [--smoke] [--json] [--only NAME] [--no-cache] [--no-prime]``
-(``--smoke``: the first mutant, no full check).
+(``--smoke``: the first mutant, no full check, and no priming: the first
+mutant is a spec mutant, whose quick answer no cached run can serve).
 """
 
 from __future__ import annotations
@@ -352,7 +353,9 @@ def rate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(smoke: bool = False, only: Sequence[str] = (), use_cache: bool = True,
-        full_timeout: float = 1800.0, run_full: bool = True, prime: bool = True) -> Result:
+        full_timeout: float = 1800.0, run_full: bool = True, prime: bool | None = None) -> Result:
+    if prime is None:
+        prime = not smoke
     mutants = [m for m in MUTANTS if not only or m.name in only]
     if smoke:
         mutants = list(MUTANTS[:1])  # the cheapest quick answer (about 10 s of CPU)
@@ -454,7 +457,8 @@ def run(smoke: bool = False, only: Sequence[str] = (), use_cache: bool = True,
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--smoke", action="store_true", help="one mutant, no full check")
+    p.add_argument("--smoke", action="store_true",
+                   help="one mutant, no full check, no priming")
     p.add_argument("--json", action="store_true", help="print the figures as JSON at the end")
     p.add_argument("--only", action="append", default=[], metavar="NAME", help="only this mutant")
     p.add_argument("--no-cache", action="store_true", help="ignore the full check's cache")
@@ -464,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="do not prime the TLC cache with a full check of the unmutated copy")
     args = p.parse_args(argv)
     result = run(smoke=args.smoke, only=args.only, use_cache=not args.no_cache,
-                 run_full=not args.no_full, prime=not args.no_prime)
+                 run_full=not args.no_full, prime=False if args.no_prime else None)
     if args.json:
         print(json.dumps(result, indent=2))
     return 0
