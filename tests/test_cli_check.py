@@ -1005,3 +1005,30 @@ def test_tlc_runs_c1_only_except_for_big_temporal_checks() -> None:
     for name in ("LivenessReconcile", "LivenessKeyExpiry"):  # temporal, but small
         assert states[name] < C2_MIN_STATES
         assert _tlc_jvm_args(REPO / "model" / f"{name}.cfg", states[name]) == _TLC_JVM_ARGS
+
+
+@pytest.mark.slow
+def test_exercises_answers_unchanged_models_from_the_tlc_cache(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`toolledger exercises` keeps its -coverage runs in the TLC cache: a second
+    run writes the same table without a JVM, and a changed module re-runs only
+    the models that read it (a twin added beside the others costs one run)."""
+    root = make_root(tmp_path / "p")
+    cache = tmp_path / "cache"
+    args = ["exercises", "--root", str(root), "--tlc-cache", str(cache), "--jobs", "1"]
+    assert main(args) == 0
+    first = (root / "model" / "exercises.json").read_text()
+    assert "0 of them answered" in capsys.readouterr().out
+    assert main(args) == 0
+    out = capsys.readouterr()
+    assert "3 models, 3 of them answered" in out.out and out.err.count("(cached)") == 3
+    assert (root / "model" / "exercises.json").read_text() == first
+    stuck = root / "spec" / "Stuck.tla"
+    stuck.write_text(stuck.read_text() + "\n\\* a comment: the module's bytes changed\n")
+    assert main(args) == 0
+    out = capsys.readouterr()
+    assert "3 models, 2 of them answered" in out.out
+    assert [line for line in out.err.splitlines() if "(cached)" not in line] == [
+        line for line in out.err.splitlines() if line.split(": ")[0].endswith("Stuck")]
+    assert main([*args[:-2], "--no-tlc-cache", "--jobs", "1"]) == 0
+    assert "answered" not in capsys.readouterr().out

@@ -750,6 +750,12 @@ def _configure_exercises(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=_positive(int, "a whole number of TLC runs >= 1"),
                    default=min(2, os.cpu_count() or 1), metavar="N",
                    help="TLC runs side by side (default: 2)")
+    p.add_argument("--tlc-cache", type=Path, metavar="DIR", default=None,
+                   help=f"read and keep the -coverage runs in DIR (default: {QUICK_CACHE} "
+                   "under the root if it exists, as make check leaves it): a model whose "
+                   "inputs are unchanged is answered from there, without a JVM")
+    p.add_argument("--no-tlc-cache", action="store_true",
+                   help="run every model with TLC, reading and keeping nothing")
 
 
 def _exercise(got: tuple[ModelEntry, TLCResult], n: int, total: int, texts: dict[str, str],
@@ -767,8 +773,8 @@ def _exercise(got: tuple[ModelEntry, TLCResult], n: int, total: int, texts: dict
         "properties": list(cfg.properties),
         "definitions": quick.exercised_definitions(lines, texts),
     }
-    print(f"[{n}/{total}] {e.name}: {len(actions)} actions, {_result_label(result)}",
-          file=sys.stderr)
+    print(f"[{n}/{total}] {e.name}: {len(actions)} actions, {_result_label(result)}"
+          + (" (cached)" if result.cached else ""), file=sys.stderr)
 
 
 def _cmd_exercises(args: argparse.Namespace) -> int:
@@ -782,12 +788,23 @@ def _cmd_exercises(args: argparse.Namespace) -> int:
     texts = quick.tla_texts(manifest.search_dirs)
     cancel = Cancellation()
     done: dict[str, dict[str, object]] = {}
+    cached: list[str] = []
+    # A coverage run is keyed like any other (tlccache: -coverage is one of its
+    # options), so re-running this after adding a twin runs only the models
+    # whose read set changed.
+    cache: Path | None = None
+    if not args.no_tlc_cache:
+        cache = args.tlc_cache if args.tlc_cache is not None else root / QUICK_CACHE
+        if args.tlc_cache is None and not cache.is_dir():
+            cache = None
+        elif cache is not None:
+            cache.mkdir(parents=True, exist_ok=True)
 
     def one(e: ModelEntry) -> tuple[ModelEntry, TLCResult]:
         return e, run_tlc(e.module, e.cfg_path, search_dirs=manifest.search_dirs,
                           check_deadlock=e.check_deadlock, workers=e.workers,
                           extra_args=("-coverage", "1"), cancel=cancel,
-                          jvm_args=_tlc_jvm_args(e.cfg_path, e.distinct_states))
+                          jvm_args=_tlc_jvm_args(e.cfg_path, e.distinct_states), cache=cache)
 
     with _Interrupt(cancel) as interrupt, concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         futures = {pool.submit(one, e) for e in sorted(ci, key=lambda e: -e.distinct_states)}
@@ -798,7 +815,10 @@ def _cmd_exercises(args: argparse.Namespace) -> int:
                     futures, timeout=_WAKE_SECONDS, return_when=concurrent.futures.FIRST_COMPLETED)
                 for fut in finished:
                     n += 1
-                    _exercise(fut.result(), n, len(ci), texts, done)
+                    got = fut.result()
+                    if got[1].cached:
+                        cached.append(got[0].name)
+                    _exercise(got, n, len(ci), texts, done)
         except Cancelled:
             pass
         if interrupt.signum is not None:
@@ -810,8 +830,11 @@ def _cmd_exercises(args: argparse.Namespace) -> int:
                for d in manifest.search_dirs for p in sorted(d.glob("*.tla"))}
     table = json.loads(quick.table_json(models, digests))
     (root / quick.TABLE).write_text(quick.table_json(models, digests), encoding="utf-8")
+    (root / quick.DOC).parent.mkdir(parents=True, exist_ok=True)
     (root / quick.DOC).write_text(quick.markdown(table), encoding="utf-8")
-    print(f"wrote {quick.TABLE} and {quick.DOC} ({len(models)} models)")
+    print(f"wrote {quick.TABLE} and {quick.DOC} ({len(models)} models, {len(cached)} of them "
+          f"answered from {cache})" if cache is not None else
+          f"wrote {quick.TABLE} and {quick.DOC} ({len(models)} models)")
     return 0
 
 
