@@ -191,7 +191,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import ROOT, Result, cli, filesystem_of, heading, median, scratch_dir, table
+from benchmarks.common import (
+    ROOT,
+    Result,
+    cli,
+    filesystem_of,
+    heading,
+    median,
+    postgres,
+    scratch_dir,
+    table,
+)
 
 CALLS_PER_TURN = 5
 SYSTEMS = ("toolledger", "toolledger-batched", "toolledger-together", "langgraph",
@@ -870,18 +880,15 @@ def pg_table(smoke: bool, conninfo: str | None = None) -> Result:
                 f"{s} {raw[s][-1]['calls'] / raw[s][-1]['seconds']:.0f}/s" for s in systems),
                 flush=True)
 
-    if conninfo is None:  # a throwaway server, as the tests start it
-        sys.path.insert(0, str(ROOT / "tests"))
-        from pg_cluster import NoPostgres, PgCluster
+    sys.path.insert(0, str(ROOT / "tests"))
+    from pg_cluster import NoPostgres
 
-        try:
-            with PgCluster() as pg:
-                rounds_on(pg.conninfo)
-        except NoPostgres as exc:
-            print(f"\npostgres rows not run: {exc}")
-            return {"not_run": str(exc), "not_installed": missing}
-    else:
-        rounds_on(conninfo)
+    try:
+        with postgres(conninfo) as server:
+            rounds_on(server)
+    except NoPostgres as exc:
+        print(f"\npostgres rows not run: {exc}")
+        return {"not_run": str(exc), "not_installed": missing}
     per: dict[str, Result] = {}
     for s in systems:
         xs = raw[s]

@@ -41,7 +41,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import cli, heading, rounded, scratch_dir, table
+from benchmarks.common import cli, heading, postgres, rounded, scratch_dir, table
 from toolledger._core import protocol as p
 from toolledger._core.ledger import Ledger
 from toolledger._core.stores import StaleState, Store
@@ -323,16 +323,8 @@ def run(smoke: bool = False, conninfo: str | None = None) -> Result:
     with scratch_dir("races") as d:
         out["sqlite"] = race_store("sqlite", str(d / "races.db"), races, WORKERS, d)
         schema = f"races_{uuid.uuid4().hex[:12]}"
-        if conninfo is None:  # a throwaway server, as the tests start it
-            sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-            from pg_cluster import PgCluster
-
-            with PgCluster() as pg:
-                out["postgres"] = race_store(
-                    "postgres", f"{pg.conninfo}|{schema}", races, WORKERS, d
-                )
-        else:
-            out["postgres"] = race_store("postgres", f"{conninfo}|{schema}", races, WORKERS, d)
+        with postgres(conninfo) as server:
+            out["postgres"] = race_store("postgres", f"{server}|{schema}", races, WORKERS, d)
     print(table(
         ("store", "races", "losers refused", "losers that wrote", "duplicate effects",
          "max dispatch/attempt", "races/s", "ok"),

@@ -54,7 +54,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import cli, filesystem_of, heading, rounded, scratch_dir, table
+from benchmarks.common import cli, filesystem_of, heading, postgres, rounded, scratch_dir, table
 
 Result = dict[str, Any]
 SESSIONS = (1, 8, 32)
@@ -314,14 +314,8 @@ def run(smoke: bool = False, conninfo: str | None = None) -> Result:
                         print(f"  {kind:8} {procs} proc x {sess:2} sessions: "
                               f"{cell['calls_per_second']} calls/s, ok {cell['ok']}", flush=True)
 
-        if conninfo is None:  # a throwaway server, as the tests start it
-            sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-            from pg_cluster import PgCluster
-
-            with PgCluster() as pg:
-                grid(pg.conninfo)
-        else:
-            grid(conninfo)
+        with postgres(conninfo) as server:
+            grid(server)
 
     def show(c: Result, key: str) -> str:
         if not c["applicable"]:

@@ -121,6 +121,22 @@ def scratch_dir(prefix: str) -> Iterator[Path]:
 # --------------------------------------------------------------------------
 
 
+@contextmanager
+def postgres(conninfo: str | None = None) -> Iterator[str]:
+    """The server a benchmark runs on: ``conninfo`` if given, else a throwaway
+    cluster started as the tests start it (tests/pg_cluster.py: own data
+    directory, loopback, a free port, ``fsync`` on), stopped on exit.
+    Raises ``pg_cluster.NoPostgres`` when the server binaries are missing."""
+    if conninfo is not None:
+        yield conninfo
+        return
+    sys.path.insert(0, str(ROOT / "tests"))
+    from pg_cluster import PgCluster
+
+    with PgCluster() as pg:
+        yield pg.conninfo
+
+
 def _java_version() -> str:
     java = shutil.which("java")
     if java is None:
