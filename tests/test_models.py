@@ -29,21 +29,15 @@ CI_MODELS = [m for m in MANIFEST.ci_models() if not m.conformance]  # those run 
 CACHE = cache_from_env()
 
 
-def _dumped_by_make_check(b: Batch) -> bool:
-    """make check's run of this batch dumps the state graph for a conformance
-    row (the dumped run is cached under another key): its probes run alone
-    here, as with ``--trace``."""
-    return b.host is not None and b.host.conformance and b.host.conformance_tier == "check"
-
-
 def _batches() -> dict[str, Batch]:
     """Row name -> its batch in ``toolledger check``'s plan of the rows make
-    check runs (a batch hosted by a conformance model of the "test" tier
-    included: make check runs it without a dump; its host's own row is
-    test_conformance's).  The rows make check leaves to this module
-    (``tier = "test"``) run alone."""
+    check runs (a batch hosted by a conformance model included: make check
+    runs it with a dump when its conformance row is make check's, and a run
+    with a dump that passes is cached under the key of the same run without
+    one too; a host's own row is the conformance test's).  The rows make
+    check leaves to this module (``tier = "test"``) run alone."""
     batches, _ = plan(MANIFEST.check_models())
-    return {e.name: b for b in batches if not _dumped_by_make_check(b) for e in b.entries}
+    return {e.name: b for b in batches for e in b.entries}
 
 
 BATCH_OF = _batches()
@@ -85,8 +79,7 @@ def test_the_batches_here_are_those_of_make_check() -> None:
     hosted = {e.name for b in used.values() for e in b.entries}
     left_to_test = {e.name for e in CI_MODELS if e.tier == "test"}
     assert not hosted & left_to_test
-    assert {e.name for e in CI_MODELS} - hosted <= {e.name for e in alone} | {
-        e.name for b in batches if _dumped_by_make_check(b) for e in b.probes} | left_to_test
+    assert {e.name for e in CI_MODELS} - hosted <= {e.name for e in alone} | left_to_test
 
 
 def test_ci_set_covers_what_the_issue_asks() -> None:
@@ -141,8 +134,9 @@ def test_make_check_runs_the_inputs_this_module_runs(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """What makes the cache pay: every TLC run of this module is, input for
-    input, a run `toolledger check` (make check) does without a dump, so its
-    cache key is one make check wrote. TLC is replaced by a recorder of what
+    input, a run `toolledger check` (make check) does, so its cache key is one
+    make check wrote (a run with a dump that passes is kept under the key of
+    the run without one too: tlc.run_tlc). TLC is replaced by a recorder of what
     each run reads (no JVM starts); the rows' verdicts are not looked at."""
     import toolledger.cli as cli
     from toolledger.check.tlcoutput import TLCResult as Result
@@ -163,7 +157,7 @@ def test_make_check_runs_the_inputs_this_module_runs(
         return fake
 
     by_check: set[tuple[object, ...]] = set()
-    monkeypatch.setattr(cli, "run_tlc", recorder(by_check))
+    monkeypatch.setattr(cli, "run_tlc", recorder(by_check, dumps_too=True))
     monkeypatch.setattr(cli, "parse_modules", lambda modules, **_: dict.fromkeys(modules, ()))
     monkeypatch.setattr(cli, "_reference_package", lambda root: root / "reference")
     monkeypatch.setattr(cli, "_conformance_row", lambda root, entry, result, *a, **k: (
@@ -177,10 +171,4 @@ def test_make_check_runs_the_inputs_this_module_runs(
         if entry.tier == "check":  # the others are this module's alone
             _run(entry, tmp_path)
     assert len(here) >= len(BATCH_OF) // 2 and by_check
-    # the probes of a batch make check runs with a dump run alone here; all else is shared
-    alone_probes = {e.name for b in plan(MANIFEST.check_models())[0] if _dumped_by_make_check(b)
-                    for e in b.probes}
-    missing = here - by_check
-    assert {m[0] for m in missing} <= {MANIFEST.get(n).module for n in alone_probes}, missing
-    shared = here & by_check
-    assert len(shared) >= len(here) - len(alone_probes)
+    assert here - by_check == set(), sorted(str(m[0]) for m in here - by_check)
