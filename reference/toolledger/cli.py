@@ -639,9 +639,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         if picked is None:
             return 0
         models, conform, quick_line = picked
-        if getattr(args, "tlc_cache", None) is None:  # what `make check` left
-            default = root / QUICK_CACHE
-            args.tlc_cache = default if default.is_dir() else None
+        args.tlc_cache = _cache_or_default(root, getattr(args, "tlc_cache", None))
 
     cancel = Cancellation()
     with _Interrupt(cancel) as interrupt, tempfile.TemporaryDirectory(
@@ -673,6 +671,14 @@ QUICK_BUDGET = 30.0
 # (Makefile's TLC_CACHE): after a change of the reference alone, the spec's
 # state graphs (and every TLC verdict) are answered from there.
 QUICK_CACHE = Path("build") / "tlc-cache"
+
+
+def _cache_or_default(root: Path, given: Path | None) -> Path | None:
+    """``given``, else the cache ``make check`` leaves under ``root`` if it exists."""
+    if given is not None:
+        return given
+    default = root / QUICK_CACHE
+    return default if default.is_dir() else None
 
 
 def _quick_selection(root: Path, manifest: Manifest, args: argparse.Namespace
@@ -792,13 +798,9 @@ def _cmd_exercises(args: argparse.Namespace) -> int:
     # A coverage run is keyed like any other (tlccache: -coverage is one of its
     # options), so re-running this after adding a twin runs only the models
     # whose read set changed.
-    cache: Path | None = None
-    if not args.no_tlc_cache:
-        cache = args.tlc_cache if args.tlc_cache is not None else root / QUICK_CACHE
-        if args.tlc_cache is None and not cache.is_dir():
-            cache = None
-        elif cache is not None:
-            cache.mkdir(parents=True, exist_ok=True)
+    cache = None if args.no_tlc_cache else _cache_or_default(root, args.tlc_cache)
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
 
     def one(e: ModelEntry) -> tuple[ModelEntry, TLCResult]:
         return e, run_tlc(e.module, e.cfg_path, search_dirs=manifest.search_dirs,
