@@ -172,6 +172,24 @@ ResendFirstSpec ==
     Init /\ rec = NoRecord
     /\ [][Next \/ \E p \in Procs : view[p].rec.attempt = 1 /\ ResendWaiting(p)]_vars
 
+\* ConcurrentDispatchUnaudited's mistake for attempt 1 only: its dispatched
+\* commit lacks the dispatch row, a retry's has it.  Attempt 1's invocation
+\* is the first of invocations in every state, so narrowing AuditComplete's
+\* bound to the rest drops every violation.  A copy of PersistDispatched (a
+\* cfg substitution replaces a name everywhere): change both together.
+PersistDispatchedFirstUnaudited(p) ==
+    LET n == view[p].rec.attempt + 1
+        auth == AttemptAuth(p)
+    IN
+    /\ pc[p] \in {"live", "retry"} /\ n <= MaxAttempts
+    /\ Commit(p, Dispatched(n, auth), view[p].res,
+              IF n = 1 THEN {} ELSE {<<"dispatch", n>>})
+    /\ pc' = [pc EXCEPT ![p] = "dispatched"]
+    /\ UNCHANGED external
+    /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
+                   refusals, staleDropped, sentAfterOutcome,
+                   droppedAfterOutcome>>
+
 \* The crashed engine's attempt 1 was never sent (no invocation: a retry's
 \* is the first), or was sent (in flight or applied: a retry's follows it).
 UnsentSpec == Init /\ rec.status = "dispatched" /\ invocations = {} /\ [][Next]_vars

@@ -81,3 +81,22 @@ def test_a_one_process_twin_kills_one_narrowing_of_procs(tmp_path: Path) -> None
     got = {k.entry.weakened: k for k in run_kills(manifest, [rest, first], tmp_path)}
     assert got["rest"].killed, got["rest"].detail
     assert not got["first"].killed and "does not isolate" in got["first"].detail
+
+
+def test_the_concurrent_audit_narrowing_needs_its_own_twin(tmp_path: Path) -> None:
+    """ConcurrentResumers' AuditComplete narrowed to every invocation but the
+    first: ConcurrentDispatchUnaudited (every dispatch without its row) breaks
+    the narrowed invariant too, so it cannot kill it (the entry named it until
+    the clauses tool reported it alive); ConcurrentFirstDispatchUnaudited
+    (attempt 1's row missing, the first invocation's, alone) does."""
+    manifest = load_manifest(ROOT)
+    entries = {(e.spec, e.operator, e.kind, e.clause, e.weakened): e for e in load_clauses(ROOT)}
+    key = ("ConcurrentResumers", "AuditComplete", "bound", "i \\in invocations", "rest")
+    assert entries[key].twin == "ConcurrentFirstDispatchUnaudited"
+    old = ClauseEntry("ConcurrentResumers", "AuditComplete", "i \\in invocations",
+                      weakened="rest", twin="ConcurrentDispatchUnaudited", kind="bound")
+    got = {k.entry.twin: k for k in run_kills(manifest, [entries[key], old], tmp_path)}
+    assert got["ConcurrentFirstDispatchUnaudited"].killed, got[
+        "ConcurrentFirstDispatchUnaudited"].detail
+    assert not got["ConcurrentDispatchUnaudited"].killed
+    assert "does not isolate" in got["ConcurrentDispatchUnaudited"].detail
