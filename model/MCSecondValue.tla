@@ -93,4 +93,22 @@ PersistFirstUnaudited(c) == PersistDispatchedRowUnless(c, Rec(c).attempt = 0)
 \* bound to the rest passes: it kills the "rest" narrowing KeyByToolCallId
 \* (both calls) cannot.
 ApprovalIgnoredOK(c) == TRUE
+
+\* PendingApprovalHalted: a restart turns a call's unanswered approval
+\* request into a recovery item (Recover halts a call with no record whose
+\* approval is not given, instead of asking again).  A human's "retry" of
+\* that item grants attempt 1 (the halted record is at attempt 0), and a
+\* time-out of it leads to the policy retry of attempt 2, which no approval
+\* authorizes.  ApprovalGate reads an invocation only through
+\* i[3] = "human", and attempt 1, the first of invocations[c] (a tuple
+\* <<e, n, auth>>: the lowest attempt under the call's one id), is always
+\* the human's here: attempt 1 is sent in the step after its dispatch (the
+\* one crash is spent before the halt), so no state has attempt 2 sent
+\* without it.  Every violation is at attempt 2: narrowing
+\* i \in invocations[c] to its first value passes (model/clauses.toml).
+DecideHaltsPendingApproval(c) ==
+    LET i == DecisionInputs(c) IN
+    IF /\ ~i.hasResult /\ i.status = "none" /\ i.policy # "readonly"
+       /\ i.requiresApproval /\ i.approval # "approved"
+    THEN "recovery_required" ELSE Decide(i)
 =============================================================================

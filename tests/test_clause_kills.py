@@ -100,3 +100,25 @@ def test_the_concurrent_audit_narrowing_needs_its_own_twin(tmp_path: Path) -> No
         "ConcurrentFirstDispatchUnaudited"].detail
     assert not got["ConcurrentDispatchUnaudited"].killed
     assert "does not isolate" in got["ConcurrentDispatchUnaudited"].detail
+
+
+def test_the_approval_gate_narrowing_to_the_first_invocation_has_a_twin(tmp_path: Path) -> None:
+    """ApprovalGate narrowed to the first of invocations[c] (the lowest
+    attempt): a call never approved violates it at every invocation but a
+    human's, so a twin must send a human's invocation first and an
+    unauthorized one after it.  PendingApprovalHalted (MCSecondValue.tla: a
+    restart halts a call whose approval is not given, a human's retry grants
+    attempt 1, the policy retry of attempt 2 runs on no approval) does; the
+    entry was open until it was built.  ApprovalIgnored (attempt 1 itself
+    sent without approval) violates the narrowed invariant too: alive."""
+    manifest = load_manifest(ROOT)
+    entries = {(e.spec, e.operator, e.kind, e.clause, e.weakened): e for e in load_clauses(ROOT)}
+    key = ("DurableToolExecution", "ApprovalGate", "bound", "i \\in invocations[c]", "first")
+    assert entries[key].twin == "PendingApprovalHalted"
+    assert not entries[key].reason
+    old = ClauseEntry("DurableToolExecution", "ApprovalGate", "i \\in invocations[c]",
+                      weakened="first", twin="ApprovalIgnored", kind="bound")
+    got = {k.entry.twin: k for k in run_kills(manifest, [entries[key], old], tmp_path)}
+    assert got["PendingApprovalHalted"].killed, got["PendingApprovalHalted"].detail
+    assert not got["ApprovalIgnored"].killed
+    assert "does not isolate" in got["ApprovalIgnored"].detail
