@@ -122,3 +122,28 @@ def test_the_approval_gate_narrowing_to_the_first_invocation_has_a_twin(tmp_path
     assert got["PendingApprovalHalted"].killed, got["PendingApprovalHalted"].detail
     assert not got["ApprovalIgnored"].killed
     assert "does not isolate" in got["ApprovalIgnored"].detail
+
+
+def test_the_no_alias_narrowing_to_the_rest_needs_the_earliest_call_aliased(
+        tmp_path: Path) -> None:
+    """ResponsePlacement's NoAlias narrowed to every handed pair but the first
+    (the earliest call answered): PlaceByContent hands a later call (a
+    deliberate repeat) the earlier call's effect, a later pair, so it breaks
+    the narrowed invariant too and cannot kill it; RequestById (one response,
+    a reused provider id: the earlier call's key goes out with the later
+    call's request, never the reverse) breaks NoAlias at the first pair
+    alone, and does."""
+    manifest = load_manifest(ROOT)
+    entries = {(e.spec, e.operator, e.kind, e.clause, e.weakened): e for e in load_clauses(ROOT)}
+    key = ("ResponsePlacement", "NoAlias", "bound", "h \\in handed", "rest")
+    assert entries[key].twin == "RequestById" and not entries[key].reason
+    assert entries[(*key[:4], "first")].twin == "PlaceByContent"
+    old = ClauseEntry("ResponsePlacement", "NoAlias", "h \\in handed",
+                      weakened="rest", twin="PlaceByContent", kind="bound")
+    first = ClauseEntry("ResponsePlacement", "NoAlias", "h \\in handed",
+                        weakened="first", twin="RequestById", kind="bound")
+    got = {(k.entry.twin, k.entry.weakened): k
+           for k in run_kills(manifest, [entries[key], old, first], tmp_path)}
+    assert got[("RequestById", "rest")].killed, got[("RequestById", "rest")].detail
+    for alive in (("PlaceByContent", "rest"), ("RequestById", "first")):
+        assert not got[alive].killed and "does not isolate" in got[alive].detail, alive
