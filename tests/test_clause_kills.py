@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from checker_support import ROOT
-from toolledger.check.clauses import ClauseEntry, load_clauses, run_kills
+from toolledger.check.clauses import ClauseEntry, load_clauses, main, run_kills
 from toolledger.check.manifest import load_manifest
 
 SURVIVORS = [
@@ -147,3 +149,13 @@ def test_the_no_alias_narrowing_to_the_rest_needs_the_earliest_call_aliased(
     assert got[("RequestById", "rest")].killed, got[("RequestById", "rest")].detail
     for alive in (("PlaceByContent", "rest"), ("RequestById", "first")):
         assert not got[alive].killed and "does not isolate" in got[alive].detail, alive
+
+
+def test_the_clauses_command_refuses_a_name_it_does_not_know(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A misspelt operator would otherwise select no entry and report
+    "0 of 0 clauses killed" with exit 0: it is refused, naming the word and
+    the names it knows, before any TLC run."""
+    assert main(["ApprovalGte"]) == 2
+    err = capsys.readouterr().err
+    assert "ApprovalGte" in err and "ApprovalGate" in err and "killed" not in err

@@ -557,9 +557,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .manifest import find_root, load_manifest
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in args):
+        print(main.__doc__)
+        return 0
     root = find_root()
     manifest = load_manifest(root)
-    entries = [e for e in load_clauses(root)
+    clauses = load_clauses(root)
+    known = {e.operator for e in clauses} | {e.spec for e in clauses}
+    unknown = [a for a in args if a not in known]
+    if unknown:
+        print(f"error: {', '.join(unknown)}: no operator or spec module of "
+              f"model/clauses.toml has that name; known: {', '.join(sorted(known))}",
+              file=sys.stderr)
+        return 2
+    entries = [e for e in clauses
                if e.twin and (not args or e.operator in args or e.spec in args)]
     with tempfile.TemporaryDirectory(prefix="toolledger-clauses-") as tmp:
         kills = run_kills(manifest, entries, Path(tmp))
