@@ -30,6 +30,15 @@ MCHonourRetryGrantOff == FALSE
 \* ConcurrentApprovalReusedRetry, ConcurrentApprovalReusedReconcile: a
 \* policy retry is authorized by the call's approval again.
 AuthReusesApproval(p) == FirstAuth
+\* ConcurrentPolicyRetryReusesApproval: only the policy's retry is
+\* authorized by the approval again; a human's granted retry stays "human"
+\* (AttemptAuth otherwise).  A reconcile call's policy retry is fenced, so
+\* it breaks NoBlindReplay through the reconcile disjunct's policy-auth
+\* clause only (AuthReusesApproval also relabels the human's unfenced retry).
+AuthReusesApprovalOnPolicyRetry(p) ==
+    IF pc[p] = "retry"
+    THEN (IF RetryGranted(view[p]) THEN "human" ELSE FirstAuth)
+    ELSE FirstAuth
 \* ConcurrentManualRetry: recovery retries a manual call found dispatched.
 DecideRetriesManual(p) ==
     LET i == InputsOf(view[p]) IN

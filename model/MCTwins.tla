@@ -76,6 +76,19 @@ AuthReusesApproval(c) ==
     IF NeedsApproval[c] THEN "approval"
     ELSE IF stage[c] = "retry" THEN "policy" ELSE "auto"
 
+(* PolicyRetryReusesApproval: only the POLICY's retry is authorized by the *)
+(* approval again; a human's granted retry stays "human" (AttemptAuth     *)
+(* otherwise).  On a reconcile call every policy retry follows "not       *)
+(* applied" with the earlier attempts fenced, so it breaks NoBlindReplay   *)
+(* through the reconcile disjunct's policy-auth clause only: the human's  *)
+(* unfenced retry that AuthReusesApproval also relabels (and through which *)
+(* ApprovalReusedReconcile violates the fence clause too) is untouched.   *)
+AuthReusesApprovalOnPolicyRetry(c) ==
+    IF stage[c] = "retry"
+    THEN (IF RetryGranted(c) THEN "human"
+          ELSE IF NeedsApproval[c] THEN "approval" ELSE "policy")
+    ELSE IF NeedsApproval[c] THEN "approval" ELSE "auto"
+
 (* HaltKeepsRetry: the ledger says recovery_required, but the engine keeps *)
 (* the call queued for a retry in memory.  Breaks RecoveryRequiredHalts.  *)
 StageAfterKeepsRetry(d) ==

@@ -159,3 +159,32 @@ def test_the_clauses_command_refuses_a_name_it_does_not_know(
     assert main(["ApprovalGte"]) == 2
     err = capsys.readouterr().err
     assert "ApprovalGte" in err and "ApprovalGate" in err and "killed" not in err
+
+
+@pytest.mark.parametrize(("spec", "auth", "old", "new"), [
+    ("DurableToolExecution", 'i[3] = "policy"', "ApprovalReusedReconcile",
+     "PolicyRetryReusesApproval"),
+    ("ConcurrentResumers", 'i[2] = "policy"', "ConcurrentApprovalReusedReconcile",
+     "ConcurrentPolicyRetryReusesApproval"),
+])
+def test_the_reconcile_policy_auth_clause_needs_only_the_policy_retry_relabelled(
+        tmp_path: Path, spec: str, auth: str, old: str, new: str) -> None:
+    """NoBlindReplay's reconcile disjunct weakened to ``Policy = "reconcile"
+    /\\ fenced >= n - 1`` (its policy-auth clause, occurrence 2, TRUE): the
+    old twins relabel EVERY retry with the approval, a human's granted retry
+    too, which is not fenced (a reconcile query said unknown, the call
+    halted), so they break the fence clause as well and do not isolate it.
+    The new twins (AuthReusesApprovalOnPolicyRetry, in MCTwins.tla and
+    MCConcurrentResumers.tla) relabel only the policy's retry, which is
+    always fenced: the weakened invariant holds on their whole state space."""
+    manifest = load_manifest(ROOT)
+    entries = {(e.spec, e.operator, e.clause, e.occurrence): e for e in load_clauses(ROOT)}
+    entry = entries[(spec, "NoBlindReplay", auth, 2)]
+    assert entry.twin == new and not entry.reason
+    for name in (old, new):  # the old twin stays a ci row of NoBlindReplay
+        row = manifest.get(name)
+        assert row.ci and row.expect == "NoBlindReplay"
+    stale = ClauseEntry(spec, "NoBlindReplay", auth, occurrence=2, twin=old)
+    got = {k.entry.twin: k for k in run_kills(manifest, [entry, stale], tmp_path)}
+    assert got[new].killed, got[new].detail
+    assert not got[old].killed and "does not isolate" in got[old].detail
