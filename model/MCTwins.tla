@@ -228,6 +228,21 @@ AuthGrantAsPolicy(c) ==
     IF stage[c] = "retry" THEN "policy"
     ELSE IF NeedsApproval[c] THEN "approval" ELSE "auto"
 
+(* LegacyRetryReusesApproval: a human's granted retry of a legacy call is *)
+(* dispatched as the human's, but the policy retry that follows it is     *)
+(* authorized by the call's old approval again (not labelled "policy").   *)
+(* Breaks LegacyConservative through its policy-auth clause only: every   *)
+(* violation is an "approval" request made after a human_retry row of an  *)
+(* earlier attempt (the human's, the first invocation, is fine), so with  *)
+(* i[3] = "policy" weakened, or i \in invocations[c] narrowed to its      *)
+(* first value (the lowest attempt), the twin passes.                     *)
+(* LegacyApprovalReused (every attempt "approval", the human's too)       *)
+(* isolates neither.                                                      *)
+AuthRetryReusesApproval(c) ==
+    IF stage[c] = "retry" /\ RetryGranted(c) THEN "human"
+    ELSE IF NeedsApproval[c] THEN "approval"
+    ELSE IF stage[c] = "retry" THEN "policy" ELSE "auto"
+
 (* RetryGrantForgotten: the old rule.  A human's retry is not a durable   *)
 (* grant the next engine honours: the engine that reloads the session     *)
 (* (after the operator answered from the command line) halts the call     *)

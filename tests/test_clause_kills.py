@@ -188,3 +188,37 @@ def test_the_reconcile_policy_auth_clause_needs_only_the_policy_retry_relabelled
     got = {k.entry.twin: k for k in run_kills(manifest, [entry, stale], tmp_path)}
     assert got[new].killed, got[new].detail
     assert not got[old].killed and "does not isolate" in got[old].detail
+
+
+def test_the_legacy_policy_auth_clause_and_first_invocation_have_a_twin(tmp_path: Path) -> None:
+    """LegacyConservative with i[3] = "policy" weakened to TRUE (any request
+    after a human_retry row of a lower attempt passes), and with
+    i \\in invocations[c] narrowed to the first (the lowest attempt).
+    LegacyApprovalReused labels every attempt "approval", the human's granted
+    retry (attempt 1) too, which no human_retry row precedes and which is the
+    first invocation: it violates both weakened invariants, alive (issue 28).
+    LegacyRetryReusesApproval (MCTwins.tla) dispatches the human's retry as
+    the human's and authorizes the policy retry after it (attempt 2) by the
+    old approval: every violation is past the first invocation, after the
+    human's row, so both are killed."""
+    manifest = load_manifest(ROOT)
+    entries = {(e.spec, e.operator, e.kind, e.clause, e.weakened): e for e in load_clauses(ROOT)}
+    auth = entries[("DurableToolExecution", "LegacyConservative", "invariant",
+                    'i[3] = "policy"', "")]
+    first = entries[("DurableToolExecution", "LegacyConservative", "bound",
+                     "i \\in invocations[c]", "first")]
+    for e in (auth, first):
+        assert e.twin == "LegacyRetryReusesApproval" and not e.reason
+    assert "LegacyApprovalReused" in {m.name for m in manifest.models}
+    old = [ClauseEntry("DurableToolExecution", "LegacyConservative", 'i[3] = "policy"',
+                       twin="LegacyApprovalReused"),
+           ClauseEntry("DurableToolExecution", "LegacyConservative", "i \\in invocations[c]",
+                       weakened="first", twin="LegacyApprovalReused", kind="bound")]
+    got = {(k.entry.twin, k.entry.kind): k
+           for k in run_kills(manifest, [auth, first, *old], tmp_path)}
+    assert len(got) == 4
+    for kind in ("invariant", "bound"):
+        new = got[("LegacyRetryReusesApproval", kind)]
+        assert new.killed, new.detail
+        alive = got[("LegacyApprovalReused", kind)]
+        assert not alive.killed and "does not isolate" in alive.detail, kind
