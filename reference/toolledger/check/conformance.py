@@ -36,14 +36,14 @@ import resource
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._core import protocol as p
 from .counterexample import render_trace
 from .manifest import ModelEntry
-from .mapping import SPEC_VARIABLES, from_spec, spec_key, to_spec
+from .mapping import SPEC_VARIABLES, SpecMapper, from_spec, spec_key, to_spec
 from .memo import CoreMemo, core_memo
 from .stategraph import StateGraph, load_dot
 from .system import ModelConfig, SystemState, initial_states, successors
@@ -142,7 +142,7 @@ class ConformanceReport:
 
 # Set by check_graph before forking workers (copy-on-write shared).
 _JOB: tuple[ModelConfig, StateGraph, dict[int, Key], SuccessorFn, int, bool, dict[int, int],
-            bool] | None = None
+            bool, SpecMapper | None] | None = None
 
 GroupKey = tuple[str, str | None]
 Found = tuple[int, int, list[Mismatch], dict[GroupKey, MismatchGroup]]
@@ -150,7 +150,7 @@ Found = tuple[int, int, list[Mismatch], dict[GroupKey, MismatchGroup]]
 
 def _check_nodes(nodes: Sequence[int]) -> Found:
     assert _JOB is not None
-    if not _JOB[-1]:  # memoise=False: every question asked afresh (a benchmark's baseline)
+    if not _JOB[7]:  # memoise=False: every question asked afresh (a benchmark's baseline)
         return _check_with(None, nodes)
     gc_was_enabled = gc.isenabled()
     # The memos keep ~10^5 acyclic objects alive; the cyclic GC's passes over
@@ -166,7 +166,7 @@ def _check_nodes(nodes: Sequence[int]) -> Found:
 
 def _check_with(memo: CoreMemo | None, nodes: Sequence[int]) -> Found:
     assert _JOB is not None
-    cfg, graph, keys, succ_fn, limit, fail_fast, depth, _ = _JOB
+    cfg, graph, keys, succ_fn, limit, fail_fast, depth, _, shared_mapper = _JOB
     mismatches: list[Mismatch] = []
     groups: dict[GroupKey, MismatchGroup] = {}
     count = 0
@@ -183,57 +183,55 @@ def _check_with(memo: CoreMemo | None, nodes: Sequence[int]) -> Found:
     # maps to (or by its spec key if the graph has no such state), so the two
     # edge sets are compared as small tuples, not as whole states.
     node_of: dict[Key, int] = {k: n for n, k in keys.items()}
-    # The spec image of each distinct reference state, by value (to_spec is a
-    # pure function of the state): a state reached from many nodes is mapped
-    # once.  Equal keys mean equal states (memo.value_key).  An image that is
-    # a state of the graph is kept as its node only (the graph has its values).
-    image: dict[Hashable, tuple[int | Key, dict[str, Value] | None]] = {}
+    # A reference state is named by the node its spec image is (or by that
+    # image's key if the graph has no such state).  With the memo, the
+    # mapper keeps each part's image and hands out the graph's own values,
+    # so a lookup compares identities (SpecMapper).
+    key_of: Callable[[SystemState], Key]
+    back_of: Callable[[dict[str, Value]], SystemState]
+    if memo is None:
+        key_of = lambda state: spec_key(to_spec(cfg, state))  # noqa: E731
+        back_of = lambda spec_state: from_spec(cfg, spec_state)  # noqa: E731
+    else:
+        mapper = shared_mapper or SpecMapper(cfg)
+        key_of, back_of = mapper.key, mapper.from_spec
 
-    def spec_of(state: SystemState) -> tuple[int | Key, dict[str, Value]]:
-        if memo is None:
-            st = to_spec(cfg, state)
-            k = spec_key(st)
-            return node_of.get(k, k), st
-        vk = memo.keys.state_key(state)
-        got = image.get(vk)
-        if got is None:
-            st = to_spec(cfg, state)
-            k = spec_key(st)
-            dst = node_of.get(k)
-            got = image[vk] = (k, st) if dst is None else (dst, None)
-        name, kept = got
-        return name, kept if kept is not None else graph.states[name]  # type: ignore[index]
+    def state_of(name: int | Key) -> dict[str, Value]:
+        if isinstance(name, int):
+            return graph.states[name]
+        return SpecMapper.state(name)
 
     for node in nodes:
         if fail_fast and count:
             break
         spec_state = graph.states[node]
         try:
-            ref = from_spec(cfg, spec_state)
-            back_id, back = spec_of(ref)
+            ref = back_of(spec_state)
+            k = key_of(ref)
         except Exception as exc:  # a state the mapping cannot express
             found(Mismatch("roundtrip", node, None, f"mapping failed: {exc!r}"))
             continue
+        back_id = node_of.get(k, k)
         if back_id != node_of[keys[node]]:
             found(Mismatch("roundtrip", node, None,
                            "the reference state does not map back to the spec state",
-                           spec_state, back))
+                           spec_state, state_of(back_id)))
             continue
         try:
-            mine: dict[tuple[str, int | Key], dict[str, Value]] = {}
+            mine: set[tuple[str, int | Key]] = set()
             for action, nxt in succ_fn(cfg, ref):
-                dst, st = spec_of(nxt)
-                mine[(str(action), dst)] = st
+                k = key_of(nxt)
+                mine.add((str(action), node_of.get(k, k)))
         except Exception as exc:
             found(Mismatch("error", node, None, f"reference raised {exc!r}"))
             continue
         ref_edges += len(mine)
         theirs = {(label, node_of[keys[dst]]): dst for dst, label in index.get(node, [])}
         # sorted: which edge of a node is a group's first does not depend on set order
-        for edge in sorted(mine.keys() - theirs.keys(), key=repr):
+        for edge in sorted(mine - theirs.keys(), key=repr):
             found(Mismatch("extra", node, edge[0], "the reference allows a step the spec does not",
-                           None, mine[edge]))
-        for edge in sorted(theirs.keys() - mine.keys(), key=repr):
+                           None, state_of(edge[1])))
+        for edge in sorted(theirs.keys() - mine, key=repr):
             found(Mismatch("missing", node, edge[0],
                            "the spec allows a step the reference does not",
                            graph.states[theirs[edge]], None))
@@ -301,7 +299,13 @@ def check_graph(
     started = time.perf_counter()
     report = ConformanceReport(model=model, states=len(graph.states), edges=len(graph.edges))
     report.graph = graph
-    keys = {n: spec_key(s) for n, s in graph.states.items()}
+    mapper = None
+    if memoise:  # adopted before forking: the workers share the graph's values
+        mapper = SpecMapper(cfg)
+        mapper.adopt(graph.states.values())
+        keys = {n: mapper.canonical(spec_key(s)) for n, s in graph.states.items()}
+    else:
+        keys = {n: spec_key(s) for n, s in graph.states.items()}
     ref_init = {spec_key(to_spec(cfg, s)): to_spec(cfg, s) for s in initial_fn(cfg)}
     spec_init = {keys[n]: n for n in graph.initial}
     for k in ref_init.keys() - spec_init.keys():
@@ -324,7 +328,7 @@ def check_graph(
         report.seconds = time.perf_counter() - started
         return report
     nodes = sorted(graph.states)
-    _JOB = (cfg, graph, keys, successors_fn, max_mismatches, fail_fast, depth, memoise)
+    _JOB = (cfg, graph, keys, successors_fn, max_mismatches, fail_fast, depth, memoise, mapper)
     try:
         if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
             chunks = [nodes[i::workers] for i in range(workers)]

@@ -16,15 +16,17 @@ spec and filled with neutral values on the way back.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
-from typing import Final
+from collections.abc import Callable, Iterable, Mapping
+from typing import Final, TypeVar
 
 from .._core import protocol as p
 from .._core.ledger import APPROVAL_KINDS
 from .system import Decided, ExternalState, Ghosts, ModelConfig, SystemState
 from .tlavalues import FnValue, Value
 
-__all__ = ["NO_INPUTS", "SPEC_VARIABLES", "from_spec", "spec_key", "to_spec"]
+__all__ = ["NO_INPUTS", "SPEC_VARIABLES", "SpecMapper", "from_spec", "spec_key", "to_spec"]
+
+_T = TypeVar("_T")
 
 SPEC_VARIABLES: Final = (
     "msg", "args", "result", "approval", "approvalArgs", "ledger", "audit", "marker", "stage",
@@ -163,21 +165,31 @@ def _tables(cfg: ModelConfig) -> _Tables:
     return t
 
 
-def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
-    """The spec variables' values for reference state ``s``."""
-    t = _tables(cfg)
-    session, ext, gh = s.session, s.external, s.ghosts
+# The spec variables each part of a reference state maps to, in the order the
+# part functions below return them: the session (with the audit rows' inputs,
+# which the stores write beside it), the external system, the ghosts, and the
+# conversation's rewrites.
+SESSION_VARS: Final = ("msg", "args", "result", "approval", "approvalArgs", "ledger", "audit",
+                       "marker", "stage", "windowPassed")
+EXTERNAL_VARS: Final = ("inflight", "fenced", "applied", "keyForgotten")
+GHOST_VARS: Final = ("invocations", "humanApproved", "humanRetries", "crashes", "sent",
+                     "knownOutcome", "sentAfterOutcome", "decided", "effects", "droppedAnswers")
+REWRITE_VARS: Final = ("turnOf", "storedId", "renumbers", "repairs")
+_PARTS: Final = SESSION_VARS + EXTERNAL_VARS + GHOST_VARS + REWRITE_VARS
+assert sorted(_PARTS) == sorted(SPEC_VARIABLES), "every spec variable in exactly one part"
+# where each variable of SPEC_VARIABLES sits in the concatenated parts
+_ORDER: Final = tuple(_PARTS.index(v) for v in SPEC_VARIABLES)
+
+
+def _session_part(t: _Tables, session: p.SessionState,
+                  audit_inputs: Mapping[p.AuditKey, frozenset[p.RecoveryInputs]]
+                  ) -> tuple[Value, ...]:
+    cfg = t.cfg
     by_pos = {c.position: c for c in session.calls}
     msg: dict[Value, Value] = {}
     args: dict[Value, Value] = {}
     result: dict[Value, Value] = {}
     stage: dict[Value, Value] = {}
-    invocations: dict[Value, Value] = {}
-    sent: dict[Value, Value] = {}
-    after_outcome: dict[Value, Value] = {}
-    decided: dict[Value, Value] = {}
-    turn_of: dict[Value, Value] = {}
-    stored_id: dict[Value, Value] = {}
     for cc in cfg.calls:
         call = by_pos.get(cc.position)
         if call is None:
@@ -188,29 +200,10 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
             args[cc.name] = t.arg(call.args_digest)
             result[cc.name] = t.result(call.result)
             stage[cc.name] = call.stage.value
-        invocations[cc.name] = frozenset(
-            (t.spec_eid.get(e, ("<unknown id>",)), n, a.value) for e, n, a in gh.invoked(cc.name)
-        )
-        sent[cc.name] = tuple(
-            gh.sent_count(cc.name, n) for n in range(1, cfg.max_attempts + 1)
-        )
-        after_outcome[cc.name] = gh.sent_after_outcome.get(cc.name, 0)
-        decided[cc.name] = frozenset(
-            (kind, n, _inputs(i if cfg.decision_rows_with_inputs else None))
-            for kind, n, i in gh.decisions(cc.name)
-        )
-        turn_of[cc.name] = cc.position[0] + s.turn_shift.get(cc.name, 0)
-        # the core keeps the id it derived at emit; the ledger store keeps it
-        # for every call ever persisted (the spec's NoId is the empty tuple)
-        stored_id[cc.name] = cfg.spec_exec_ids[cc.name] if cc.name in s.stored else ()
     approval: dict[Value, Value] = {}
     approval_args: dict[Value, Value] = {}
     ledger: dict[Value, Value] = {}
     audit: dict[Value, Value] = {}
-    inflight: dict[Value, Value] = {}
-    fenced: dict[Value, Value] = {}
-    applied: dict[Value, Value] = {}
-    retries: dict[Value, Value] = {}
     with_inputs = cfg.decision_rows_with_inputs
     for se in t.spec_eids:
         e = t.py_eid[se]
@@ -223,43 +216,80 @@ def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
             (k, n, _inputs(i))
             for (ae, k, n) in session.audit
             if ae == e and k not in APPROVAL_KINDS  # the facade's rows: no spec action
-            for i in (sorted(s.audit_inputs.get((ae, k, n), ()), key=repr) if with_inputs
+            for i in (sorted(audit_inputs.get((ae, k, n), ()), key=repr) if with_inputs
                       else ()) or (None,)
         )
+    return (FnValue(msg), FnValue(args), FnValue(result), FnValue(approval),
+            FnValue(approval_args), FnValue(ledger), FnValue(audit), session.marker,
+            FnValue(stage), frozenset(t.spec_eid[e] for e in session.retention_passed))
+
+
+def _external_part(t: _Tables, ext: ExternalState) -> tuple[Value, ...]:
+    inflight: dict[Value, Value] = {}
+    fenced: dict[Value, Value] = {}
+    applied: dict[Value, Value] = {}
+    for se in t.spec_eids:
+        e = t.py_eid[se]
         inflight[se] = ext.requests(e)
         fenced[se] = ext.fence(e)
         applied[se] = ext.count(e)
-        retries[se] = gh.human_retries.get(e, 0)
-    return {
-        "msg": FnValue(msg),
-        "args": FnValue(args),
-        "result": FnValue(result),
-        "approval": FnValue(approval),
-        "approvalArgs": FnValue(approval_args),
-        "ledger": FnValue(ledger),
-        "audit": FnValue(audit),
-        "marker": session.marker,
-        "stage": FnValue(stage),
-        "inflight": FnValue(inflight),
-        "fenced": FnValue(fenced),
-        "applied": FnValue(applied),
-        "invocations": FnValue(invocations),
-        "humanApproved": frozenset((name, t.arg(d)) for name, d in gh.human_approved),
-        "humanRetries": FnValue(retries),
-        "crashes": s.ghosts.crashes,
-        "sent": FnValue(sent),
-        "knownOutcome": gh.known_outcome,
-        "sentAfterOutcome": FnValue(after_outcome),
-        "decided": FnValue(decided),
-        "turnOf": FnValue(turn_of),
-        "storedId": FnValue(stored_id),
-        "renumbers": s.renumbers,
-        "repairs": s.repairs,
-        "effects": FnValue({cc.name: gh.effects.get(cc.name, 0) for cc in cfg.calls}),
-        "windowPassed": frozenset(t.spec_eid[e] for e in session.retention_passed),
-        "keyForgotten": frozenset(t.spec_eid[e] for e in ext.key_forgotten),
-        "droppedAnswers": frozenset((t.spec_eid[e], n) for e, n in gh.dropped_answers),
-    }
+    return (FnValue(inflight), FnValue(fenced), FnValue(applied),
+            frozenset(t.spec_eid[e] for e in ext.key_forgotten))
+
+
+def _ghost_part(t: _Tables, gh: Ghosts) -> tuple[Value, ...]:
+    cfg = t.cfg
+    invocations: dict[Value, Value] = {}
+    sent: dict[Value, Value] = {}
+    after_outcome: dict[Value, Value] = {}
+    decided: dict[Value, Value] = {}
+    for cc in cfg.calls:
+        invocations[cc.name] = frozenset(
+            (t.spec_eid.get(e, ("<unknown id>",)), n, a.value) for e, n, a in gh.invoked(cc.name)
+        )
+        sent[cc.name] = tuple(
+            gh.sent_count(cc.name, n) for n in range(1, cfg.max_attempts + 1)
+        )
+        after_outcome[cc.name] = gh.sent_after_outcome.get(cc.name, 0)
+        decided[cc.name] = frozenset(
+            (kind, n, _inputs(i if cfg.decision_rows_with_inputs else None))
+            for kind, n, i in gh.decisions(cc.name)
+        )
+    retries: dict[Value, Value] = {se: gh.human_retries.get(t.py_eid[se], 0)
+                                   for se in t.spec_eids}
+    return (
+        FnValue(invocations),
+        frozenset((name, t.arg(d)) for name, d in gh.human_approved),
+        FnValue(retries),
+        gh.crashes,
+        FnValue(sent),
+        gh.known_outcome,
+        FnValue(after_outcome),
+        FnValue(decided),
+        FnValue({cc.name: gh.effects.get(cc.name, 0) for cc in cfg.calls}),
+        frozenset((t.spec_eid[e], n) for e, n in gh.dropped_answers),
+    )
+
+
+def _rewrite_part(t: _Tables, s: SystemState) -> tuple[Value, ...]:
+    cfg = t.cfg
+    # the core keeps the id it derived at emit; the ledger store keeps it
+    # for every call ever persisted (the spec's NoId is the empty tuple)
+    return (
+        FnValue({cc.name: cc.position[0] + s.turn_shift.get(cc.name, 0) for cc in cfg.calls}),
+        FnValue({cc.name: cfg.spec_exec_ids[cc.name] if cc.name in s.stored else ()
+                 for cc in cfg.calls}),
+        s.renumbers,
+        s.repairs,
+    )
+
+
+def to_spec(cfg: ModelConfig, s: SystemState) -> dict[str, Value]:
+    """The spec variables' values for reference state ``s``."""
+    t = _tables(cfg)
+    parts = (_session_part(t, s.session, s.audit_inputs) + _external_part(t, s.external)
+             + _ghost_part(t, s.ghosts) + _rewrite_part(t, s))
+    return {v: parts[i] for v, i in zip(SPEC_VARIABLES, _ORDER, strict=True)}
 
 
 def _fn(state: Mapping[str, Value], var: str) -> FnValue:
@@ -306,10 +336,13 @@ def _digest_of(t: _Tables, e: str, arg: str) -> str:
     return cc.digest(arg)
 
 
-def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
-    """The reference state corresponding to a spec state."""
-    t = _tables(cfg)
-    msg, args, result, stage = (_fn(state, v) for v in ("msg", "args", "result", "stage"))
+_AuditInputs = dict[p.AuditKey, frozenset[p.RecoveryInputs]]
+
+
+def _session_back(t: _Tables, v: Mapping[str, Value]) -> tuple[p.SessionState, _AuditInputs]:
+    """The session (and the audit rows' inputs) of the :data:`SESSION_VARS`."""
+    cfg = t.cfg
+    msg, args, result, stage = (_fn(v, n) for n in ("msg", "args", "result", "stage"))
     calls = []
     for cc in cfg.calls:
         m = msg[cc.name]
@@ -331,15 +364,14 @@ def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
     approval_digests: dict[str, str] = {}
     ledger: dict[str, p.ExecutionRecord] = {}
     audit: set[p.AuditKey] = set()
-    audit_inputs: dict[p.AuditKey, frozenset[p.RecoveryInputs]] = {}
-    inflight: dict[str, frozenset[int]] = {}
-    numbers: dict[str, dict[str, int]] = {"fenced": {}, "applied": {}, "humanRetries": {}}
-    for se, a in _fn(state, "approval").items():
+    audit_inputs: _AuditInputs = {}
+    approval_args, records, rows = (_fn(v, n) for n in ("approvalArgs", "ledger", "audit"))
+    for se, a in _fn(v, "approval").items():
         e = _eid(t, se)
         if a != NONE:
             approvals[e] = p.ApprovalState(str(a))
-            approval_digests[e] = _digest_of(t, e, str(_fn(state, "approvalArgs")[se]))
-        rec = _fn(state, "ledger")[se]
+            approval_digests[e] = _digest_of(t, e, str(approval_args[se]))
+        rec = records[se]
         assert isinstance(rec, FnValue)
         if rec["status"] != NONE:
             owner = t.cfg.by_name.get(str(rec["call"]))
@@ -355,22 +387,48 @@ def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
                 _result(t, rec["result"]),
                 None if owner is None else owner.position,
             )
-        for row in _set(_fn(state, "audit")[se]):
+        for row in _set(rows[se]):
             kind, n, row_inputs = _tuple(row)
             key = (e, str(kind), _int(n))
             audit.add(key)
             decision_inputs = _inputs_back(row_inputs, cfg.max_attempts)
             if decision_inputs is not None:
                 audit_inputs[key] = audit_inputs.get(key, frozenset()) | {decision_inputs}
-        reqs = _set(_fn(state, "inflight")[se])
-        if reqs:
-            inflight[e] = frozenset(_int(n) for n in reqs)
-        for var, target in numbers.items():
-            n = _int(_fn(state, var)[se])
-            if n:
-                target[e] = n
+    session = p.SessionState(
+        session_id=cfg.session_id,
+        marker=_int(v["marker"]),
+        max_attempts=cfg.max_attempts,
+        calls=tuple(sorted(calls, key=lambda c: c.position)),
+        approvals=approvals,
+        approval_digests=approval_digests,
+        ledger=ledger,
+        audit=frozenset(audit),
+        retention_passed=frozenset(_eid(t, se) for se in _set(v["windowPassed"])),
+    )
+    return session, audit_inputs
+
+
+def _external_back(t: _Tables, v: Mapping[str, Value]) -> ExternalState:
+    """The external system of the :data:`EXTERNAL_VARS`."""
+    inflight: dict[str, frozenset[int]] = {}
+    for se, reqs in _fn(v, "inflight").items():
+        if _set(reqs):
+            inflight[_eid(t, se)] = frozenset(_int(n) for n in _set(reqs))
+    fenced, applied = ({_eid(t, se): _int(n) for se, n in _fn(v, var).items() if _int(n)}
+                       for var in ("fenced", "applied"))
+    return ExternalState(
+        inflight=inflight,
+        fenced=fenced,
+        applied=applied,
+        key_forgotten=frozenset(_eid(t, se) for se in _set(v["keyForgotten"])),
+    )
+
+
+def _ghosts_back(t: _Tables, v: Mapping[str, Value]) -> Ghosts:
+    """The ghosts of the :data:`GHOST_VARS`."""
+    cfg = t.cfg
     invocations = {}
-    for name, invs in _fn(state, "invocations").items():
+    for name, invs in _fn(v, "invocations").items():
         found = set()
         for inv in _set(invs):
             se, n, a = _tuple(inv)
@@ -378,65 +436,150 @@ def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
         if found:
             invocations[str(name)] = frozenset(found)
     sent: dict[tuple[str, int], int] = {}
-    for name, counts in _fn(state, "sent").items():
+    for name, counts in _fn(v, "sent").items():
         for n, k in enumerate(_tuple(counts), start=1):
             if _int(k):
                 sent[(str(name), n)] = _int(k)
     after_outcome = {
-        str(name): _int(k) for name, k in _fn(state, "sentAfterOutcome").items() if _int(k)
+        str(name): _int(k) for name, k in _fn(v, "sentAfterOutcome").items() if _int(k)
     }
     decided: dict[str, frozenset[Decided]] = {}
-    for name, rows in _fn(state, "decided").items():
+    for name, rows in _fn(v, "decided").items():
         found_rows = frozenset(
             (str(kind), _int(n), _inputs_back(i, cfg.max_attempts))
             for kind, n, i in (_tuple(r) for r in _set(rows))
         )
         if found_rows:
             decided[str(name)] = found_rows
-    session = p.SessionState(
-        session_id=cfg.session_id,
-        marker=_int(state["marker"]),
-        max_attempts=cfg.max_attempts,
-        calls=tuple(sorted(calls, key=lambda c: c.position)),
-        approvals=approvals,
-        approval_digests=approval_digests,
-        ledger=ledger,
-        audit=frozenset(audit),
-        retention_passed=frozenset(_eid(t, se) for se in _set(state["windowPassed"])),
-    )
-    effects = {str(name): _int(k) for name, k in _fn(state, "effects").items() if _int(k)}
-    return SystemState(
-        session,
-        ExternalState(
-            inflight=inflight,
-            fenced=numbers["fenced"],
-            applied=numbers["applied"],
-            key_forgotten=frozenset(_eid(t, se) for se in _set(state["keyForgotten"])),
+    return Ghosts(
+        invocations=invocations,
+        human_approved=frozenset(
+            (str(c), cfg.by_name[str(c)].digest(str(a)))
+            for c, a in (_tuple(x) for x in _set(v["humanApproved"]))
         ),
-        Ghosts(
-            invocations=invocations,
-            human_approved=frozenset(
-                (str(c), cfg.by_name[str(c)].digest(str(a)))
-                for c, a in (_tuple(v) for v in _set(state["humanApproved"]))
-            ),
-            human_retries=numbers["humanRetries"],
-            crashes=_int(state["crashes"]),
-            sent=sent,
-            known_outcome=frozenset(str(c) for c in _set(state["knownOutcome"])),
-            sent_after_outcome=after_outcome,
-            decided=decided,
-            effects=effects,
-            dropped_answers=frozenset(
-                (_eid(t, _tuple(v)[0]), _int(_tuple(v)[1])) for v in _set(state["droppedAnswers"])
-            ),
+        human_retries={_eid(t, se): _int(n) for se, n in _fn(v, "humanRetries").items()
+                       if _int(n)},
+        crashes=_int(v["crashes"]),
+        sent=sent,
+        known_outcome=frozenset(str(c) for c in _set(v["knownOutcome"])),
+        sent_after_outcome=after_outcome,
+        decided=decided,
+        effects={str(name): _int(k) for name, k in _fn(v, "effects").items() if _int(k)},
+        dropped_answers=frozenset(
+            (_eid(t, _tuple(x)[0]), _int(_tuple(x)[1])) for x in _set(v["droppedAnswers"])
         ),
-        audit_inputs,
-        turn_shift={
-            str(name): _int(t) - cfg.by_name[str(name)].position[0]
-            for name, t in _fn(state, "turnOf").items()
-            if _int(t) != cfg.by_name[str(name)].position[0]
-        },
-        renumbers=_int(state["renumbers"]),
-        repairs=_int(state["repairs"]),
-        stored=frozenset(str(c) for c, e in _fn(state, "storedId").items() if e != ()),
     )
+
+
+def _rewrites_back(t: _Tables, v: Mapping[str, Value]
+                   ) -> tuple[dict[str, int], int, int, frozenset[str]]:
+    """turn_shift, renumbers, repairs and stored of the :data:`REWRITE_VARS`."""
+    by_name = t.cfg.by_name
+    turn_shift = {
+        str(name): _int(turn) - by_name[str(name)].position[0]
+        for name, turn in _fn(v, "turnOf").items()
+        if _int(turn) != by_name[str(name)].position[0]
+    }
+    stored = frozenset(str(c) for c, e in _fn(v, "storedId").items() if e != ())
+    return turn_shift, _int(v["renumbers"]), _int(v["repairs"]), stored
+
+
+def from_spec(cfg: ModelConfig, state: Mapping[str, Value]) -> SystemState:
+    """The reference state corresponding to a spec state."""
+    t = _tables(cfg)
+    session, audit_inputs = _session_back(t, state)
+    turn_shift, renumbers, repairs, stored = _rewrites_back(t, state)
+    return SystemState(session, _external_back(t, state), _ghosts_back(t, state), audit_inputs,
+                       turn_shift=turn_shift, renumbers=renumbers, repairs=repairs, stored=stored)
+
+
+class SpecMapper:
+    """:func:`to_spec` and :func:`from_spec` of one model, each part kept.
+
+    A checker maps the same parts again and again: a successor shares its
+    parent's session, external system or ghosts unless the step changed them,
+    and the states of a TLC graph share each variable's parsed value.  So the
+    image of each part (:data:`SESSION_VARS`, :data:`EXTERNAL_VARS`,
+    :data:`GHOST_VARS`, :data:`REWRITE_VARS`) is kept by the identity of
+    what it was computed from (the entry holds those objects, so an id is
+    never reused while it lives), and every value handed out is interned:
+    equal values are one object, those of the graph once it is adopted, so
+    comparing keys compares identities.  The results are the functions'
+    own (``tests/test_mapping.py`` compares them on every state of a graph).
+    """
+
+    def __init__(self, cfg: ModelConfig, limit: int = 100_000) -> None:
+        self.t = _tables(cfg)
+        self._limit = limit
+        self._to: dict[tuple[object, ...], tuple[tuple[object, ...], tuple[Value, ...]]] = {}
+        self._back: dict[tuple[object, ...], tuple[tuple[object, ...], object]] = {}
+        self._canon: dict[Value, Value] = {}
+
+    def adopt(self, states: Iterable[Mapping[str, Value]]) -> None:
+        """Intern to the values of ``states`` (a graph's): keys then share them."""
+        seen: set[int] = set()
+        canon = self._canon
+        for st in states:
+            for v in st.values():
+                if id(v) not in seen:
+                    seen.add(id(v))
+                    canon.setdefault(v, v)
+
+    def canonical(self, values: tuple[Value, ...]) -> tuple[Value, ...]:
+        """``values`` with each replaced by the one object of its value (a
+        graph's states may hold equal values parsed apart)."""
+        canon = self._canon
+        return tuple(canon.setdefault(v, v) for v in values)
+
+    def _to_part(self, part: str, of: tuple[object, ...], fn: Callable[[], tuple[Value, ...]]
+                 ) -> tuple[Value, ...]:
+        k = (part, *map(id, of))
+        got = self._to.get(k)
+        if got is None:
+            if len(self._to) >= self._limit:
+                self._to.clear()
+            got = self._to[k] = (of, self.canonical(fn()))
+        return got[1]
+
+    def key(self, s: SystemState) -> tuple[Value, ...]:
+        """:func:`spec_key` of :func:`to_spec` of ``s``."""
+        t = self.t
+        parts = (
+            self._to_part("session", (s.session, s.audit_inputs),
+                          lambda: _session_part(t, s.session, s.audit_inputs))
+            + self._to_part("external", (s.external,), lambda: _external_part(t, s.external))
+            + self._to_part("ghosts", (s.ghosts,), lambda: _ghost_part(t, s.ghosts))
+            + self._to_part("rewrites", (s.turn_shift, s.stored, s.renumbers, s.repairs),
+                            lambda: _rewrite_part(t, s))
+        )
+        return tuple(parts[i] for i in _ORDER)
+
+    def to_spec(self, s: SystemState) -> dict[str, Value]:
+        """:func:`to_spec` of ``s``."""
+        return self.state(self.key(s))
+
+    @staticmethod
+    def state(key: tuple[Value, ...]) -> dict[str, Value]:
+        """The spec state (variable -> value) of a key."""
+        return dict(zip(SPEC_VARIABLES, key, strict=True))
+
+    def _back_part(self, state: Mapping[str, Value], names: tuple[str, ...],
+                   fn: Callable[[_Tables, Mapping[str, Value]], _T]) -> _T:
+        of = tuple(state[n] for n in names)
+        k = (fn, *map(id, of))
+        got = self._back.get(k)
+        if got is None:
+            if len(self._back) >= self._limit:
+                self._back.clear()
+            got = self._back[k] = (of, fn(self.t, state))
+        return got[1]  # type: ignore[return-value]
+
+    def from_spec(self, state: Mapping[str, Value]) -> SystemState:
+        """:func:`from_spec` of ``state``; equal parts come back as one object."""
+        session, audit_inputs = self._back_part(state, SESSION_VARS, _session_back)
+        turn_shift, renumbers, repairs, stored = self._back_part(state, REWRITE_VARS,
+                                                                 _rewrites_back)
+        return SystemState(session, self._back_part(state, EXTERNAL_VARS, _external_back),
+                           self._back_part(state, GHOST_VARS, _ghosts_back), audit_inputs,
+                           turn_shift=turn_shift, renumbers=renumbers, repairs=repairs,
+                           stored=stored)

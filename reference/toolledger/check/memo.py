@@ -16,8 +16,10 @@ A memo is made for one check and dropped after it (:func:`core_memo`), so a
 test that swaps in a broken core (``p._HANDLERS``, ``p.derive_execution_id``)
 for the duration of a check gets that core's answers, never a previous
 core's.  :func:`value_key` turns a checker state into a hashable value with
-the same equality (two states with equal keys are equal dataclasses), so the
-conformance checker also maps each distinct reference state to the spec once.
+the same equality (two states with equal keys are equal dataclasses): the
+memo keys sessions by it.  (The conformance checker maps reference states to
+the spec through :class:`toolledger.check.mapping.SpecMapper`, which keeps
+each part's image.)
 """
 
 from __future__ import annotations
@@ -98,20 +100,6 @@ class KeyCache:
             self._ids.clear()
         self._ids[id(v)] = (v, k)
         return k
-
-    def state_key(self, v: object) -> Hashable:
-        """The key of a structural dataclass whose parts are keyed through the cache."""
-        cls = type(v)
-        names = _FIELDS.get(cls)
-        if names is None:
-            names = _FIELDS[cls] = _structural_fields(v)
-        if not names:
-            return value_key(v)
-        out: list[object] = [cls]
-        for n in names:
-            x = getattr(v, n)
-            out.append(self.key(x) if _FIELDS.get(type(x)) else value_key(x))
-        return tuple(out)
 
 
 class CoreMemo:
