@@ -159,6 +159,8 @@ def test_the_clauses_command_refuses_a_name_it_does_not_know(
     assert main(["ApprovalGte"]) == 2
     err = capsys.readouterr().err
     assert "ApprovalGte" in err and "ApprovalGate" in err and "killed" not in err
+    assert main(["--jobs", "two", "ApprovalGate"]) == 2
+    assert "--jobs takes a number" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("spec", "auth", "old", "new"), [
@@ -222,3 +224,17 @@ def test_the_legacy_policy_auth_clause_and_first_invocation_have_a_twin(tmp_path
         assert new.killed, new.detail
         alive = got[("LegacyApprovalReused", kind)]
         assert not alive.killed and "does not isolate" in alive.detail, kind
+
+
+def test_every_entry_of_the_clause_table_is_killed(tmp_path: Path) -> None:
+    """The whole table, as ``python -m toolledger.check.clauses`` runs it:
+    every twin isolates its clause (its states violate the invariant, and
+    none violates it with that clause weakened), every guard's twin drifts
+    without it.  Without this run a twin that stopped isolating its clause
+    (a spec or twin change since the entry was written) goes unseen: four
+    entries had, until this test."""
+    entries = [e for e in load_clauses(ROOT) if e.twin]
+    kills = run_kills(load_manifest(ROOT), entries, tmp_path, jobs=2)
+    assert len(kills) == len(entries)
+    alive = [f"{k.entry.label} ({k.entry.twin}): {k.detail}" for k in kills if not k.killed]
+    assert alive == [], "\n".join(alive)

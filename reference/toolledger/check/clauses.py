@@ -39,9 +39,11 @@ docs/models.md (clause-level twins).
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -473,14 +475,14 @@ def _valid_when_weakened(spec: str, entry: ClauseEntry) -> bool:
 
 
 def run_kills(manifest: Manifest, entries: Sequence[ClauseEntry], directory: Path,
-              *, timeout: float | None = 300) -> list[Kill]:
+              *, timeout: float | None = 300, jobs: int = 1) -> list[Kill]:
     """Run every entry with a twin: one TLC run per (twin, operator, kind) for
     invariants (all of the twin's clauses noted in one run), one per entry for
     properties and guards.  An invariant clause is killed when the twin's
     states violate the full invariant and none violates the weakened one; a
     property clause when the weakened property holds on the twin (which
     violates the full one: its manifest row); a guard when the twin's row
-    drifts with the guard deleted."""
+    drifts with the guard deleted.  ``jobs``: how many TLC runs at once."""
     specs: dict[str, str] = {}
     groups: dict[tuple[str, str, str], list[ClauseEntry]] = {}
     for e in entries:
@@ -503,7 +505,8 @@ def run_kills(manifest: Manifest, entries: Sequence[ClauseEntry], directory: Pat
             groups[key] = [e for e in group if e not in free]
             if not groups[key]:
                 del groups[key]
-    for n, ((twin, operator, _), group) in enumerate(groups.items()):
+    def kill_group(n: int, twin: str, operator: str, group: list[ClauseEntry]) -> list[Kill]:
+        found: list[Kill] = []
         model = manifest.get(twin)
         spec = specs[group[0].spec]
         name = f"TLClauses{n}_{model.module}"
@@ -517,37 +520,45 @@ def run_kills(manifest: Manifest, entries: Sequence[ClauseEntry], directory: Pat
                          check_deadlock=model.check_deadlock, timeout=timeout)
         if group[0].kind == "guard":
             drifts = drift(model, result)
-            out.append(Kill(group[0], bool(drifts), "; ".join(drifts) or
+            found.append(Kill(group[0], bool(drifts), "; ".join(drifts) or
                             f"{twin} does not drift without the guard ({result_label(result)})"))
-            continue
+            return found
         if single:  # a drift entry: the weakened invariant passes or fails later
             moved = result.outcome is Outcome.PASS or (
                 result.outcome is Outcome.INVARIANT_VIOLATED
                 and result.distinct_states != model.distinct_states)
-            out.append(Kill(group[0], moved, f"{twin} with the clause weakened: "
+            found.append(Kill(group[0], moved, f"{twin} with the clause weakened: "
                             f"{result_label(result)}, {result.distinct_states} states "
                             f"(its row: {model.distinct_states})"))
-            continue
+            return found
         if group[0].kind == "property":
             ok = result.outcome is Outcome.PASS
-            out.append(Kill(group[0], ok, f"weakened on {twin}: {result_label(result)}"))
-            continue
+            found.append(Kill(group[0], ok, f"weakened on {twin}: {result_label(result)}"))
+            return found
         seen = noted(result.output)
         if result.outcome is not Outcome.PASS or 0 not in seen:
             why = (f"the kill run on {twin} did not explore its states "
                    f"({result_label(result)})" if result.outcome is not Outcome.PASS
                    else f"{twin} never violates {operator}")
-            out.extend(Kill(e, False, why) for e in group)
-            continue
+            found.extend(Kill(e, False, why) for e in group)
+            return found
         for k, e in enumerate(group, 1):
-            out.append(Kill(e, k not in seen, f"{twin} also violates {operator} "
+            found.append(Kill(e, k not in seen, f"{twin} also violates {operator} "
                             "with this clause weakened: it does not isolate it"
                             if k in seen else f"killed by {twin}"))
+        return found
+
+    # TLC runs are child processes: threads run `jobs` of them at once
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        done = pool.map(lambda item: kill_group(item[0], item[1][0][0], item[1][0][1],
+                                                item[1][1]), enumerate(groups.items()))
+        for kills in done:  # in the order of the entries, whatever finishes first
+            out.extend(kills)
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m toolledger.check.clauses [NAME ...]``: run the kills of
+    """``python -m toolledger.check.clauses [--jobs N] [NAME ...]``: run the kills of
     model/clauses.toml (all, or those of the operators or spec modules named,
     e.g. ``ConcurrentResumers``) and print the clause table; exit 1 if a
     clause is not killed."""
@@ -560,6 +571,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in args):
         print(main.__doc__)
         return 0
+    jobs = min(2, os.cpu_count() or 1)
+    if "--jobs" in args:
+        i = args.index("--jobs")
+        if i + 1 >= len(args) or not args[i + 1].isdigit() or int(args[i + 1]) < 1:
+            print("error: --jobs takes a number of TLC runs at once, e.g. --jobs 2",
+                  file=sys.stderr)
+            return 2
+        jobs = int(args[i + 1])
+        del args[i:i + 2]
     root = find_root()
     manifest = load_manifest(root)
     clauses = load_clauses(root)
@@ -573,7 +593,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     entries = [e for e in clauses
                if e.twin and (not args or e.operator in args or e.spec in args)]
     with tempfile.TemporaryDirectory(prefix="toolledger-clauses-") as tmp:
-        kills = run_kills(manifest, entries, Path(tmp))
+        kills = run_kills(manifest, entries, Path(tmp), jobs=jobs)
     for k in kills:
         print(f"{'killed' if k.killed else 'ALIVE '}  {k.entry.twin:24} {k.entry.label}"
               + ("" if k.killed else f"\n        {k.detail}"))
