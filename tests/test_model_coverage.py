@@ -369,3 +369,14 @@ def test_a_new_clause_is_noticed() -> None:
                               CLAUSES) == ["NoReinvokeAfterKnownOutcome: crashes >= 0"]
     assert undeclared_clauses("DurableToolExecution", SPEC, ("NoReinvokeAfterKnownOutcome",),
                               CLAUSES) == []
+
+
+def test_the_models_page_counts_the_clause_table() -> None:
+    """docs/models.md's counts of model/clauses.toml are the file's."""
+    text = " ".join((ROOT / "docs" / "models.md").read_text(encoding="utf-8").split())
+    m = re.search(r"\((\d+) clause entries, (\d+) of them bound narrowings, below: (\d+) "
+                  r"killed by their twins, with TLC or by shape, (\d+) with the reason", text)
+    assert m, "docs/models.md no longer counts the clause table"
+    counts = tuple(int(g) for g in m.groups())
+    assert counts == (len(CLAUSES), sum(e.kind == "bound" for e in CLAUSES),
+                      sum(bool(e.twin) for e in CLAUSES), sum(not e.twin for e in CLAUSES))
