@@ -179,22 +179,25 @@ def _check_with(memo: CoreMemo | None, nodes: Sequence[int]) -> Found:
         _group(groups, m, depth)
     ref_edges = 0
     index = graph._successor_index()
-    # Every spec state by its key; a reference state is named by the node it
-    # maps to (or by its spec key if the graph has no such state), so the two
-    # edge sets are compared as small tuples, not as whole states.
-    node_of: dict[Key, int] = {k: n for n, k in keys.items()}
     # A reference state is named by the node its spec image is (or by that
-    # image's key if the graph has no such state).  With the memo, the
-    # mapper keeps each part's image and hands out the graph's own values,
-    # so a lookup compares identities (SpecMapper).
+    # image's key if the graph has no such state), so the two edge sets are
+    # compared as small tuples, not as whole states.  With the memo, the
+    # mapper keeps each part's image and hands out one object per value, the
+    # graph's own (SpecMapper; the keys were made of them in check_graph),
+    # so a key is looked up by the identities of its values.
     key_of: Callable[[SystemState], Key]
     back_of: Callable[[dict[str, Value]], SystemState]
-    if memo is None:
+    name_of: Callable[[Key], int | Key]
+    if memo is None or shared_mapper is None:
+        node_of: dict[Key, int] = {k: n for n, k in keys.items()}
+        name_of = lambda k: node_of.get(k, k)  # noqa: E731
         key_of = lambda state: spec_key(to_spec(cfg, state))  # noqa: E731
         back_of = lambda spec_state: from_spec(cfg, spec_state)  # noqa: E731
     else:
-        mapper = shared_mapper or SpecMapper(cfg)
-        key_of, back_of = mapper.key, mapper.from_spec
+        by_ids: dict[tuple[int, ...], int] = {tuple(map(id, k)): n for n, k in keys.items()}
+        name_of = lambda k: by_ids.get(tuple(map(id, k)), k)  # noqa: E731
+        key_of, back_of = shared_mapper.key, shared_mapper.from_spec
+    own = {n: name_of(k) for n, k in keys.items()}  # a node's own name (itself)
 
     def state_of(name: int | Key) -> dict[str, Value]:
         if isinstance(name, int):
@@ -211,8 +214,8 @@ def _check_with(memo: CoreMemo | None, nodes: Sequence[int]) -> Found:
         except Exception as exc:  # a state the mapping cannot express
             found(Mismatch("roundtrip", node, None, f"mapping failed: {exc!r}"))
             continue
-        back_id = node_of.get(k, k)
-        if back_id != node_of[keys[node]]:
+        back_id = name_of(k)
+        if back_id != own[node]:
             found(Mismatch("roundtrip", node, None,
                            "the reference state does not map back to the spec state",
                            spec_state, state_of(back_id)))
@@ -221,12 +224,12 @@ def _check_with(memo: CoreMemo | None, nodes: Sequence[int]) -> Found:
             mine: set[tuple[str, int | Key]] = set()
             for action, nxt in succ_fn(cfg, ref):
                 k = key_of(nxt)
-                mine.add((str(action), node_of.get(k, k)))
+                mine.add((str(action), name_of(k)))
         except Exception as exc:
             found(Mismatch("error", node, None, f"reference raised {exc!r}"))
             continue
         ref_edges += len(mine)
-        theirs = {(label, node_of[keys[dst]]): dst for dst, label in index.get(node, [])}
+        theirs = {(label, own[dst]): dst for dst, label in index.get(node, [])}
         # sorted: which edge of a node is a group's first does not depend on set order
         for edge in sorted(mine - theirs.keys(), key=repr):
             found(Mismatch("extra", node, edge[0], "the reference allows a step the spec does not",
