@@ -95,18 +95,24 @@ TimeoutAsOk(p) ==
     /\ UNCHANGED durable /\ UNCHANGED <<view, held>> /\ UNCHANGED external
     /\ UNCHANGED ghosts
 \* ConcurrentDispatchUnaudited: dispatched is committed without its dispatch
-\* audit row (PersistDispatched with no rows).
-PersistDispatchedUnaudited(p) ==
+\* audit row (PersistDispatched with no rows), for the attempts Unaudited
+\* names: every attempt here, attempt 1 only in
+\* PersistDispatchedFirstUnaudited below.  A copy of PersistDispatched (a cfg
+\* substitution replaces a name everywhere): change both together.
+PersistDispatchedWithoutRow(p, Unaudited(_)) ==
     LET n == view[p].rec.attempt + 1
         auth == AttemptAuth(p)
     IN
     /\ pc[p] \in {"live", "retry"} /\ n <= MaxAttempts
-    /\ Commit(p, Dispatched(n, auth), view[p].res, {})
+    /\ Commit(p, Dispatched(n, auth), view[p].res,
+              IF Unaudited(n) THEN {} ELSE {<<"dispatch", n>>})
     /\ pc' = [pc EXCEPT ![p] = "dispatched"]
     /\ UNCHANGED external
     /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
                    refusals, staleDropped, sentAfterOutcome,
                    droppedAfterOutcome>>
+EveryAttempt(n) == TRUE
+PersistDispatchedUnaudited(p) == PersistDispatchedWithoutRow(p, EveryAttempt)
 \* ConcurrentTimeoutFails: the adapter takes a time-out for a definite
 \* failure (the request may have been applied).
 TimeoutAsFailure(p) ==
@@ -184,20 +190,9 @@ ResendFirstSpec ==
 \* ConcurrentDispatchUnaudited's mistake for attempt 1 only: its dispatched
 \* commit lacks the dispatch row, a retry's has it.  Attempt 1's invocation
 \* is the first of invocations in every state, so narrowing AuditComplete's
-\* bound to the rest drops every violation.  A copy of PersistDispatched (a
-\* cfg substitution replaces a name everywhere): change both together.
-PersistDispatchedFirstUnaudited(p) ==
-    LET n == view[p].rec.attempt + 1
-        auth == AttemptAuth(p)
-    IN
-    /\ pc[p] \in {"live", "retry"} /\ n <= MaxAttempts
-    /\ Commit(p, Dispatched(n, auth), view[p].res,
-              IF n = 1 THEN {} ELSE {<<"dispatch", n>>})
-    /\ pc' = [pc EXCEPT ![p] = "dispatched"]
-    /\ UNCHANGED external
-    /\ UNCHANGED <<applied, sent, invocations, humanRetries, crashes,
-                   refusals, staleDropped, sentAfterOutcome,
-                   droppedAfterOutcome>>
+\* bound to the rest drops every violation.
+FirstAttempt(n) == n = 1
+PersistDispatchedFirstUnaudited(p) == PersistDispatchedWithoutRow(p, FirstAttempt)
 
 \* The crashed engine's attempt 1 was never sent (no invocation: a retry's
 \* is the first), or was sent (in flight or applied: a retry's follows it).
