@@ -94,6 +94,51 @@ def test_the_key_covers_the_modules_a_run_reads_transitively_and_no_other(
         assert _run(d, "LedgerPass", cache).cached, name
 
 
+def test_a_module_named_only_in_a_comment_or_a_string_is_no_input(tmp_path: Path) -> None:
+    """A spec that mentions a twin module in a comment (the main spec names
+    ConcurrentResumers, a twin module its MC module) must not make every
+    edit of that module a miss for every model: only the words of the code
+    count.  Nested comments and escaped quotes are comments and strings."""
+    d, cache = _copy(tmp_path), tmp_path / "cache"
+    (d / "Extra.tla").write_text("---- MODULE Extra ----\nX == 1\n====\n")
+    (d / "Deeper.tla").write_text("---- MODULE Deeper ----\nY == 2\n====\n")
+    ledger = d / "Ledger.tla"
+    ledger.write_text(ledger.read_text().replace(
+        "====", '\\* see Extra\n(* Deeper (* and Extra, nested *) Deeper *)\n'
+        'Label == "Extra \\" Deeper"\n====', 1))
+    files = {p.name: p for p in d.glob("*.tla")}
+    assert tlccache.read_set("Ledger", (d / "LedgerPass.cfg").read_bytes(), files) == [
+        "Ledger.tla"]
+    assert not _run(d, "LedgerPass", cache).cached
+    (d / "Extra.tla").write_text("---- MODULE Extra ----\nX == 3\n====\n")
+    assert _run(d, "LedgerPass", cache).cached
+    # the same name in the code is a module TLC reads: an input
+    ledger.write_text(ledger.read_text().replace('Label ==', 'E == INSTANCE Extra\nLabel ==', 1))
+    assert tlccache.read_set("Ledger", (d / "LedgerPass.cfg").read_bytes(), files) == [
+        "Extra.tla", "Ledger.tla"]
+
+
+def test_a_run_that_read_a_module_outside_its_key_is_not_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read set may only be too large: were it ever too small (a module
+    SANY parsed that the key did not cover), the run's output shows it
+    ("Parsing file ...") and the entry is not written, so a later edit of
+    that module can never be answered with this verdict."""
+    d, cache = _copy(tmp_path), tmp_path / "cache"
+    (d / "Extra.tla").write_text("---- MODULE Extra ----\nX == 1\n====\n")
+    ledger = d / "Ledger.tla"
+    ledger.write_text(ledger.read_text().replace("EXTENDS Naturals,", "EXTENDS Extra, Naturals,",
+                                                 1))
+    real = tlccache.read_set
+    monkeypatch.setattr(tlccache, "read_set",
+                        lambda m, c, f: [n for n in real(m, c, f) if n != "Extra.tla"])
+    assert _run(d, "LedgerPass", cache).outcome is Outcome.PASS
+    assert _entries(cache) == []
+    monkeypatch.setattr(tlccache, "read_set", real)
+    assert not _run(d, "LedgerPass", cache).cached
+    assert len(_entries(cache)) == 1 and _run(d, "LedgerPass", cache).cached
+
+
 def test_only_complete_verdicts_and_whole_dumps_are_kept(tmp_path: Path) -> None:
     d, cache = _copy(tmp_path), tmp_path / "cache"
     timed_out = run_tlc("Ledger", d / "LedgerBig.cfg", search_dirs=[d], check_deadlock=False,

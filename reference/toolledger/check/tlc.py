@@ -634,7 +634,8 @@ def run_tlc(
 
     result = _result(collector, cfg_info, exit_code=exit_code, timed_out=timed_out.is_set(),
                      timeout=timeout, wall=wall, output=output, cmd=tuple(cmd))
-    if cache is not None and digest is not None and result.outcome in _CACHEABLE:
+    if (cache is not None and digest is not None and result.outcome in _CACHEABLE
+            and tlccache.covers(module, cfg.read_bytes(), files, output)):
         dump = Path(dump_dot).resolve() if dump_dot is not None else None
         # a dump is kept only when it is the whole graph (a violation stops TLC early)
         entry = tlccache.Entry(output=output, exit_code=exit_code, wall_seconds=wall,

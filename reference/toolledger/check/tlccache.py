@@ -14,9 +14,10 @@ result is exactly what parsing the original run gave (``cached`` is True).
 The digest covers every byte TLC reads: the module name, the ``.cfg`` and
 every ``.tla`` copied next to it that the run can read (names and
 contents: :func:`read_set`, the modules named, transitively, by the model's
-module or its cfg; a word is taken for a module name wherever it appears,
-comments included, so the set can only be larger than what SANY loads, never
-smaller), TLC's options
+module or its cfg; a word of the code outside comments and strings is taken
+for a module name wherever it appears, so the set can be larger than what
+SANY loads; and a run whose output shows SANY parsing a module outside the
+set is never kept: :func:`covers`), TLC's options
 (workers, deadlock check, fingerprint, liveness mode, extra arguments), the
 jar's contents and the java binary and version.  JVM flags (``-Xss``, C1/C2)
 are not in it: they change how fast TLC runs, not what it finds.  Only
@@ -51,11 +52,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["CACHE_ENV", "Entry", "cache_from_env", "copy_dump", "key", "load", "read_set", "store"]
+__all__ = ["CACHE_ENV", "Entry", "cache_from_env", "copy_dump", "covers", "key", "load", "read_set",
+           "store"]
 
 CACHE_ENV = "TOOLLEDGER_TLC_CACHE"
-_VERSION = 2  # 2: the key covers the modules a run can read, not every .tla beside it
+_VERSION = 3  # 3: module names are read outside comments and strings (2: everywhere)
 _WORD = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
+# TLA+ (and cfg) text in pieces: a string, a line comment, a block comment's
+# opening or closing, or a run of other text
+_PIECE = re.compile(rb'"(?:[^"\\\n]|\\.)*"|\\\*[^\n]*|\(\*|\*\)|[^"\\(*]+|.', re.S)
+_PARSED = re.compile(r"^Parsing file (.*)$", re.M)
 
 
 @dataclass(frozen=True)
@@ -89,21 +95,51 @@ def _digest_of(path: Path) -> str:
     return _file_digest(str(path.resolve()), st.st_size, st.st_mtime_ns)
 
 
+def code_words(text: bytes) -> set[str]:
+    """The words of ``text`` outside its comments (``\\*`` to the end of the
+    line, ``(* ... *)``, nested) and strings: where a module name can be."""
+    words: set[str] = set()
+    depth = 0
+    for m in _PIECE.finditer(text):
+        piece = m.group()
+        if piece == b"(*":
+            depth += 1
+        elif piece == b"*)" and depth:
+            depth -= 1
+        elif not depth and not piece.startswith((b'"', b"\\*")):
+            words.update(w.decode() for w in _WORD.findall(piece))
+    return words
+
+
+@lru_cache(maxsize=512)
+def _module_words(path: str, size: int, mtime_ns: int) -> frozenset[str]:
+    return frozenset(code_words(Path(path).read_bytes()))
+
+
 def read_set(module: str, cfg_text: bytes, files: Mapping[str, Path]) -> list[str]:
     """The names (``X.tla``) of ``files`` a run of ``module`` with this cfg can
-    read: ``module``, every module whose name is a word of the cfg or of a
-    module already in the set (EXTENDS, INSTANCE, a cfg's ``<-[M]``; a word in
-    a comment counts too: a larger set only costs a cache miss), transitively."""
+    read: ``module``, every module whose name is a word of the code of the
+    cfg or of a module already in the set (EXTENDS, INSTANCE, a cfg's
+    ``<-[M]``; a name in a comment or a string does not count), transitively."""
     by_stem = {Path(name).stem: name for name in files}
-    todo, seen = [module], set()
-    todo += [w.decode() for w in _WORD.findall(cfg_text)]
+    todo, seen = [module, *code_words(cfg_text)], set()
     while todo:
         stem = todo.pop()
         if stem in seen or stem not in by_stem:
             continue
         seen.add(stem)
-        todo += [w.decode() for w in set(_WORD.findall(files[by_stem[stem]].read_bytes()))]
+        path = files[by_stem[stem]]
+        st = path.stat()
+        todo += _module_words(str(path.resolve()), st.st_size, st.st_mtime_ns)
     return sorted(by_stem[s] for s in seen)
+
+
+def covers(module: str, cfg_text: bytes, files: Mapping[str, Path], output: str) -> bool:
+    """Every one of ``files`` that TLC's ``output`` shows SANY parsing is in
+    the :func:`read_set`: the key covered every input of the run.  (A run
+    that read another would be kept under a key blind to it: it is not kept.)"""
+    parsed = {Path(f.strip()).name for f in _PARSED.findall(output)}
+    return parsed & set(files) <= set(read_set(module, cfg_text, files))
 
 
 def key(*, module: str, cfg: Path, files: Mapping[str, Path], options: Sequence[str],
