@@ -53,8 +53,7 @@ from toolledger.check.conformance import check_graph
 from toolledger.check.manifest import ModelEntry, load_manifest
 from toolledger.check.stategraph import load_dot
 from toolledger.check.system import ModelConfig
-from toolledger.check.tlc import run_tlc
-from toolledger.cli import _TLC_JVM_ARGS
+from toolledger.check.tlc import C1_ONLY, run_tlc
 
 GOAL_SECONDS = 90.0
 
@@ -79,13 +78,13 @@ def fixed_cost(entry: ModelEntry, search_dirs: list[Path], repeat: int,
     if class_data_sharing:  # the first run may write the archive: not measured
         run_tlc(entry.module, entry.cfg_path, search_dirs=search_dirs,
                 check_deadlock=entry.check_deadlock, workers=entry.workers,
-                jvm_args=_TLC_JVM_ARGS)
+                jvm_args=C1_ONLY)
     walls, cpus = [], []
     for _ in range(repeat):
         cpu0, t0 = _children_cpu(), time.perf_counter()
         r = run_tlc(entry.module, entry.cfg_path, search_dirs=search_dirs,
                     check_deadlock=entry.check_deadlock, workers=entry.workers,
-                    jvm_args=_TLC_JVM_ARGS, class_data_sharing=class_data_sharing)
+                    jvm_args=C1_ONLY, class_data_sharing=class_data_sharing)
         walls.append(time.perf_counter() - t0)
         cpus.append(_children_cpu() - cpu0)
         if r.distinct_states != entry.distinct_states:
@@ -105,7 +104,7 @@ def conformance_memo(entry: ModelEntry, search_dirs: list[Path]) -> dict[str, An
     with tempfile.TemporaryDirectory(prefix="bench-check-") as tmp:
         dot = Path(tmp) / f"{entry.name}.dot"
         run_tlc(entry.module, entry.cfg_path, search_dirs=search_dirs,
-                check_deadlock=entry.check_deadlock, dump_dot=dot, jvm_args=_TLC_JVM_ARGS)
+                check_deadlock=entry.check_deadlock, dump_dot=dot, jvm_args=C1_ONLY)
         graph = load_dot(dot)
     out: dict[str, Any] = {"model": entry.name, "states": len(graph.states),
                            "edges": len(graph.edges)}

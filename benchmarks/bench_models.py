@@ -73,6 +73,7 @@ def _run(entry: ModelEntry, search_dirs: list[Path], timeout: float | None = Non
         check_deadlock=entry.check_deadlock,
         workers=entry.workers,
         timeout=timeout,
+        expected_states=entry.distinct_states,
     )
     return _as_run(r)
 
@@ -127,7 +128,7 @@ def run_growth_cell(calls: int, crashes: int, timeout: float) -> Run:
         cfg = d / f"{name}.cfg"
         cfg.write_text((ROOT / "model" / "TwoCalls.cfg").read_text())
         r = run_tlc(name, cfg, search_dirs=[ROOT / "spec", d], check_deadlock=False,
-                    timeout=timeout)
+                    timeout=timeout, jvm_args=())  # C2: the growth cells are the big runs
     return _as_run(r)
 
 

@@ -991,20 +991,46 @@ def test_conformance_tier_is_validated(tmp_path: Path) -> None:
         done.stdout + done.stderr)
 
 
-def test_tlc_runs_c1_only_except_for_big_temporal_checks() -> None:
+def test_tlc_runs_c1_only_except_for_big_runs() -> None:
     """C1 only (short runs: C2's compilations cost more than they save),
-    except where TLC checks temporal PROPERTIES on a big graph."""
-    from toolledger.cli import _TLC_JVM_ARGS, C2_MIN_STATES, _tlc_jvm_args
+    except where TLC checks temporal PROPERTIES on a big graph or any
+    check on a very big one; a run of unknown size is taken as small."""
+    from toolledger.check.tlc import C1_ONLY, C2_MIN_STATES, C2_MIN_STATES_SAFETY, jit_args
 
     states = {m.name: m.distinct_states for m in load_manifest(REPO).models}
-    assert _TLC_JVM_ARGS == ("-XX:TieredStopAtLevel=1",)
-    assert _tlc_jvm_args(REPO / "model" / "TwoCalls.cfg", states["TwoCalls"]) == _TLC_JVM_ARGS
+    assert C1_ONLY == ("-XX:TieredStopAtLevel=1",)
+    for name in ("ReconcileReadonly", "DeepReconcile"):  # safety, below the bound
+        assert states[name] < C2_MIN_STATES_SAFETY
+        assert jit_args(REPO / "model" / f"{name}.cfg", states[name]) == C1_ONLY
+    for name in ("TwoCalls", "SameTurnCrashRetry"):
+        assert states[name] >= C2_MIN_STATES_SAFETY
+        assert jit_args(REPO / "model" / f"{name}.cfg", states[name]) == ()
     for name in ("Liveness", "LivenessNoHumanFairness"):
-        assert states[name] >= C2_MIN_STATES
-        assert _tlc_jvm_args(REPO / "model" / f"{name}.cfg", states[name]) == ()
+        assert C2_MIN_STATES <= states[name] < C2_MIN_STATES_SAFETY
+        assert jit_args(REPO / "model" / f"{name}.cfg", states[name]) == ()
     for name in ("LivenessReconcile", "LivenessKeyExpiry"):  # temporal, but small
         assert states[name] < C2_MIN_STATES
-        assert _tlc_jvm_args(REPO / "model" / f"{name}.cfg", states[name]) == _TLC_JVM_ARGS
+        assert jit_args(REPO / "model" / f"{name}.cfg", states[name]) == C1_ONLY
+    assert jit_args(REPO / "model" / "Liveness.cfg", None) == C1_ONLY
+
+
+def test_run_tlc_chooses_the_jit_from_the_expected_states(tmp_path: Path) -> None:
+    """run_tlc without ``jvm_args`` starts java with :func:`jit_args`' flags
+    for ``expected_states``; explicit ``jvm_args`` are used as they are."""
+    from toolledger.check.tlc import C1_ONLY, run_tlc
+
+    entry = load_manifest(REPO).get("LivenessReconcile")
+    dirs = [REPO / "spec", REPO / "model"]
+    small = run_tlc(entry.module, entry.cfg_path, search_dirs=dirs,
+                    check_deadlock=entry.check_deadlock, expected_states=entry.distinct_states)
+    big = run_tlc(entry.module, entry.cfg_path, search_dirs=dirs,
+                  check_deadlock=entry.check_deadlock, expected_states=10**6)
+    chosen = run_tlc(entry.module, entry.cfg_path, search_dirs=dirs,
+                     check_deadlock=entry.check_deadlock, expected_states=10**6,
+                     jvm_args=C1_ONLY)
+    assert C1_ONLY[0] in small.command and C1_ONLY[0] not in big.command
+    assert C1_ONLY[0] in chosen.command
+    assert small.distinct_states == big.distinct_states == entry.distinct_states
 
 
 @pytest.mark.slow

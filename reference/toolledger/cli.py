@@ -806,7 +806,7 @@ def _cmd_exercises(args: argparse.Namespace) -> int:
         return e, run_tlc(e.module, e.cfg_path, search_dirs=manifest.search_dirs,
                           check_deadlock=e.check_deadlock, workers=e.workers,
                           extra_args=("-coverage", "1"), cancel=cancel,
-                          jvm_args=_tlc_jvm_args(e.cfg_path, e.distinct_states), cache=cache)
+                          expected_states=e.distinct_states, cache=cache)
 
     with _Interrupt(cancel) as interrupt, concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         futures = {pool.submit(one, e) for e in sorted(ci, key=lambda e: -e.distinct_states)}
@@ -841,31 +841,6 @@ def _cmd_exercises(args: argparse.Namespace) -> int:
 
 
 NOT_CHECKED = "NOT CHECKED"
-
-# TLC with the client compiler only (C1): most CI runs last seconds, and C2's
-# compilations cost more CPU than they save; measured on the CI models (TLC
-# CPU seconds, C2 vs C1): a 9-state twin 0.73 vs 0.49, DeepManual (5,708
-# states) 4.3 vs 1.9, ReconcileReadonly (27,659) 7.2 vs 5.3; on the biggest
-# it is even: DeepReconcile (58,846) 10.7 vs 10.4, TwoCalls (110,957) 21.8 vs
-# 22.8 (see benchmarks/bench_check.py for the whole check).
-_TLC_JVM_ARGS = ("-XX:TieredStopAtLevel=1",)
-
-
-# Below this many distinct states (the manifest's count) even a temporal
-# check is too short for C2 to pay off.
-C2_MIN_STATES = 20_000
-
-
-def _tlc_jvm_args(cfg: Path, states: int) -> tuple[str, ...]:
-    """C1 only, except for a big model (``states``, the manifest's count) that
-    checks temporal PROPERTIES: TLC's liveness check on the whole graph is
-    then long enough for C2 to pay off (Liveness, 40,574 states: 42.8 s CPU
-    with C1 only, 28.4 s with C2); on small ones C2 costs (TLC CPU seconds,
-    C2 vs C1: LivenessKeyExpiry, 3,627 states, 4.45 vs 2.15; LivenessReconcile,
-    285 states, 2.16 vs 1.16)."""
-    big = states >= C2_MIN_STATES
-    return () if big and parse_cfg(cfg).properties else _TLC_JVM_ARGS
-
 
 # Rough costs of ``toolledger check``'s jobs in CPU seconds, measured on
 # the CI models (benchmarks/bench_check.py): a JVM start and SANY ~1.5 s;
@@ -1118,7 +1093,7 @@ class _CheckRun:
             timeout=self.args.timeout,
             on_progress=seen,
             cancel=self.cancel,
-            jvm_args=_tlc_jvm_args(cfg, entry.distinct_states),
+            expected_states=entry.distinct_states,
             cache=getattr(self.args, "tlc_cache", None),
         )
         if job.batch is None:

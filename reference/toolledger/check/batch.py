@@ -244,9 +244,9 @@ def run_as_check(manifest: Manifest, name: str, where: Path, *, dump_dot: Path |
     if batch is None:
         return run_tlc(entry.module, entry.cfg_path, search_dirs=manifest.search_dirs,
                        check_deadlock=entry.check_deadlock, workers=entry.workers,
-                       dump_dot=dump_dot, cache=cache)
+                       dump_dot=dump_dot, cache=cache, expected_states=entry.distinct_states)
     _, cfg = batch_files(batch, where / batch.module)
     result = run_tlc(batch.module, cfg, search_dirs=[*manifest.search_dirs, where / batch.module],
                      check_deadlock=batch.base.check_deadlock, workers=batch.base.workers,
-                     dump_dot=dump_dot, cache=cache)
+                     dump_dot=dump_dot, cache=cache, expected_states=batch.base.distinct_states)
     return split_result(batch, result)[name]

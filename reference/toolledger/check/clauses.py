@@ -517,7 +517,8 @@ def run_kills(manifest: Manifest, entries: Sequence[ClauseEntry], directory: Pat
             _, cfg = kill_files(spec, model.module, model.cfg_path, group, operator,
                                 directory, name)
         result = run_tlc(name, cfg, search_dirs=[directory, *manifest.search_dirs],
-                         check_deadlock=model.check_deadlock, timeout=timeout)
+                         check_deadlock=model.check_deadlock, timeout=timeout,
+                         expected_states=model.distinct_states)
         if group[0].kind == "guard":
             drifts = drift(model, result)
             found.append(Kill(group[0], bool(drifts), "; ".join(drifts) or

@@ -388,6 +388,7 @@ def run_conformance(
             dump_dot=dot,
             on_progress=on_progress,
             cache=cache,
+            expected_states=entry.distinct_states,
         )
         if not dot.exists():
             report = ConformanceReport(model=entry.name, tlc=tlc)

@@ -78,7 +78,7 @@ def run_deep(root: Path, *, traces: int = 2000, depth: int = 120, seed: int = 1,
             search_dirs=[root / "spec", root / "model", root / "model" / "deep"],
             check_deadlock=False, workers=1, fp=None, liveness_at_end=False,
             extra_args=["-simulate", f"num={traces}", "-depth", str(depth), "-seed", str(seed)],
-            timeout=timeout,
+            timeout=timeout, jvm_args=(),  # C2: a simulation runs for minutes
         )
         seconds = time.monotonic() - started
     found = _PROGRESS_RE.findall(result.output)

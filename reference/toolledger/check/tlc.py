@@ -358,6 +358,33 @@ _JVM_HYGIENE = ("-XX:-UsePerfData",)
 
 
 # ----------------------------------------------------------------------------
+# Which JIT: most runs last seconds, and C2's compilations then cost more CPU
+# than they save.  TLC CPU seconds, C2 vs C1 only (-XX:TieredStopAtLevel=1):
+# three twins of ~300 states 3.1 vs 1.9; DeepManual (5,708 states) 4.3 vs
+# 1.9; ReconcileReadonly (39,281) 7.5 vs 5.4; TwoCalls (178,643) 23.6 vs
+# 29.3 (DeepReconcile, 58,846, about even: 10.7 vs 10.4); a temporal check
+# on the whole graph pays C2 back sooner: Liveness (40,574) 28.4 vs 42.8,
+# LivenessKeyExpiry (3,627) 4.45 vs 2.15.  benchmarks/bench_check.py measures
+# the whole check.
+C1_ONLY = ("-XX:TieredStopAtLevel=1",)
+# From this many distinct states a check of temporal PROPERTIES runs with C2,
+C2_MIN_STATES = 20_000
+# and from this many, any check.
+C2_MIN_STATES_SAFETY = 120_000
+
+
+def jit_args(cfg: Path, states: int | None) -> tuple[str, ...]:
+    """The JVM flags choosing the JIT for a run of ``cfg`` expected to reach
+    ``states`` distinct states (a manifest's count; None: unknown, taken as
+    small): C1 only, except for the big runs above."""
+    if states is None:
+        return C1_ONLY
+    if states >= C2_MIN_STATES_SAFETY or (states >= C2_MIN_STATES and parse_cfg(cfg).properties):
+        return ()
+    return C1_ONLY
+
+
+# ----------------------------------------------------------------------------
 # Class-data sharing: TLC's classes loaded once, mapped by every later JVM.
 
 # Java >= 13 can write the classes a run loaded into an archive at exit
@@ -459,7 +486,8 @@ def run_tlc(
     extra_args: Sequence[str] = (),
     on_progress: Callable[[Progress], None] | None = None,
     timeout: float | None = None,
-    jvm_args: Sequence[str] = (),
+    jvm_args: Sequence[str] | None = None,
+    expected_states: int | None = None,
     fp: int | None = 0,
     liveness_at_end: bool = True,
     cancel: Cancellation | None = None,
@@ -481,7 +509,9 @@ def run_tlc(
     on machine speed; with it, temporal properties are checked once on the
     complete graph and every count is reproducible. On ``timeout`` (seconds)
     TLC is killed and the outcome is ``TIMEOUT``.
-    ``jvm_args`` go to java (e.g. ``-Xmx2g``), ``extra_args`` to TLC.
+    ``jvm_args`` go to java (e.g. ``-Xmx2g``), ``extra_args`` to TLC; without
+    ``jvm_args`` the JIT is chosen by :func:`jit_args` from
+    ``expected_states`` (the manifest's count, when the caller knows it).
     ``cancel``: if it is (or gets) cancelled, TLC is not started (or is
     killed) and :class:`Cancelled` is raised.
     ``class_data_sharing``: map the archive of TLC's classes from the user's
@@ -509,6 +539,8 @@ def run_tlc(
     jar = find_jar()
     files = _collect_files(module, cfg, search_dirs)
     cfg_info = parse_cfg(cfg)
+    if jvm_args is None:
+        jvm_args = jit_args(cfg, expected_states)
     archive = _cds_archive(java, jar, jvm_args) if class_data_sharing else None
     if cancel is not None:
         cancel.check()

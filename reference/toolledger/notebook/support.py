@@ -570,7 +570,8 @@ def run_manifest_model(manifest: Manifest, name: str) -> ModelRun:
     """
     entry = manifest.get(name)
     result = run_tlc(entry.module, entry.cfg_path, search_dirs=manifest.search_dirs,
-                     check_deadlock=entry.check_deadlock, cache=cache_from_env())
+                     check_deadlock=entry.check_deadlock, cache=cache_from_env(),
+                     expected_states=entry.distinct_states)
     if result.outcome is not entry.expected_outcome:
         raise AssertionError(f"{name}: TLC says {result.outcome}, the manifest expects "
                              f"{entry.expected_outcome}")
