@@ -178,4 +178,34 @@ StepsRefine == [][Main!ConcurrentNext]_(Main!vars)
 (* MappedTypeOK: the mapped state is of the main spec's type.             *)
 MappedTypeOK == Main!TypeOK
 
+(* The main spec's safety invariants, each on the mapped state: what      *)
+(* ConcurrentResumers restates in its own variables, checked here in the  *)
+(* main spec's own words.  The Refines models check all of them but two:  *)
+(*  - AuditRecomputable: the mapped rows carry no inputs (NoInputsM), as   *)
+(*    in every main model with RowInputs <- WithoutInputs (they omit it);  *)
+(*  - NoReinvokeAfterKnownOutcome: a stale worker's send after a human    *)
+(*    resolved the call is the main spec's EngineZombieSend, a             *)
+(*    ConcurrentNext step that counts every send after the outcome (its    *)
+(*    sentAfterOutcome), while the epoch-aware connector refuses that      *)
+(*    request: ConcurrentResumers' own NoReinvokeAfterKnownOutcome counts  *)
+(*    only the sends that can still reach the tool.  RefinesZombieAfter-   *)
+(*    Outcome records that the main form fails (1,985 states); its stage  *)
+(*    clause, MappedNoReinvokeStage, holds and is checked.                 *)
+MappedAtMostOnceEffect == Main!AtMostOnceEffect
+MappedNoReinvokeAfterKnownOutcome == Main!NoReinvokeAfterKnownOutcome
+MappedNoReinvokeStage == knownOutcome => StageM \notin {"dispatched", "retry"}
+MappedAttemptSentOnce == Main!AttemptSentOnce
+MappedNoBlindReplay == Main!NoBlindReplay
+MappedResultFidelity == Main!ResultFidelity
+MappedApprovalGate == Main!ApprovalGate
+MappedApprovalBoundToArgs == Main!ApprovalBoundToArgs
+MappedApprovalSingleUse == Main!ApprovalSingleUse
+MappedRecoveryRequiredHalts == Main!RecoveryRequiredHalts
+MappedHumanSeesKnownOutcome == Main!HumanSeesKnownOutcome
+MappedLegacyConservative == Main!LegacyConservative
+MappedExecutionIdStable == Main!ExecutionIdStable
+MappedAuditComplete == Main!AuditComplete
+MappedCancelledNeverInvoked == Main!CancelledNeverInvoked
+MappedRetryGrantHonoured == Main!RetryGrantHonoured
+
 =============================================================================
