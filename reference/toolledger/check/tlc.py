@@ -359,10 +359,11 @@ _JVM_HYGIENE = ("-XX:-UsePerfData",)
 
 # ----------------------------------------------------------------------------
 # Which JIT: most runs last seconds, and C2's compilations then cost more CPU
-# than they save.  TLC CPU seconds, C2 vs C1 only (-XX:TieredStopAtLevel=1):
-# three twins of ~300 states 3.1 vs 1.9; DeepManual (5,708 states) 4.3 vs
-# 1.9; ReconcileReadonly (39,281) 7.5 vs 5.4; TwoCalls (178,643) 23.6 vs
-# 29.3 (DeepReconcile, 58,846, about even: 10.7 vs 10.4); a temporal check
+# than they save.  TLC CPU seconds, C2 vs C1 only (-XX:TieredStopAtLevel=1),
+# measured at 237f8f3: three twins of ~300 states 3.1 vs 1.9;
+# ReconcileReadonly (39,281 states) 7.5 vs 5.4; TwoCalls (178,643) 23.6 vs
+# 29.3.  Earlier, at the state counts of their day: DeepManual (5,708) 4.3
+# vs 1.9, DeepReconcile (58,846) about even, 10.7 vs 10.4; a temporal check
 # on the whole graph pays C2 back sooner: Liveness (40,574) 28.4 vs 42.8,
 # LivenessKeyExpiry (3,627) 4.45 vs 2.15.  benchmarks/bench_check.py measures
 # the whole check.
