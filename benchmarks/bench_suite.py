@@ -10,7 +10,10 @@ prints, like pytest's ``--durations``, the slowest test files, the time per
 kind and the slowest tests, and rewrites the block between
 ``<!-- suite:begin -->`` and ``<!-- suite:end -->`` of benchmarks/README.md.
 ``--from PATH`` renders a recorded run instead of running one (PATH is the
-plugin's JSON lines); ``--smoke`` runs three small tests and writes nothing.
+plugin's JSON lines, which ``--keep PATH`` saves); ``--smoke`` runs three
+small tests and writes nothing.  The run has a TLC cache of its own, empty at
+the start (``make test`` on a fresh clone: a model two tests run is run once;
+in CI, after ``make check``, every row ``make check`` ran is answered from it).
 
 The kind of a test (the first that applies, from what the plugin recorded):
 
@@ -192,10 +195,16 @@ def rewrite_readme(block: str, readme: Path = README) -> None:
     readme.write_text(f"{head}{BEGIN}\n{block}\n{END}{tail}", encoding="utf-8")
 
 
-def record_run(out: Path, paths: Sequence[str], workers: str = "auto") -> dict[str, Any]:
+def record_run(out: Path, paths: Sequence[str], workers: str = "auto",
+               tlc_cache: Path | None = None) -> dict[str, Any]:
     """Run pytest as ``make pytest`` does, recording into ``out``: wall and CPU
-    of the whole run and the 1-minute load average sampled every 10 s."""
-    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "HYPOTHESIS_PROFILE": "ci"}
+    of the whole run and the 1-minute load average sampled every 10 s.  The
+    TLC cache is ``tlc_cache`` (default: a new, empty directory beside ``out``,
+    as ``make test`` on a fresh clone has: a model run twice in the suite is
+    run once, nothing is carried over from an earlier run)."""
+    cache = tlc_cache if tlc_cache is not None else out.parent / "tlc-cache"
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "HYPOTHESIS_PROFILE": "ci",
+           "TOOLLEDGER_TLC_CACHE": str(cache)}
     cmd = [sys.executable, "-m", "pytest", *PLUGINS, "-p", "benchmarks.suite_times",
            f"--suite-times={out}", "-q", "-n", workers, "--dist", "loadfile", *paths]
     loads: list[float] = [os.getloadavg()[0]]
@@ -217,13 +226,14 @@ def record_run(out: Path, paths: Sequence[str], workers: str = "auto") -> dict[s
     cpu = (after.children_user - before.children_user) + (after.children_system
                                                           - before.children_system)
     return {"command": ["pytest", *cmd[3:]], "exit_status": done.returncode,
+            "tlc_cache": "fresh" if tlc_cache is None else str(tlc_cache),
             "wall_seconds": rounded(wall, 1), "cpu_seconds": rounded(cpu, 1),
             "load_average": {"min": rounded(min(loads), 2), "max": rounded(max(loads), 2),
                              "mean": rounded(sum(loads) / len(loads), 2)}}
 
 
 def run(smoke: bool = False, source: Path | None = None, note: str | None = None,
-        write_readme: bool = True, workers: str = "auto") -> Result:
+        write_readme: bool = True, workers: str = "auto", keep: Path | None = None) -> Result:
     run_info: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="bench-suite-") as tmp:
         if source is None:
@@ -232,18 +242,23 @@ def run(smoke: bool = False, source: Path | None = None, note: str | None = None
             paths = list(SMOKE_TESTS) if smoke else ["tests", "--nbmake", *notebooks]
             source = Path(tmp) / "times.jsonl"
             run_info = record_run(source, paths, "0" if smoke else workers)
+            if keep is not None:  # one file per xdist worker: keep.gw0, keep.gw1, ...
+                for f in suite_times.recorded_files(source):
+                    (keep.parent / (keep.name + f.name[len(source.name):])).write_bytes(
+                        f.read_bytes())
         records = load_records(source)
     s = summarize(records)
-    if note is None:
-        if run_info is not None:
-            la = run_info["load_average"]
-            note = (f"The whole run: {run_info['wall_seconds']:,.1f} s wall, "
-                    f"{run_info['cpu_seconds']:,.1f} s CPU, pytest-xdist workers: "
-                    f"{workers}; 1-minute load average "
-                    f"{la['min']:.2f} to {la['max']:.2f} (mean {la['mean']:.2f}) on "
-                    f"{os.cpu_count()} cores.")
-        else:
-            note = "Load average: not recorded with this run."
+    if run_info is not None:
+        la = run_info["load_average"]
+        whole = (f"The whole run: {run_info['wall_seconds']:,.1f} s wall, "
+                 f"{run_info['cpu_seconds']:,.1f} s CPU, pytest-xdist workers: "
+                 f"{workers}; 1-minute load average "
+                 f"{la['min']:.2f} to {la['max']:.2f} (mean {la['mean']:.2f}) on "
+                 f"{os.cpu_count()} cores.")
+        # --note adds to the measured sentence; it never replaces it
+        note = whole if note is None else f"{whole} {note}"
+    elif note is None:
+        note = "Load average: not recorded with this run."
     block = render(s, note)
     heading("make test's pytest run, per kind, per file, slowest tests")
     print(block)
@@ -260,14 +275,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--from", dest="source", type=Path, default=None, metavar="PATH",
                    help="render this recorded run (benchmarks/suite_times.py's JSON lines)")
     p.add_argument("--note", default=None,
-                   help="the line under the totals (with --from: how loaded the machine was)")
+                   help="a sentence after the measured totals (with --from, where nothing "
+                        "was measured, the whole line: how loaded the machine was)")
+    p.add_argument("--keep", type=Path, default=None, metavar="PATH",
+                   help="also write the recorded JSON lines to PATH (PATH.gw0, ... under "
+                        "xdist; for --from PATH later)")
     p.add_argument("--no-readme", action="store_true", help="do not rewrite benchmarks/README.md")
     p.add_argument("--workers", default="auto", metavar="N",
                    help="pytest-xdist workers, as make pytest's PYTEST_WORKERS (default auto; "
                         "0: one process)")
     args = p.parse_args(argv)
     result = run(smoke=args.smoke, source=args.source, note=args.note,
-                 write_readme=not args.no_readme, workers=args.workers)
+                 write_readme=not args.no_readme, workers=args.workers, keep=args.keep)
     if args.json:
         print(json.dumps(result, indent=2))
     return 0

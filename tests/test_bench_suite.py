@@ -109,9 +109,16 @@ def test_the_readme_block_is_the_scripts_output() -> None:
 
 
 @pytest.mark.slow
-def test_smoke_records_three_kinds_through_the_plugin() -> None:
-    result = bench_suite.run(smoke=True)
+def test_smoke_records_three_kinds_through_the_plugin(tmp_path: Path) -> None:
+    keep = tmp_path / "kept.jsonl"
+    result = bench_suite.run(smoke=True, note="A remark.", keep=keep)
     assert result["run"]["exit_status"] == 0
+    assert result["run"]["tlc_cache"] == "fresh"  # as make test on a fresh clone
+    # --note is added to the measured sentence, never in its place
+    assert result["note"].startswith("The whole run: ") and result["note"].endswith(" A remark.")
+    # --keep writes what the run recorded (one file per worker, here one): --from renders it
+    kept = bench_suite.load_records(keep)
+    assert len(kept) == 3 and bench_suite.summarize(kept)["tests"] == 3
     assert result["tests"] == 3
     kinds = {k["kind"]: k["tests"] for k in result["kinds"]}
     assert (kinds["TLC runs"], kinds["Hypothesis"], kinds["other"]) == (1, 1, 1)
