@@ -995,7 +995,13 @@ def test_tlc_runs_c1_only_except_for_big_runs() -> None:
     """C1 only (short runs: C2's compilations cost more than they save),
     except where TLC checks temporal PROPERTIES on a big graph or any
     check on a very big one; a run of unknown size is taken as small."""
-    from toolledger.check.tlc import C1_ONLY, C2_MIN_STATES, C2_MIN_STATES_SAFETY, jit_args
+    from toolledger.check.tlc import (
+        C1_ONLY,
+        C2_MIN_STATES,
+        C2_MIN_STATES_DUMP,
+        C2_MIN_STATES_SAFETY,
+        jit_args,
+    )
 
     states = {m.name: m.distinct_states for m in load_manifest(REPO).models}
     assert C1_ONLY == ("-XX:TieredStopAtLevel=1",)
@@ -1012,6 +1018,14 @@ def test_tlc_runs_c1_only_except_for_big_runs() -> None:
         assert states[name] < C2_MIN_STATES
         assert jit_args(REPO / "model" / f"{name}.cfg", states[name]) == C1_ONLY
     assert jit_args(REPO / "model" / "Liveness.cfg", None) == C1_ONLY
+    # a run with a state-graph dump: C2 from C2_MIN_STATES_DUMP states
+    for name in ("ReconcileReadonly", "LegacyUpgrade"):
+        assert C2_MIN_STATES_DUMP <= states[name] < C2_MIN_STATES_SAFETY
+        assert jit_args(REPO / "model" / f"{name}.cfg", states[name]) == C1_ONLY
+        assert jit_args(REPO / "model" / f"{name}.cfg", states[name], dump=True) == ()
+    for name in ("SameTurnOneCrash", "ReconcileReadonlyOneCrash"):
+        assert states[name] < C2_MIN_STATES_DUMP
+        assert jit_args(REPO / "model" / f"{name}.cfg", states[name], dump=True) == C1_ONLY
 
 
 def test_run_tlc_chooses_the_jit_from_the_expected_states(tmp_path: Path) -> None:
