@@ -25,7 +25,10 @@
 (*    but a stale worker): in the main spec such a request is one that is *)
 (*    never processed, so it stays in flight;                             *)
 (*  - lost: the main spec's crashes (crashes of the owner, takeovers of a  *)
-(*    held session, refusals of the owner);                               *)
+(*    held session, refusals of the owner), from 1: the concurrent Init is *)
+(*    a session a crashed engine left (MCMappedInitReachable shows each    *)
+(*    mapped initial state is reached by the main spec, and that with     *)
+(*    lost = 0 two of them are not);                                      *)
 (*  - resent: requests sent after the outcome was durable, every one (the *)
 (*    concurrent ghost counts only those that can still reach the tool).   *)
 (*                                                                         *)
@@ -81,7 +84,8 @@ HNext ==
           \/ \E r \in Requests : ExternalApplyLoseAnswer(r)
        /\ UNCHANGED hist
 
-HSpec == Init /\ parked = {} /\ lost = 0 /\ resent = 0 /\ [][HNext]_<<vars, hist>>
+HInit == Init /\ parked = {} /\ lost = 1 /\ resent = 0
+HSpec == HInit /\ [][HNext]_<<vars, hist>>
 
 (***************************************************************************)
 (* The mapping.                                                            *)
@@ -125,7 +129,7 @@ Main == INSTANCE DurableToolExecution WITH
     NeedsApproval <- [c \in {TheCall} |-> NeedsApproval],
     ArgChoices <- [c \in {TheCall} |-> {TheArgs}],
     MarkerTurn <- 0,
-    MaxCrashes <- MaxCrashes + 2 * MaxEpoch,
+    MaxCrashes <- 1 + MaxCrashes + 2 * MaxEpoch,
     MaxAttempts <- MaxAttempts,
     KeyByPosition <- TRUE,
     FenceOnReconcile <- TRUE,

@@ -167,6 +167,10 @@ def test_select_covers_the_reference_and_model_files_and_says_what_is_unknown() 
 # The generated table of this repository
 
 
+# Models whose spec is an initial predicate only ([][FALSE]_vars).
+INIT_ONLY = {"MappedInitPartition"}
+
+
 def test_the_table_covers_every_ci_model_and_the_doc_is_its_rendering() -> None:
     table = quick.load_table(ROOT)
     assert table is not None, "model/exercises.json is missing: run `toolledger exercises`"
@@ -178,7 +182,8 @@ def test_the_table_covers_every_ci_model_and_the_doc_is_its_rendering() -> None:
         "(a few minutes) and commit model/exercises.json and docs/exercises.md")
     for e in manifest.ci_models():
         info = models[e.name]
-        assert info["actions"], e.name  # every model takes some action
+        # every model takes some action, but the one that checks initial states only
+        assert bool(info["actions"]) is (e.name not in INIT_ONLY), e.name
     # docs/exercises.md is exactly what the command writes from the table
     assert (ROOT / quick.DOC).read_text(encoding="utf-8") == quick.markdown(table)
     taking = [n for n, i in models.items() if "EngineReconcileNotApplied" in i["actions"]]

@@ -23,6 +23,8 @@ PLACEMENT_MODULES = {"MCResponsePlacement", "MCPlacementTable"}
 # The refinement mapping of the concurrent spec to the main one checks its own
 # step property and the concurrent spec's invariants (test below).
 REFINEMENT_MODULES = {"MCConcurrentRefinesMain"}
+# The refinement's initial states: the main spec runs beside a fixed mapped state.
+INIT_MODULES = {"MCMappedInitReachable"}
 
 
 def test_python_invariants_are_exactly_the_specs() -> None:
@@ -32,7 +34,8 @@ def test_python_invariants_are_exactly_the_specs() -> None:
     models = load_manifest(ROOT).models
     assert {c.name for c in cfgs} == {m.cfg for m in models}
     concurrent = {m.cfg for m in models
-                  if m.module in CONCURRENT_MODULES | PLACEMENT_MODULES | REFINEMENT_MODULES}
+                  if m.module in CONCURRENT_MODULES | PLACEMENT_MODULES | REFINEMENT_MODULES
+                  | INIT_MODULES}
     for cfg in cfgs:
         if cfg.name in concurrent:
             continue
@@ -145,3 +148,16 @@ def test_the_refinement_models_check_the_mapping_and_the_concurrent_names() -> N
     for name in ("StepsRefine", "MappedTypeOK"):
         assert re.search(rf"^{name} ==", module, re.MULTILINE), name
         assert re.search(rf"\(\* {name}[: ]", module), f"{name} has no comment box"
+
+
+def test_the_initial_state_models_check_their_modules_names() -> None:
+    """Their invariants are the partition's and the witness's, each defined in
+    model/MCMappedInitReachable.tla with its comment box."""
+    module = (ROOT / "model" / "MCMappedInitReachable.tla").read_text()
+    models = [m for m in load_manifest(ROOT).models if m.module in INIT_MODULES]
+    assert {m.expect for m in models} == {"pass", "Witness_MappedInitReachable"}
+    for m in models:
+        for name in _names("INVARIANT", m.cfg_path.read_text()):
+            assert name in {"PickedOnce", "Witness_MappedInitReachable"}, f"{m.cfg}: {name}"
+            assert re.search(rf"^{name} ==", module, re.MULTILINE), f"{m.cfg}: {name}"
+            assert re.search(rf"\(\* {name}[: ]", module), f"{name} has no comment box"

@@ -500,6 +500,9 @@ def proves_markdown(manifest: Manifest) -> str:
         elif m.witnesses:
             proves = (f"{_names(m.witnesses)} can fail: a spec with this one mistake "
                       f"violates `{m.expect}` ({states})")
+        elif m.expect.startswith(WITNESS_PREFIX):
+            proves = (f"the state `{m.expect}` negates is reached: it is violated "
+                      f"after {states}")
         else:
             proves = f"`{m.expect}` fails for this design or environment ({states})"
         where = "" if m.ci else " (not in CI)"
