@@ -620,6 +620,33 @@ Next ==
 Spec == Init /\ [][Next]_vars
 
 (***************************************************************************)
+(* Fairness, for EventuallyAnswered (the main spec's Fairness, per        *)
+(* process): a process does not stop halfway through its own steps (it    *)
+(* commits, sends, times out, is refused), its human answers a call it    *)
+(* holds halted, the external system answers, applies or drops every       *)
+(* request in flight, and a session nobody runs is taken again (Restart:   *)
+(* the engine comes back after a crash or a refusal).  Nothing forces a    *)
+(* crash, or a takeover of a session another process runs.                 *)
+(***************************************************************************)
+ProcStep(p) ==
+    \/ AnnounceEpoch(p) \/ Recover(p) \/ PersistDispatched(p) \/ InvokeAdapter(p)
+    \/ RecordSucceeded(p) \/ RecordFailed(p) \/ AppendResult(p) \/ Timeout(p)
+    \/ ReconcileQuery(p) \/ ReconcileCommit(p) \/ Refused(p)
+HumanStep(p) ==
+    HumanResolveApplied(p) \/ HumanResolveRetry(p) \/ HumanResolveAbandon(p)
+Restart(p) == TakeSession(p) /\ \A q \in Procs : pc[q] = "idle"
+ExternalStep ==
+    \E r \in Requests :
+        \/ ExternalApply(r) \/ ExternalApplyLoseAnswer(r)
+        \/ ExternalRejectDefinite(r) \/ ExternalDrop(r)
+Fairness ==
+    /\ \A p \in Procs : WF_vars(ProcStep(p))
+    /\ \A p \in Procs : WF_vars(HumanStep(p))
+    /\ WF_vars(\E p \in Procs : Restart(p))
+    /\ WF_vars(ExternalStep)
+FairSpec == Spec /\ Fairness
+
+(***************************************************************************)
 (* INVARIANTS: the main spec's, same names and meaning, for the one call.  *)
 (***************************************************************************)
 (* AtMostOnceEffect: the effect is applied at most once, plus once per     *)
@@ -768,5 +795,14 @@ Witness_RetryGrantHonoured ==
 \* when its policy retry was rejected).
 Witness_ErrorResultBesideEffect ==
     ~(res = "error" /\ applied >= 1)
+
+(***************************************************************************)
+(* PROPERTIES                                                              *)
+(***************************************************************************)
+(* EventuallyAnswered: the main spec's, for the one call: with Fairness    *)
+(* the call ends (and stays) with a result, a halted call once its human   *)
+(* resolves it, whichever process holds it and however often the session  *)
+(* changes hands (MCConcurrentLiveness bounds the takeovers).              *)
+EventuallyAnswered == <>[](res # "none")
 
 =============================================================================

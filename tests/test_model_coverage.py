@@ -27,7 +27,7 @@ MANIFEST = load_manifest(ROOT)
 # one session); its models are checked against its own sections below, the
 # others against DurableToolExecution.
 CONCURRENT = (ROOT / "spec" / "ConcurrentResumers.tla").read_text()
-CONCURRENT_MODULES = {"MCConcurrentResumers", "MCConcurrentDecideTie",
+CONCURRENT_MODULES = {"MCConcurrentResumers", "MCConcurrentDecideTie", "MCConcurrentLiveness",
                       "MCConcurrentRefinesMain"}
 # Invariants of ConcurrentResumers no twin of that module violates, and why.
 # Empty: every one has a twin there (the clause twins of model/clauses.toml

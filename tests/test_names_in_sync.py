@@ -17,7 +17,7 @@ def _names(section: str, text: str) -> set[str]:
 
 # The models of spec/ConcurrentResumers.tla (two engine processes) check that
 # spec's invariants, which the single-engine Python checkers do not carry.
-CONCURRENT_MODULES = {"MCConcurrentResumers", "MCConcurrentDecideTie"}
+CONCURRENT_MODULES = {"MCConcurrentResumers", "MCConcurrentDecideTie", "MCConcurrentLiveness"}
 # Those of spec/ResponsePlacement.tla (the ledger places responses) check its own.
 PLACEMENT_MODULES = {"MCResponsePlacement", "MCPlacementTable"}
 # The refinement mapping of the concurrent spec to the main one checks its own
@@ -81,6 +81,11 @@ def test_the_concurrent_models_check_the_concurrent_specs_names() -> None:
             if name != "TypeOK" and not name.startswith(WITNESS_PREFIX):
                 assert re.search(rf"\(\* {name}[: ]", spec), f"{name} has no comment box"
                 assert name in INVARIANTS or name in CONCURRENT_OWN, name
+        # its properties are the main spec's, restated for the one call
+        for name in _names("PROPERT(?:Y|IE)", m.cfg_path.read_text()):
+            assert re.search(rf"^{name} ==", spec, re.MULTILINE), f"{m.cfg}: {name}"
+            assert re.search(rf"\(\* {name}[: ]", spec), f"{name} has no comment box"
+            assert name in PROPERTIES, name
 
 
 def test_the_placement_models_check_the_placement_specs_names() -> None:
