@@ -110,7 +110,13 @@ session reloads the durable state first, as a restarted engine would.  If
 that reload fails too (the server is still down), the engine gets the
 commit's own error, with a note saying so, and the session starts nothing
 until a reload succeeds: its next call reloads first (or raises the store's
-error again); then :meth:`Session.recover` says what to do.
+error again); then :meth:`Session.recover` says what to do.  A commit refused
+for a lost lease (:class:`~toolledger._core.stores.LeaseLost`: another worker
+took the session) is the exception: the session does not reload, and every
+later call that would start something raises ``LeaseLost`` without touching
+the store (a worker that reloaded under its old epoch would decide again
+forever, each commit refused, and keep the session from its owner; open a
+new Session with ``take_session=True`` to own it again).
 
 What is not here: this module never decides recovery itself
 (:func:`~toolledger._core.protocol.decide_recovery` does) nor writes anything

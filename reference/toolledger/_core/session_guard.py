@@ -7,7 +7,12 @@ that fails (:class:`~toolledger._core.stores.StoreError`) makes the session relo
 the durable state, as a restarted engine would; if that reload fails too, the
 engine gets the commit's own error and the session starts nothing
 (:meth:`LedgerGuard._usable`) until a reload succeeds.  After an interrupt (a
-``BaseException`` in a tool body) it starts nothing at all.
+``BaseException`` in a tool body) it starts nothing at all, and after
+:class:`~toolledger._core.stores.LeaseLost` neither: another worker took the
+session, and reloading under the old epoch would only decide again on a
+session whose every commit is refused (spec/ConcurrentResumers.tla:
+``Refused`` leaves the process idle; the liveness twin
+ConcurrentLivenessRefusedReloads is the session that reloads instead).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any
 from .calls import SessionInterrupted
 from .ledger import Ledger, Void
 from .protocol import CallPosition, Event, SessionState
-from .stores import StoreError
+from .stores import LeaseLost, StoreError
 
 __all__ = ["LedgerGuard"]
 
@@ -38,6 +43,8 @@ class LedgerGuard:
         # set when the reload after a failed commit failed too: the state in memory
         # is not known to be durable, so nothing starts before a reload succeeds
         self._reload_failed: str | None = None
+        # set when a commit was refused for a lost lease: this worker stops
+        self._lease_lost: str | None = None
 
     @contextmanager
     def _usable(self) -> Iterator[None]:
@@ -48,6 +55,13 @@ class LedgerGuard:
                     f"a tool of session {self._ledger.session_id!r} was interrupted "
                     f"({self._interrupted_by}): open a new Session on the store, as a "
                     "restarted engine would, and call recover()"
+                )
+            if self._lease_lost is not None:
+                raise LeaseLost(
+                    f"session {self._ledger.session_id!r}: this Session lost its lease "
+                    f"({self._lease_lost}) and starts nothing more; nothing was written. "
+                    "Another worker owns the session now; open a new Session with "
+                    "take_session=True only if this worker is to own it again"
                 )
             if self._reload_failed is not None:
                 self._reload_again()
@@ -74,6 +88,15 @@ class LedgerGuard:
     def _guard(self, commit: Callable[[], SessionState]) -> SessionState:
         try:
             return commit()
+        except LeaseLost as exc:
+            # Another worker owns the session: no reload (its epoch would still be
+            # the old one), nothing more from this Session.
+            self._lease_lost = str(exc)
+            exc.add_note(
+                f"Session {self._ledger.session_id!r} starts nothing more: open a new "
+                "Session with take_session=True if this worker is to own it again."
+            )
+            raise
         except StoreError as exc:
             # What is durable is unknown to this process now: reload, as a
             # restarted engine would, before anyone acts on it.

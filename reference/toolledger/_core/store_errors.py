@@ -66,9 +66,11 @@ class LeaseLost(StaleState):
     Another worker took the session (:meth:`Store.take_session` bumped its
     epoch) after this one did: this worker was declared dead, or a second
     resume path took over.  Checked inside the commit's transaction before
-    any write, so nothing was written.  Stop working on the session; take it
-    again (a new :class:`~toolledger._core.ledger.Ledger`) only if this worker
-    is meant to own it now.
+    any write, so nothing was written.  Stop working on the session (a
+    :class:`~toolledger.Session` does: it starts nothing more); take it again
+    (a new Session or :class:`~toolledger._core.ledger.Ledger` with
+    ``take_session=True``) only if this worker is meant to own it now.
+    Reloading under the old epoch is no way back: every commit stays refused.
     """
 
 
