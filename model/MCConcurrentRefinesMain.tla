@@ -34,9 +34,10 @@
 (*                                                                         *)
 (* Decision rows map without inputs (the cfg overrides the main spec's    *)
 (* RowInputs with WithoutInputs: the concurrent audit keys carry none).   *)
-(* The lease is required (UseLease): without it two processes may commit  *)
-(* and the owner is the last one to commit, a history this module does    *)
-(* not keep.                                                              *)
+(* The lease is required (UseLease): without it the owner is the last     *)
+(* process to commit, and one concurrent step (a current view's Recover    *)
+(* beside a worker that waits) is two main steps, Crash then Recover: a    *)
+(* mapping would need a stuttering variable (docs/protocol.md).            *)
 (***************************************************************************)
 EXTENDS MCConcurrentResumers
 
