@@ -5,8 +5,10 @@ concurrent spec's FairSpec with one takeover of a running session (a steal)
 and MaxEpoch 3.  These tests pin what the rows rest on: they check every
 safety invariant the concurrent models check; with MaxEpoch 2 the model's
 bound, not the protocol, strands the call (the counterexample ends with the
-epochs spent and nobody running); and the liveness twin's counterexample is
-the bug it names (a refused stale worker that never lets the session go).
+epochs spent and nobody running); without the fairness of Restart a crash
+leaves the call unanswered (the assumption is needed); and the liveness
+twin's counterexample is the bug it names (a refused stale worker that never
+lets the session go).
 docs/protocol.md#concurrent-resumers.
 """
 
@@ -69,3 +71,34 @@ def test_the_twins_counterexample_is_a_stale_worker_that_keeps_the_session(
     stale = [p for p in pc if pc[p] != "idle"]
     # one process still holds the call, under an epoch the lease no longer grants
     assert len(stale) == 1 and held[stale[0]] < end["epoch"], end
+
+
+def test_without_restart_fairness_a_crash_leaves_the_call_unanswered(tmp_path: Path) -> None:
+    """Every conjunct of Fairness but Restart's: nobody comes back after the
+    owner's crash, so the property fails: the assumption is needed."""
+    (tmp_path / "MCNoRestart.tla").write_text(
+        "---- MODULE MCNoRestart ----\nEXTENDS MCConcurrentLiveness\n"
+        "NoRestartSpec ==\n"
+        "    /\\ Init /\\ [][Next /\\ StealBound]_vars\n"
+        "    /\\ \\A p \\in Procs : WF_vars(ProcStep(p))\n"
+        "    /\\ \\A q \\in Procs : WF_vars(HumanStep(q))\n"
+        "    /\\ WF_vars(ExternalStep)\n====\n", encoding="utf-8")
+    cfg = MANIFEST.get("ConcurrentLivenessManual").cfg_path.read_text(encoding="utf-8")
+    assert "SPECIFICATION LiveSpec" in cfg
+    assert "MaxAttempts <- MCMaxAttempts" in cfg
+    # one attempt is enough to show it (and a quarter of the states)
+    (tmp_path / "NoRestart.cfg").write_text(
+        cfg.replace("SPECIFICATION LiveSpec", "SPECIFICATION NoRestartSpec")
+        .replace("MaxAttempts <- MCMaxAttempts", "MaxAttempts = 1"), encoding="utf-8")
+    (tmp_path / "WithRestart.cfg").write_text(
+        cfg.replace("MaxAttempts <- MCMaxAttempts", "MaxAttempts = 1"), encoding="utf-8")
+    dirs = [*MANIFEST.search_dirs, tmp_path]
+    control = run_tlc("MCNoRestart", tmp_path / "WithRestart.cfg", search_dirs=dirs,
+                      check_deadlock=False)
+    assert control.outcome is Outcome.PASS, control.output[-2000:]  # the same bounds, fair Restart
+    result = run_tlc("MCNoRestart", tmp_path / "NoRestart.cfg", search_dirs=dirs,
+                     check_deadlock=False)
+    assert (result.outcome, result.violated) == (Outcome.PROPERTY_VIOLATED, "EventuallyAnswered")
+    end = _last_state(result)
+    assert end["res"] == "none" and end["crashes"] == 1
+    assert isinstance(end["pc"], Mapping) and set(end["pc"].values()) == {"idle"}
