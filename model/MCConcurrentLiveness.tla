@@ -23,7 +23,8 @@ LiveSpec == Init /\ [][Next /\ StealBound]_vars /\ Fairness
 (* refuses reloads the store and decides again under its old epoch,        *)
 (* instead of taking the session again: it never commits (every safety     *)
 (* invariant holds), is never idle, and after the owner's crash nobody     *)
-(* answers the call.                                                       *)
+(* answers the call.  A copy of the spec's Refused but for pc, view and    *)
+(* held (a cfg substitution replaces a name everywhere): change both.      *)
 RefusedReloads(p) ==
     /\ CommitsNext(p) /\ ~CanCommit(p)
     /\ pc' = [pc EXCEPT ![p] = "resume"]

@@ -15,6 +15,7 @@ reached.  docs/protocol.md#concurrent-resumers.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,23 @@ def _run(tmp_path: Path, policy: str, which: int, *, spec: str = "PSpec",
                    f"SPECIFICATION {spec}\nINVARIANTS\n    {invariant}\n", encoding="utf-8")
     return run_tlc(MODULE, cfg, search_dirs=MANIFEST.search_dirs, check_deadlock=False,
                    cache=cache_from_env())
+
+
+def _instance_constants(module: str, instance: str) -> list[str]:
+    """The constant substitutions of ``instance == INSTANCE DurableToolExecution WITH``."""
+    text = (ROOT / "model" / f"{module}.tla").read_text(encoding="utf-8")
+    block = text.split(f"{instance} == INSTANCE DurableToolExecution WITH", 1)[1]
+    lines = [ln.strip().rstrip(",") for ln in block.splitlines()]
+    constants = [ln for ln in lines if re.match(r"[A-Z]\w* <- ", ln)]
+    assert len(constants) >= 10, constants
+    return constants
+
+
+def test_the_main_specs_copy_has_the_mappings_constants() -> None:
+    """M (the copy that runs from Init) is written out again beside Main (the
+    mapping's instance): the same constants, or the check asks about another spec."""
+    assert (_instance_constants(MODULE, "M")
+            == _instance_constants("MCConcurrentRefinesMain", "Main"))
 
 
 def test_the_manifest_rows_cover_every_initial_state_of_the_manual_model() -> None:
